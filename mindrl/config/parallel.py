@@ -1,0 +1,95 @@
+"""Tensor / pipeline parallel layout of one Megatron role, and its validation.
+
+Every rule here is checked before a process group starts: a layout Megatron would
+reject (or, worse, accept and shard wrongly) costs one sentence, not a cluster start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindrl.config.errors import ConfigError
+from mindrl.config.model import ModelArch
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Key names follow Megatron / MindSpeed-RL (`num_layer_list: "10,14"` for uneven PP)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    num_layer_list: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
+        if isinstance(self.num_layer_list, str):
+            object.__setattr__(self, "num_layer_list", parse_layer_list(self.num_layer_list))
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_model_parallel_size
+
+    def layers_per_stage(self, arch: ModelArch) -> list[int]:
+        """Decoder layers on each pipeline stage (validated)."""
+        validate_parallel(arch, self)
+        if self.num_layer_list:
+            return list(self.num_layer_list)
+        return [arch.num_layers // self.pp] * self.pp
+
+    def first_layer_of_stages(self, arch: ModelArch) -> list[int]:
+        """Global index of the first decoder layer of each stage."""
+        counts = self.layers_per_stage(arch)
+        return [sum(counts[:i]) for i in range(len(counts))]
+
+
+def parse_layer_list(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """`"10,14"` (MindSpeed-RL's string form, also a YAML list) → (10, 14)."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        return tuple(int(str(item).strip()) for item in items)
+    except ValueError:
+        raise ConfigError(f"num_layer_list must be comma-separated integers such as '10,14', "
+                          f"got {text!r}.") from None
+
+
+def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | None = None) -> None:
+    """Raise ConfigError for the first layout mistake, naming what to change."""
+    tp, pp = par.tp, par.pp
+    if arch.num_attention_heads % tp:
+        raise ConfigError(
+            f"tensor_model_parallel_size={tp} does not divide num_attention_heads="
+            f"{arch.num_attention_heads} of model {arch.name}; choose a TP that divides it.")
+    if arch.query_groups % tp:
+        raise ConfigError(
+            f"tensor_model_parallel_size={tp} does not divide num_query_groups={arch.query_groups} "
+            f"(key-value heads) of model {arch.name}; choose a TP that divides {arch.query_groups}.")
+    if arch.ffn_hidden_size % tp:
+        raise ConfigError(
+            f"tensor_model_parallel_size={tp} does not divide ffn_hidden_size={arch.ffn_hidden_size} "
+            f"of model {arch.name}; choose a TP that divides it.")
+    if par.num_layer_list:
+        counts = par.num_layer_list
+        if len(counts) != pp:
+            raise ConfigError(f"num_layer_list {','.join(map(str, counts))} has {len(counts)} entries "
+                              f"but pipeline_model_parallel_size={pp}; give one layer count per stage.")
+        if min(counts) < 1:
+            raise ConfigError(f"num_layer_list {','.join(map(str, counts))} has an empty stage; "
+                              f"every pipeline stage needs at least one layer.")
+        if sum(counts) != arch.num_layers:
+            raise ConfigError(f"num_layer_list {','.join(map(str, counts))} sums to {sum(counts)} but "
+                              f"model {arch.name} has num_layers={arch.num_layers}; make them add up.")
+    elif arch.num_layers % pp:
+        raise ConfigError(
+            f"num_layers={arch.num_layers} of model {arch.name} is not divisible by "
+            f"pipeline_model_parallel_size={pp}; choose a PP that divides it or set num_layer_list.")
+    if world_size is not None and world_size % (tp * pp):
+        raise ConfigError(
+            f"world size {world_size} is not divisible by tensor_model_parallel_size × "
+            f"pipeline_model_parallel_size = {tp}×{pp}; use a device count that is a multiple of {tp * pp}.")

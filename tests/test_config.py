@@ -1,0 +1,104 @@
+"""Architecture files and parallel-layout validation."""
+
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from mindrl.config import ConfigError, ModelArch, ParallelConfig, load_model_arch, validate_parallel
+from mindrl.config.paths import MODEL_CONFIGS_DIR
+
+REFERENCE_MODELS = Path(__file__).resolve().parents[2] / "shared/reference/mindspeed_rl/configs/model"
+
+# Numbers from the published HF config.json of each model.
+PUBLISHED = {
+    "qwen25_0p5b": dict(num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
+                        query_groups=2, padded_vocab_size=151936, tied_embeddings=True),
+    "qwen25_1p5b": dict(num_layers=28, hidden_size=1536, ffn_hidden_size=8960, num_attention_heads=12,
+                        query_groups=2, padded_vocab_size=151936, tied_embeddings=True),
+    "qwen25_7b": dict(num_layers=28, hidden_size=3584, ffn_hidden_size=18944, num_attention_heads=28,
+                      query_groups=4, padded_vocab_size=152064, tied_embeddings=False),
+    "qwen25_32b": dict(num_layers=64, hidden_size=5120, ffn_hidden_size=27648, num_attention_heads=40,
+                       query_groups=8, padded_vocab_size=152064, tied_embeddings=False),
+    "llama3_8b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                      query_groups=8, padded_vocab_size=128256, tied_embeddings=False, rotary_base=500000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_shipped_architectures_match_published_configs(name):
+    arch = load_model_arch(name)
+    for key, value in PUBLISHED[name].items():
+        assert getattr(arch, key) == value, key
+    assert arch.swiglu and arch.normalization == "RMSNorm"
+    assert arch.add_qkv_bias == name.startswith("qwen")
+    assert isinstance(arch.norm_epsilon, float)
+
+
+def test_tiny_model_fits_vllm_cpu_and_parallel_tests():
+    arch = load_model_arch("tiny_qwen")
+    assert arch.head_dim in (32, 64)
+    validate_parallel(arch, ParallelConfig(2, 2), world_size=4)
+    validate_parallel(arch, ParallelConfig(1, 2, num_layer_list="1,3"))
+
+
+def test_every_shipped_model_file_loads():
+    names = sorted(p.stem for p in MODEL_CONFIGS_DIR.glob("*.yaml"))
+    assert {"tiny_qwen", *PUBLISHED} <= set(names)
+    for name in names:
+        assert load_model_arch(name).name == name
+
+
+@pytest.mark.skipif(not REFERENCE_MODELS.is_dir(), reason="MindSpeed-RL reference configs not present")
+@pytest.mark.parametrize("name", ["qwen25_7b", "qwen25_32b", "qwen3_32b"])
+def test_mindspeed_rl_model_yamls_load_unchanged(name):
+    arch = load_model_arch(name, REFERENCE_MODELS)
+    assert arch.num_layers == 64 if name != "qwen25_7b" else arch.num_layers == 28
+    if name == "qwen3_32b":
+        assert arch.qk_layernorm and arch.head_dim == 128 and not arch.add_qkv_bias
+
+
+def test_vocab_padding_is_a_multiple_of_tp():
+    arch = ModelArch.from_dict("m", dict(num_layers=2, hidden_size=64, ffn_hidden_size=128,
+                                         num_attention_heads=2, padded_vocab_size=1001,
+                                         max_position_embeddings=64, make_vocab_size_divisible_by=8))
+    assert arch.vocab_size_for(1) == 1008
+    assert arch.vocab_size_for(2) == 1008
+    assert arch.vocab_size_for(4) == 1024
+
+
+def test_unknown_key_is_an_error_that_lists_known_keys():
+    with pytest.raises(ConfigError, match=r"unknown key 'hiden_size'.*hidden_size"):
+        ModelArch.from_dict("m", {"hiden_size": 3})
+
+
+def test_moe_key_is_rejected_not_ignored():
+    with pytest.raises(ConfigError, match="mixture-of-experts"):
+        ModelArch.from_dict("m", {"num_experts": 8})
+
+
+def test_missing_model_names_the_known_ones():
+    with pytest.raises(ConfigError, match=r"no model architecture named 'gpt5'.*tiny_qwen"):
+        load_model_arch("gpt5")
+
+
+@pytest.mark.parametrize("par, world, message", [
+    (ParallelConfig(3, 1), None, r"tensor_model_parallel_size=3 does not divide num_attention_heads=4"),
+    (ParallelConfig(4, 1), None, r"tensor_model_parallel_size=4 does not divide num_query_groups=2"),
+    (ParallelConfig(1, 3), None, r"num_layers=4 .* not divisible by pipeline_model_parallel_size=3"),
+    (ParallelConfig(1, 2, num_layer_list="1,2"), None, r"sums to 3 .* num_layers=4"),
+    (ParallelConfig(1, 2, num_layer_list="4"), None, r"has 1 entries but pipeline_model_parallel_size=2"),
+    (ParallelConfig(1, 2, num_layer_list="0,4"), None, r"empty stage"),
+    (ParallelConfig(2, 2), 6, r"world size 6 is not divisible by .* 2×2"),
+])
+def test_layout_mistakes_get_one_sentence_before_any_process_group(par, world, message):
+    arch = load_model_arch("tiny_qwen")
+    with pytest.raises(ConfigError, match=message) as err:
+        validate_parallel(arch, par, world_size=world)
+    assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")
+    assert not dist.is_initialized()
+
+
+def test_bad_layer_list_text():
+    with pytest.raises(ConfigError, match="comma-separated integers"):
+        ParallelConfig(1, 2, num_layer_list="ten,14")
