@@ -1,0 +1,47 @@
+"""What every device kind must tell the rest of mindrl.
+
+Code outside mindrl/platform asks the current Platform for a backend name, a device
+or a Ray resource instead of naming a device kind, so one code path serves all three.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Platform(ABC):
+    """One device kind: its torch.distributed backend, devices and Ray resource."""
+
+    name: str
+    dist_backend: str
+    #: Ray resource that counts this kind's devices; None where Ray's num_cpus is the measure.
+    ray_resource: str | None
+
+    @abstractmethod
+    def device(self, local_rank: int = 0) -> torch.device:
+        """The device a process with this local rank computes on."""
+
+    def set_device(self, local_rank: int = 0) -> None:
+        """Bind this process to its device (a no-op where there is only one)."""
+
+    def setup(self) -> None:
+        """Apply what megatron-core needs on this backend; safe to call repeatedly."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so timings and memory readings are true."""
+
+    def memory_allocated(self) -> int:
+        """Bytes of device memory held by tensors (0 where device memory is host memory)."""
+        return 0
+
+    def empty_cache(self) -> None:
+        """Return cached device memory to the driver."""
+
+    def transformer_config_overrides(self) -> dict:
+        """TransformerConfig fields this backend needs set a particular way."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, backend={self.dist_backend!r})"

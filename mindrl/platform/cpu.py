@@ -1,0 +1,30 @@
+"""Plain CPUs: gloo, the host as the device, megatron-core's CUDA assumptions patched."""
+
+from __future__ import annotations
+
+import torch
+
+from mindrl.platform import cpu_patches
+from mindrl.platform.base import Platform
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    dist_backend = "gloo"
+    ray_resource = None
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        return torch.device("cpu")
+
+    def setup(self) -> None:
+        cpu_patches.apply()
+
+    def transformer_config_overrides(self) -> dict:
+        # Host initialisation draws the full weight from one generator and slices it, so
+        # a seeded model has the same weights at every TP size (and skips Megatron's
+        # per-rank device RNG fork during init).
+        return {"use_cpu_initialization": True}

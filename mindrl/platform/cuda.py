@@ -1,0 +1,32 @@
+"""NVIDIA GPUs: NCCL, one device per process, Ray's GPU resource."""
+
+from __future__ import annotations
+
+import torch
+
+from mindrl.platform.base import Platform
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+    dist_backend = "nccl"
+    ray_resource = "GPU"
+
+    @staticmethod
+    def available() -> bool:
+        return torch.cuda.is_available()
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+
+    def set_device(self, local_rank: int = 0) -> None:
+        torch.cuda.set_device(self.device(local_rank))
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def memory_allocated(self) -> int:
+        return torch.cuda.memory_allocated()
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()

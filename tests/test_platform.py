@@ -1,0 +1,127 @@
+"""Device selection and the CPU backend's megatron-core patches (each patch has a test)."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mindrl.platform import detect, get_platform
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_platform("cpu")
+
+
+def test_auto_detection_finds_cpu_here():
+    assert detect() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_cpu_platform_facts(cpu):
+    assert (cpu.name, cpu.dist_backend, cpu.ray_resource) == ("cpu", "gloo", None)
+    assert cpu.device(3) == torch.device("cpu")
+    assert cpu.transformer_config_overrides() == {"use_cpu_initialization": True}
+
+
+def test_env_variable_overrides_and_unknown_device_is_one_sentence(monkeypatch):
+    monkeypatch.setenv("MINDRL_DEVICE", "cpu")
+    assert get_platform().name == "cpu"
+    monkeypatch.setenv("MINDRL_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'; set device / MINDRL_DEVICE to one of"):
+        get_platform()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="torch_npu is installed")
+def test_npu_without_torch_npu_says_what_to_install():
+    with pytest.raises(RuntimeError, match=r"needs torch_npu, which is not installed; install .*\[npu\]"):
+        get_platform("npu")
+
+
+def test_no_module_outside_platform_names_a_device_kind():
+    import re
+    from pathlib import Path
+
+    import mindrl
+
+    device_code = re.compile(r"torch\.(cuda|npu)\b|torch_npu|[\"'](cuda|npu)[\"':]")
+    root = Path(mindrl.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.parent.name != "platform" and device_code.search(p.read_text())]
+    assert offenders == []
+    assert device_code.search('x = torch.zeros(1, device="cuda")')
+
+
+def test_patch_current_device_is_the_host(cpu):
+    assert torch.cuda.current_device() == torch.device("cpu")
+    assert torch.ones(2).to(device=torch.cuda.current_device()).device.type == "cpu"
+
+
+def test_patch_device_mode_maps_cuda_tensors_to_cpu(cpu):
+    assert torch.zeros(3, device="cuda").device.type == "cpu"
+    assert torch.empty(2, device=torch.device("cuda", 0)).device.type == "cpu"
+    x = torch.arange(4.0)
+    assert x.cuda() is x
+    assert x.to("cuda").device.type == "cpu"
+    assert x.type() == "torch.cuda.FloatTensor"
+    assert x.to(torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+    assert x.long().type() == "torch.LongTensor"
+
+
+def test_patch_device_mode_is_entered_in_new_threads(cpu):
+    import threading
+
+    seen = []
+
+    def worker():
+        get_platform("cpu")
+        seen.append(torch.zeros(1, device="cuda").device.type)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == ["cpu"]
+
+
+def test_patch_sync_primitives_are_cpu_twins(cpu):
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    sum(range(10000))
+    end.record()
+    end.synchronize()
+    assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+    stream = torch.cuda.current_stream()
+    stream.wait_stream(torch.cuda.Stream())
+    with torch.cuda.stream(stream):
+        pass
+
+
+def test_patch_rng_tracker_forks_the_host_generator(cpu):
+    """Megatron's model-parallel RNG fork must give a reproducible stream of its own and
+    leave the default stream where it was."""
+    from megatron.core.tensor_parallel import random as mp_random
+
+    mp_random.initialize_rng_tracker(force_reset=True)
+    tracker = mp_random.get_cuda_rng_tracker()
+    tracker.reset()
+    tracker.add("model-parallel-rng", 123)
+    torch.manual_seed(7)
+    with tracker.fork():
+        a = torch.rand(3)
+    after_fork = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(after_fork, torch.rand(3))  # default stream untouched by the fork
+    torch.manual_seed(123)
+    assert torch.equal(a, torch.rand(3))  # the fork drew from the tracker's own seed
+    with tracker.fork():
+        b = torch.rand(3)
+    assert not torch.equal(a, b)  # the forked stream advanced
+
+
+def test_patches_are_not_applied_without_the_cpu_platform():
+    code = ("import torch, mindrl.platform as p; import megatron.core; "
+            "print(torch.cuda.current_device.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "torch.cuda"
