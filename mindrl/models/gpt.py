@@ -1,0 +1,127 @@
+"""Build a megatron-core GPTModel (local layer spec) from a ModelArch.
+
+The local spec is used everywhere because it needs neither Transformer Engine nor apex,
+so the same modules — and therefore the same parameter names and numerics — exist on
+CPU, GPU and NPU. Fused kernels are off for the same reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+
+from mindrl.config import ModelArch, ParallelConfig, validate_parallel
+from mindrl.platform import Platform, get_platform
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _stage_layout(arch: ModelArch, par: ParallelConfig) -> list[list[str]] | None:
+    """Megatron's explicit per-stage layout, needed only for an uneven num_layer_list."""
+    counts = par.layers_per_stage(arch)
+    if len(set(counts)) == 1:
+        return None
+    layout = [["decoder"] * n for n in counts]
+    layout[0].insert(0, "embedding")
+    layout[-1].append("loss")
+    return layout
+
+
+def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dtype = torch.float32,
+                       platform: Platform | None = None, **overrides) -> TransformerConfig:
+    """The TransformerConfig for `arch` under `par`; `overrides` win over everything."""
+    validate_parallel(arch, par)
+    platform = platform or get_platform()
+    kwargs = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.query_groups,
+        kv_channels=arch.head_dim,
+        normalization=arch.normalization,
+        layernorm_epsilon=arch.norm_epsilon,
+        gated_linear_unit=arch.swiglu,
+        activation_func=F.silu if arch.swiglu else F.gelu,
+        add_bias_linear=not arch.disable_bias_linear,
+        add_qkv_bias=arch.add_qkv_bias,
+        qk_layernorm=arch.qk_layernorm,
+        attention_softmax_in_fp32=arch.attention_softmax_in_fp32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        pipeline_model_parallel_layout=_stage_layout(arch, par),
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+    )
+    kwargs.update(platform.transformer_config_overrides())
+    kwargs.update(overrides)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*|.*full scope is deprecated.*")
+        return TransformerConfig(**kwargs)
+
+
+def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dtype = torch.float32,
+                    platform: Platform | None = None, **config_overrides) -> GPTModel:
+    """This rank's pipeline stage and tensor slice of `arch`, on this platform's device.
+
+    Megatron's parallel state must already be initialised with `par` (see
+    mindrl.distributed.init_model_parallel); the stage is taken from it.
+    """
+    platform = platform or get_platform()
+    config = transformer_config(arch, par, params_dtype, platform, **config_overrides)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Apex is not installed.*")
+        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
+    model = GPTModel(
+        config,
+        spec,
+        vocab_size=arch.vocab_size_for(par.tp),
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=arch.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rotary_base),
+    )
+    return model.to(platform.device())
+
+
+def load_stage_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy a stage state dict into `model`; every parameter must be given, nothing extra.
+
+    Megatron's `_extra_state` entries (kernel metadata, no weights) are not expected.
+    """
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(weights))
+    unexpected = sorted(set(weights) - set(params))
+    if missing or unexpected:
+        raise KeyError(f"stage weights do not fit the model: missing {missing[:5]}, "
+                       f"unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, param in params.items():
+            source = weights[name]
+            if tuple(source.shape) != tuple(param.shape):
+                raise ValueError(f"{name}: weight of shape {tuple(source.shape)} does not fit the "
+                                 f"parameter of shape {tuple(param.shape)}.")
+            param.copy_(source)
+
+
+def stage_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's parameters by name, detached on the host (the inverse of load_stage_weights)."""
+    return {name: param.detach().cpu().clone() for name, param in model.named_parameters()}

@@ -1,0 +1,50 @@
+"""Megatron's DDP wrapper and (distributed) optimizer around a GPTModel stage.
+
+The distributed optimizer shards fp32 master weights and Adam state across the
+data-parallel group (ZeRO-1): it is what lets a 7B actor fit next to its rollout engine.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
+
+
+def wrap_for_training(model: torch.nn.Module, lr: float, weight_decay: float = 0.0, clip_grad: float = 1.0,
+                      adam_beta1: float = 0.9, adam_beta2: float = 0.999,
+                      use_distributed_optimizer: bool = True,
+                      ) -> tuple[DistributedDataParallel, MegatronOptimizer]:
+    """DDP-wrapped model and its optimizer; gradients reduce in fp32 whatever the params dtype.
+
+    The model's config learns to finalise gradients (DP reduce-scatter / all-reduce, and
+    the tied-embedding sum across pipeline stages) at the end of each schedule run.
+    """
+    config = model.config
+    ddp = DistributedDataParallel(
+        config,
+        DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                      use_distributed_optimizer=use_distributed_optimizer),
+        model,
+    )
+    config.finalize_model_grads_func = finalize_model_grads
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=lr,
+            weight_decay=weight_decay,
+            clip_grad=clip_grad,
+            adam_beta1=adam_beta1,
+            adam_beta2=adam_beta2,
+            bf16=config.bf16,
+            fp16=config.fp16,
+            params_dtype=config.params_dtype,
+            use_distributed_optimizer=use_distributed_optimizer,
+        ),
+        [ddp],
+    )
+    return ddp, optimizer

@@ -1,0 +1,180 @@
+"""Megatron-side weight layout: which parameters a GPTModel has, and how TP/PP cut them.
+
+A "full" state dict uses the names of a TP=1, PP=1 model (global layer numbers). A
+"stage" state dict is what one (tp_rank, pp_rank) GPTModel holds (local layer numbers,
+its tensor slice, embedding only on the first stage, final norm and output layer only on
+the last). The converter, the resharder and the tests all cut and join weights here.
+
+Cuts follow megatron-core's own partitioning:
+- column-parallel (output dim 0): embedding rows (vocab), output layer rows, linear_qkv
+  (whole query groups, which Megatron stores contiguously per group), linear_fc1 — whose
+  gate and up halves are cut separately so each rank holds [gate_r; up_r];
+- row-parallel (input dim 1): linear_proj, linear_fc2;
+- everything else (norms, row-parallel biases) is replicated.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from mindrl.config import ModelArch, ParallelConfig
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+_COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
+           "mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
+_ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def layer_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Shapes of one decoder layer's parameters at TP=1, keyed by name inside the layer."""
+    h, hd = arch.hidden_size, arch.head_dim
+    qkv_rows = (arch.num_attention_heads + 2 * arch.query_groups) * hd
+    fc1_rows = arch.ffn_hidden_size * (2 if arch.swiglu else 1)
+    bias = not arch.disable_bias_linear
+    shapes: dict[str, tuple[int, ...]] = {
+        "input_layernorm.weight": (h,),
+        "self_attention.linear_qkv.weight": (qkv_rows, h),
+    }
+    if arch.add_qkv_bias or bias:
+        shapes["self_attention.linear_qkv.bias"] = (qkv_rows,)
+    if arch.qk_layernorm:
+        shapes["self_attention.q_layernorm.weight"] = (hd,)
+        shapes["self_attention.k_layernorm.weight"] = (hd,)
+    shapes["self_attention.linear_proj.weight"] = (h, arch.num_attention_heads * hd)
+    if bias:
+        shapes["self_attention.linear_proj.bias"] = (h,)
+    shapes["pre_mlp_layernorm.weight"] = (h,)
+    shapes["mlp.linear_fc1.weight"] = (fc1_rows, h)
+    if bias:
+        shapes["mlp.linear_fc1.bias"] = (fc1_rows,)
+    shapes["mlp.linear_fc2.weight"] = (h, arch.ffn_hidden_size)
+    if bias:
+        shapes["mlp.linear_fc2.bias"] = (h,)
+    if arch.normalization == "LayerNorm":
+        shapes["input_layernorm.bias"] = (h,)
+        shapes["pre_mlp_layernorm.bias"] = (h,)
+    return shapes
+
+
+def full_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the TP=1, PP=1 model, in state-dict order."""
+    vocab = arch.vocab_size_for(1)
+    shapes: dict[str, tuple[int, ...]] = {"embedding.word_embeddings.weight": (vocab, arch.hidden_size)}
+    per_layer = layer_param_shapes(arch)
+    for i in range(arch.num_layers):
+        shapes.update({f"decoder.layers.{i}.{k}": v for k, v in per_layer.items()})
+    shapes["decoder.final_layernorm.weight"] = (arch.hidden_size,)
+    if arch.normalization == "LayerNorm":
+        shapes["decoder.final_layernorm.bias"] = (arch.hidden_size,)
+    if not arch.tied_embeddings:
+        shapes["output_layer.weight"] = (vocab, arch.hidden_size)
+    return shapes
+
+
+def _suffix(name: str) -> str:
+    match = _LAYER.match(name)
+    return match.group(2) if match else name
+
+
+def tp_split(name: str, tensor: torch.Tensor, tp: int, swiglu: bool = True) -> list[torch.Tensor]:
+    """Cut one full tensor into its `tp` slices (contiguous copies)."""
+    suffix = _suffix(name)
+    if tp == 1:
+        return [tensor]
+    if suffix in ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias") and swiglu:
+        gate, up = tensor.chunk(2, dim=0)
+        return [torch.cat([g, u], dim=0) for g, u in zip(gate.chunk(tp), up.chunk(tp), strict=True)]
+    if suffix in _COLUMN or name in _VOCAB:
+        return [t.clone() for t in tensor.chunk(tp, dim=0)]
+    if suffix in _ROW:
+        return [t.contiguous() for t in tensor.chunk(tp, dim=1)]
+    return [tensor.clone() for _ in range(tp)]
+
+
+def tp_merge(name: str, shards: list[torch.Tensor], swiglu: bool = True) -> torch.Tensor:
+    """Join `tp` slices back into the full tensor (inverse of tp_split)."""
+    suffix = _suffix(name)
+    if len(shards) == 1:
+        return shards[0]
+    if suffix in ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias") and swiglu:
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    if suffix in _COLUMN or name in _VOCAB:
+        return torch.cat(shards, dim=0)
+    if suffix in _ROW:
+        return torch.cat(shards, dim=1)
+    return shards[0]
+
+
+def pad_vocab(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """Append zero rows so a vocab-sized tensor has `rows` rows (TP needs equal slices)."""
+    if tensor.shape[0] >= rows:
+        return tensor
+    pad = tensor.new_zeros((rows - tensor.shape[0], *tensor.shape[1:]))
+    return torch.cat([tensor, pad], dim=0)
+
+
+def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int) -> dict[str, str]:
+    """Full name → local name of every parameter that pipeline stage `pp_rank` holds."""
+    first = par.first_layer_of_stages(arch)[pp_rank]
+    count = par.layers_per_stage(arch)[pp_rank]
+    is_first, is_last = pp_rank == 0, pp_rank == par.pp - 1
+    names: dict[str, str] = {}
+    for name in full_param_shapes(arch):
+        match = _LAYER.match(name)
+        if match:
+            index = int(match.group(1))
+            if first <= index < first + count:
+                names[name] = f"decoder.layers.{index - first}.{match.group(2)}"
+        elif name.startswith("embedding.") and is_first:
+            names[name] = name
+        elif (name.startswith("decoder.final_layernorm") or name == "output_layer.weight") and is_last:
+            names[name] = name
+    return names
+
+
+def shard_state_dict(full: dict[str, torch.Tensor], arch: ModelArch, par: ParallelConfig,
+                     tp_rank: int, pp_rank: int) -> dict[str, torch.Tensor]:
+    """The stage state dict of (tp_rank, pp_rank), cut from a full state dict."""
+    vocab = arch.vocab_size_for(par.tp)
+    out: dict[str, torch.Tensor] = {}
+    for name, local in stage_names(arch, par, pp_rank).items():
+        tensor = full[name]
+        if name in _VOCAB:
+            tensor = pad_vocab(tensor, vocab)
+        out[local] = tp_split(name, tensor, par.tp, arch.swiglu)[tp_rank]
+    if arch.tied_embeddings and par.pp > 1 and pp_rank == par.pp - 1:
+        # Megatron keeps a copy of the tied embedding as the last stage's output layer.
+        embedding = pad_vocab(full["embedding.word_embeddings.weight"], vocab)
+        out["output_layer.weight"] = tp_split("output_layer.weight", embedding, par.tp)[tp_rank]
+    return out
+
+
+def merge_state_dicts(stages: dict[tuple[int, int], dict[str, torch.Tensor]], arch: ModelArch,
+                      par: ParallelConfig) -> dict[str, torch.Tensor]:
+    """The full state dict from every (tp_rank, pp_rank) stage state dict."""
+    vocab = arch.vocab_size_for(1)
+    full: dict[str, torch.Tensor] = {}
+    for pp_rank in range(par.pp):
+        for name, local in stage_names(arch, par, pp_rank).items():
+            shards = [stages[(tp_rank, pp_rank)][local] for tp_rank in range(par.tp)]
+            tensor = tp_merge(name, shards, arch.swiglu)
+            full[name] = tensor[:vocab] if name in _VOCAB else tensor
+    return {name: full[name] for name in full_param_shapes(arch)}
+
+
+def random_full_state_dict(arch: ModelArch, seed: int = 0, dtype: torch.dtype = torch.float32,
+                           std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Seeded random weights for `arch` (norm weights near 1), the same on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    full = {}
+    for name, shape in full_param_shapes(arch).items():
+        tensor = torch.randn(shape, generator=gen) * std
+        if "layernorm" in name and name.endswith("weight"):
+            tensor = tensor + 1.0
+        full[name] = tensor.to(dtype)
+    return full

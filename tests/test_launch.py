@@ -1,0 +1,25 @@
+"""The local rank launcher: results come back by rank; a failing rank's traceback reaches the caller."""
+
+import pytest
+import torch.distributed as dist
+
+from mindrl.launch import run_ranks
+
+
+def _rank_info(rank: int, tag: str) -> tuple:
+    return rank, dist.get_world_size(), dist.get_backend(), tag
+
+
+def _fail_on_one(rank: int) -> int:
+    if rank == 1:
+        raise ValueError("rank one is broken")
+    return rank
+
+
+def test_results_come_back_in_rank_order():
+    assert run_ranks(_rank_info, 3, "x") == [(r, 3, "gloo", "x") for r in range(3)]
+
+
+def test_failure_carries_the_rank_and_traceback():
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed:.*ValueError: rank one is broken"):
+        run_ranks(_fail_on_one, 2, timeout_s=60)
