@@ -83,11 +83,10 @@ def join_layout(stage_results: list[StageResult], arch: ModelArch, par: Parallel
     last = next(r for r in replica if r.logits is not None)
     stages = {(r.tp_rank, r.pp_rank): r.grads for r in replica}
     grads = sharding.merge_state_dicts(stages, arch, par)
-    if arch.tied_embeddings and par.pp > 1:
-        vocab = arch.vocab_size_for(1)
-        output = sharding.tp_merge("output_layer.weight",
-                                   [stages[(t, par.pp - 1)]["output_layer.weight"] for t in range(par.tp)])
-        grads["embedding.word_embeddings.weight"] = grads["embedding.word_embeddings.weight"] + output[:vocab]
+    if sharding.holds_tied_output_copy(arch, par, par.pp - 1):
+        copies = [stages[(t, par.pp - 1)]["output_layer.weight"] for t in range(par.tp)]
+        output = sharding.merge_full_tensor("output_layer.weight", copies, arch)
+        grads["embedding.word_embeddings.weight"] = grads["embedding.word_embeddings.weight"] + output
     return last.logits[..., :arch.vocab_size_for(1)], last.losses, grads
 
 

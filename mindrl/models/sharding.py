@@ -118,6 +118,20 @@ def pad_vocab(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, pad], dim=0)
 
 
+def split_full_tensor(name: str, tensor: torch.Tensor, arch: ModelArch, par: ParallelConfig,
+                      ) -> list[torch.Tensor]:
+    """One full-model tensor → its slice on each TP rank (vocab rows zero-padded first)."""
+    if name in _VOCAB:
+        tensor = pad_vocab(tensor, arch.vocab_size_for(par.tp))
+    return tp_split(name, tensor, par.tp, arch.swiglu)
+
+
+def merge_full_tensor(name: str, shards: list[torch.Tensor], arch: ModelArch) -> torch.Tensor:
+    """TP slices → the full-model tensor (vocab padding for TP removed again)."""
+    tensor = tp_merge(name, shards, arch.swiglu)
+    return tensor[:arch.vocab_size_for(1)] if name in _VOCAB else tensor
+
+
 def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int) -> dict[str, str]:
     """Full name → local name of every parameter that pipeline stage `pp_rank` holds."""
     first = par.first_layer_of_stages(arch)[pp_rank]
@@ -140,30 +154,28 @@ def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int) -> dict[str,
 def shard_state_dict(full: dict[str, torch.Tensor], arch: ModelArch, par: ParallelConfig,
                      tp_rank: int, pp_rank: int) -> dict[str, torch.Tensor]:
     """The stage state dict of (tp_rank, pp_rank), cut from a full state dict."""
-    vocab = arch.vocab_size_for(par.tp)
-    out: dict[str, torch.Tensor] = {}
-    for name, local in stage_names(arch, par, pp_rank).items():
-        tensor = full[name]
-        if name in _VOCAB:
-            tensor = pad_vocab(tensor, vocab)
-        out[local] = tp_split(name, tensor, par.tp, arch.swiglu)[tp_rank]
-    if arch.tied_embeddings and par.pp > 1 and pp_rank == par.pp - 1:
+    out = {local: split_full_tensor(name, full[name], arch, par)[tp_rank]
+           for name, local in stage_names(arch, par, pp_rank).items()}
+    if holds_tied_output_copy(arch, par, pp_rank):
         # Megatron keeps a copy of the tied embedding as the last stage's output layer.
-        embedding = pad_vocab(full["embedding.word_embeddings.weight"], vocab)
-        out["output_layer.weight"] = tp_split("output_layer.weight", embedding, par.tp)[tp_rank]
+        out["output_layer.weight"] = split_full_tensor(
+            "output_layer.weight", full["embedding.word_embeddings.weight"], arch, par)[tp_rank]
     return out
+
+
+def holds_tied_output_copy(arch: ModelArch, par: ParallelConfig, pp_rank: int) -> bool:
+    """Whether this stage carries Megatron's copy of a tied embedding as `output_layer.weight`."""
+    return arch.tied_embeddings and par.pp > 1 and pp_rank == par.pp - 1
 
 
 def merge_state_dicts(stages: dict[tuple[int, int], dict[str, torch.Tensor]], arch: ModelArch,
                       par: ParallelConfig) -> dict[str, torch.Tensor]:
     """The full state dict from every (tp_rank, pp_rank) stage state dict."""
-    vocab = arch.vocab_size_for(1)
     full: dict[str, torch.Tensor] = {}
     for pp_rank in range(par.pp):
         for name, local in stage_names(arch, par, pp_rank).items():
-            shards = [stages[(tp_rank, pp_rank)][local] for tp_rank in range(par.tp)]
-            tensor = tp_merge(name, shards, arch.swiglu)
-            full[name] = tensor[:vocab] if name in _VOCAB else tensor
+            full[name] = merge_full_tensor(
+                name, [stages[(tp_rank, pp_rank)][local] for tp_rank in range(par.tp)], arch)
     return {name: full[name] for name in full_param_shapes(arch)}
 
 

@@ -1,0 +1,190 @@
+"""THE mapping between HF transformers checkpoints and megatron-core GPT weights.
+
+Both directions live here and nowhere else: the checkpoint converter and the rollout
+weight resharder call these functions, and the exactness tests check them. Tensors are
+only reordered and concatenated, never computed on, so a round trip is bit-exact.
+
+Megatron layout (local spec, TP=1 names):
+- `linear_qkv` fuses Q, K, V per query group: for each of the `g` groups, that group's
+  `heads/g` query heads, then its key head, then its value head (rows of `head_dim`).
+  Tensor parallelism then cuts whole groups, which is why TP must divide `g`.
+- `linear_fc1` stacks SwiGLU's gate projection over its up projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mindrl.config import ConfigError, ModelArch
+
+# HF model_type of each --model-type-hf name the converter accepts.
+HF_MODEL_TYPES = {"qwen2": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3"}
+HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+EMBEDDING = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
+FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
+OUTPUT = ("lm_head.weight", "output_layer.weight")
+
+# One-to-one renames inside a decoder layer: HF suffix → Megatron suffix.
+_LAYER_RENAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
+    "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+    "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
+    "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
+}
+
+
+def hf_layer_prefix(index: int) -> str:
+    return f"model.layers.{index}."
+
+
+def mcore_layer_prefix(index: int) -> str:
+    return f"decoder.layers.{index}."
+
+
+def hf_layer_names(arch: ModelArch) -> list[str]:
+    """HF tensor names inside one decoder layer of `arch` (without the layer prefix)."""
+    names = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+             "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+             "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    if arch.add_qkv_bias:
+        names += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
+    if arch.qk_layernorm:
+        names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    return names
+
+
+def hf_global_names(arch: ModelArch) -> list[str]:
+    """HF tensor names outside the decoder layers."""
+    names = [EMBEDDING[0], FINAL_NORM[0]]
+    if not arch.tied_embeddings:
+        names.append(OUTPUT[0])
+    return names
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: ModelArch) -> torch.Tensor:
+    groups, per_group = arch.query_groups, arch.num_attention_heads // arch.query_groups
+    hd = arch.head_dim
+    tail = q.shape[1:]
+    q = q.reshape(groups, per_group * hd, *tail)
+    k = k.reshape(groups, hd, *tail)
+    v = v.reshape(groups, hd, *tail)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *tail)
+
+
+def _split_qkv(qkv: torch.Tensor, arch: ModelArch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    groups, per_group = arch.query_groups, arch.num_attention_heads // arch.query_groups
+    hd = arch.head_dim
+    tail = qkv.shape[1:]
+    grouped = qkv.reshape(groups, (per_group + 2) * hd, *tail)
+    q, k, v = torch.split(grouped, [per_group * hd, hd, hd], dim=1)
+    return (q.reshape(-1, *tail).contiguous(), k.reshape(-1, *tail).contiguous(),
+            v.reshape(-1, *tail).contiguous())
+
+
+def hf_to_mcore_layer(hf: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
+    """One decoder layer: HF suffix → tensor, to Megatron suffix → tensor (TP=1)."""
+    out = {_LAYER_RENAMES[name]: tensor for name, tensor in hf.items() if name in _LAYER_RENAMES}
+    out["self_attention.linear_qkv.weight"] = _fuse_qkv(
+        hf["self_attn.q_proj.weight"], hf["self_attn.k_proj.weight"], hf["self_attn.v_proj.weight"], arch)
+    if arch.add_qkv_bias:
+        out["self_attention.linear_qkv.bias"] = _fuse_qkv(
+            hf["self_attn.q_proj.bias"], hf["self_attn.k_proj.bias"], hf["self_attn.v_proj.bias"], arch)
+    out["mlp.linear_fc1.weight"] = torch.cat([hf["mlp.gate_proj.weight"], hf["mlp.up_proj.weight"]], dim=0)
+    return out
+
+
+def mcore_to_hf_layer(mcore: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
+    """One decoder layer: Megatron suffix → tensor, to HF suffix → tensor (inverse of the above)."""
+    back = {m: h for h, m in _LAYER_RENAMES.items()}
+    out = {back[name]: tensor for name, tensor in mcore.items() if name in back}
+    q, k, v = _split_qkv(mcore["self_attention.linear_qkv.weight"], arch)
+    out.update({"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v})
+    if arch.add_qkv_bias:
+        q, k, v = _split_qkv(mcore["self_attention.linear_qkv.bias"], arch)
+        out.update({"self_attn.q_proj.bias": q, "self_attn.k_proj.bias": k, "self_attn.v_proj.bias": v})
+    gate, up = mcore["mlp.linear_fc1.weight"].chunk(2, dim=0)
+    out["mlp.gate_proj.weight"] = gate.contiguous()
+    out["mlp.up_proj.weight"] = up.contiguous()
+    return {name: out[name] for name in hf_layer_names(arch)}
+
+
+def _rope_theta(config: Mapping[str, Any]) -> float:
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise ConfigError(f"HF config uses RoPE scaling {rope_type!r}, which mindrl does not convert yet; "
+                          f"use a model without rope scaling.")
+    theta = params.get("rope_theta", config.get("rope_theta"))
+    if theta is None:
+        raise ConfigError("HF config has no rope_theta (top level or in rope_parameters); add it.")
+    return float(theta)
+
+
+def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str = "hf_model",
+                        add_qkv_bias: bool = False) -> ModelArch:
+    """The ModelArch of an HF config.json, checked against the --model-type-hf the user named."""
+    if model_type_hf not in HF_MODEL_TYPES:
+        raise ConfigError(f"--model-type-hf {model_type_hf!r} is not supported; choose one of "
+                          f"{', '.join(HF_MODEL_TYPES)}.")
+    expected = HF_MODEL_TYPES[model_type_hf]
+    if config.get("model_type") != expected:
+        raise ConfigError(f"config.json has model_type {config.get('model_type')!r} but --model-type-hf "
+                          f"{model_type_hf} expects {expected!r}; pass the matching --model-type-hf.")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"HF config has hidden_act {config['hidden_act']!r}; mindrl converts SwiGLU "
+                          f"(silu) models only.")
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise ConfigError("HF config sets attention_bias/mlp_bias (biases on every projection); "
+                          "mindrl converts QKV-only biases (Qwen2) or no biases (Llama).")
+    missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                           "vocab_size") if k not in config]
+    if missing:
+        raise ConfigError(f"config.json lacks {', '.join(missing)}; it is not a causal-LM config.")
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return ModelArch(
+        name=name,
+        num_layers=config["num_hidden_layers"],
+        hidden_size=config["hidden_size"],
+        ffn_hidden_size=config["intermediate_size"],
+        num_attention_heads=heads,
+        num_query_groups=config.get("num_key_value_heads") or heads,
+        kv_channels=head_dim if head_dim * heads != config["hidden_size"] else None,
+        padded_vocab_size=config["vocab_size"],
+        max_position_embeddings=config.get("max_position_embeddings", 4096),
+        untie_embeddings_and_output_weights=not config.get("tie_word_embeddings", False),
+        add_qkv_bias=model_type_hf == "qwen2" or add_qkv_bias,
+        qk_layernorm=model_type_hf == "qwen3",
+        norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
+        rotary_base=_rope_theta(config),
+    )
+
+
+def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype) -> dict[str, Any]:
+    """A config.json for `arch` when the original HF config is not at hand."""
+    model_type = HF_MODEL_TYPES[model_type_hf]
+    return {
+        "architectures": [HF_ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "hidden_act": "silu",
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.ffn_hidden_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.query_groups,
+        "head_dim": arch.head_dim,
+        "vocab_size": arch.padded_vocab_size,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rms_norm_eps": arch.norm_epsilon,
+        "rope_theta": arch.rotary_base,
+        "tie_word_embeddings": arch.tied_embeddings,
+        "attention_bias": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
