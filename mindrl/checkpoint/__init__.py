@@ -1,0 +1,1 @@
+"""Megatron checkpoint layout on disk, atomic directory writes, and loading per rank."""

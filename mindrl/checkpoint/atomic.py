@@ -1,0 +1,49 @@
+"""Write a directory so that readers see all of it or none of it.
+
+Everything is written into a temporary sibling of the target and renamed into place at
+the end; a failure removes the temporary and leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def check_target(target: str | Path, overwrite: bool) -> Path:
+    """Refuse a non-empty target unless told to overwrite (before any work starts)."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a directory; choose another save directory.")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise FileExistsError(f"{target} is not empty; choose an empty save directory or pass --overwrite.")
+    return target
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory beside `target`; on success it becomes `target`.
+
+    With `overwrite`, an existing target is replaced only after the new one is complete,
+    and removed only after the rename succeeded.
+    """
+    target = check_target(target, overwrite).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+        tmp.rename(target)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
