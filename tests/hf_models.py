@@ -1,0 +1,50 @@
+"""Tiny random HF causal LMs built locally (no hub), saved as (sharded) safetensors.
+
+Every parameter is drawn at random — norm weights too — so a swapped or mis-cut tensor
+cannot hide behind an all-ones initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import transformers
+
+KINDS = {
+    # (a) Qwen2: QKV bias, tied embeddings, GQA 4 heads / 2 groups, odd vocab (TP padding)
+    "qwen2": (transformers.Qwen2Config, dict(vocab_size=251, tie_word_embeddings=True)),
+    # (b) Llama: no biases, untied output layer, no GQA
+    "llama3": (transformers.LlamaConfig, dict(vocab_size=256, tie_word_embeddings=False,
+                                              num_key_value_heads=4, rope_theta=500000.0)),
+    # Qwen3: per-head QK norm, head_dim (32) different from hidden / heads (16)
+    "qwen3": (transformers.Qwen3Config, dict(vocab_size=256, tie_word_embeddings=False, head_dim=32)),
+}
+
+
+def build_hf_model(kind: str, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
+    config_cls, extra = KINDS[kind]
+    settings = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                    rope_theta=10000.0)
+    settings.update(extra)
+    settings.update(overrides)
+    config = config_cls(**settings)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.1)
+            if "norm" in name:
+                param.add_(1.0)
+    return model.eval()
+
+
+def save_hf_model(model: transformers.PreTrainedModel, folder: Path, dtype: torch.dtype = torch.float32,
+                  max_shard_size: str = "60KB") -> Path:
+    """Save as sharded safetensors (with index) plus a tokenizer file to copy through."""
+    model.to(dtype).save_pretrained(folder, max_shard_size=max_shard_size)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128, "tag": str(folder)}))
+    model.to(torch.float32)
+    return folder

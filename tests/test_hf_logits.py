@@ -1,0 +1,63 @@
+"""A Megatron GPTModel loaded from converted TP=2×PP=2 shards gives HF transformers' logits (fp32)."""
+
+import pytest
+import torch
+from megatron.core import parallel_state
+
+from mindrl.checkpoint import megatron as mg
+from mindrl.distributed import init_model_parallel
+from mindrl.launch import run_ranks
+from mindrl.models.forward import gather_logits, run_microbatches
+from mindrl.models.gpt import build_gpt_model, load_stage_weights
+from tests.hf_models import build_hf_model, save_hf_model
+from tools.ckpt_convert import hf_to_mcore
+
+KINDS = ("qwen2", "llama3", "qwen3")
+
+
+def _megatron_logits(rank: int, checkpoints: list[str], tokens: torch.Tensor) -> list:
+    results = []
+    for root in checkpoints:
+        args = mg.load_args(root)
+        arch, par = mg.arch_of(args), mg.parallel_of(args)
+        init_model_parallel(par, arch=arch)
+        model = build_gpt_model(arch, par)
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        load_stage_weights(model, mg.load_rank(root, tp_rank, pp_rank, arch, par)["model"])
+        captured = []
+
+        def keep(logits, batch, captured=captured):
+            captured.append(gather_logits(logits).detach().clone())
+            return logits.sum() * 0, {}
+
+        run_microbatches(model, [{"tokens": tokens}], keep, forward_only=True)
+        results.append(captured[0][..., :arch.padded_vocab_size] if captured else None)
+    return results
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf_logits")
+    tokens = torch.randint(0, 250, (2, 24), generator=torch.Generator().manual_seed(5))
+    expected, checkpoints = {}, []
+    for kind in KINDS:
+        model = build_hf_model(kind, seed=11)
+        with torch.no_grad():
+            expected[kind] = model(tokens).logits
+        hf_dir = save_hf_model(model, root / f"hf_{kind}")
+        checkpoints.append(str(hf_to_mcore(hf_dir, root / f"mg_{kind}", kind, 2, 2,
+                                           params_dtype=torch.float32, progress=False)))
+    per_rank = run_ranks(_megatron_logits, 4, checkpoints, tokens)
+    last_stage = [r for r in per_rank if r[0] is not None]
+    assert len(last_stage) == 2  # the two TP ranks of the last pipeline stage
+    return {kind: (expected[kind], last_stage[0][i], last_stage[1][i]) for i, kind in enumerate(KINDS)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_megatron_tp2_pp2_logits_equal_hf(compared, kind):
+    hf, megatron, other_tp_rank = compared[kind]
+    assert megatron.shape == hf.shape
+    assert hf.abs().max() > 1.0  # real, non-trivial logits
+    assert (megatron - hf).abs().max().item() < 1e-4
+    assert torch.equal(megatron, other_tp_rank)

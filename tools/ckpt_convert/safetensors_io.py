@@ -1,0 +1,131 @@
+"""Streaming safetensors I/O for HF checkpoints (single file or sharded with an index).
+
+The reader parses the safetensors header itself and reads one tensor at a time with
+`readinto` into fresh memory, instead of memory-mapping whole shards: a mapped shard's
+touched pages stay resident until it is closed, which would put every input shard in the
+converter's peak memory. The writer fills shards up to a byte budget and writes each as
+soon as it is full, so only one output shard is ever held.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class HFWeights:
+    """Lazy access to the tensors of an HF checkpoint directory, by name."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        index = self.folder / INDEX_FILE
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in self.folder.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{self.folder} has no *.safetensors files; mindrl converts safetensors "
+                                    f"checkpoints (save the model with safe_serialization=True).")
+        self._entries: dict[str, tuple[Path, int, str, list[int], int, int]] = {}
+        self.shard_bytes: dict[str, int] = {}
+        for name in files:
+            path = self.folder / name
+            if not path.is_file():
+                raise FileNotFoundError(f"{INDEX_FILE} in {self.folder} names {name}, which is missing.")
+            self.shard_bytes[name] = path.stat().st_size
+            with open(path, "rb") as f:
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(header_len))
+            start = 8 + header_len
+            for key, meta in header.items():
+                if key == "__metadata__":
+                    continue
+                begin, end = meta["data_offsets"]
+                self._entries[key] = (path, start, meta["dtype"], meta["shape"], begin, end)
+
+    def names(self) -> set[str]:
+        return set(self._entries)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return DTYPES[self._entries[name][2]]
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor `name`, read from disk into new memory."""
+        if name not in self._entries:
+            raise KeyError(f"{self.folder} has no tensor {name!r}.")
+        path, start, dtype, shape, begin, end = self._entries[name]
+        buffer = torch.empty(end - begin, dtype=torch.uint8)
+        with open(path, "rb") as f:
+            f.seek(start + begin)
+            if f.readinto(memoryview(buffer.numpy())) != end - begin:
+                raise OSError(f"{path} ends before tensor {name!r}; the file is truncated.")
+        return buffer.view(DTYPES[dtype]).reshape(shape)
+
+
+class ShardedSafetensorsWriter:
+    """Writes tensors in order into `model-0000i-of-0000N.safetensors` plus the index."""
+
+    def __init__(self, folder: str | Path, max_shard_bytes: int) -> None:
+        self.folder = Path(folder)
+        self.max_shard_bytes = max_shard_bytes
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._written: list[tuple[Path, list[str]]] = []
+        self.total_bytes = 0
+        self.largest_shard_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self._pending and self._pending_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._pending[name] = tensor.contiguous()
+        self._pending_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        path = self.folder / f"shard-{len(self._written):05d}.tmp"
+        save_file(self._pending, str(path), metadata={"format": "pt"})
+        self._written.append((path, list(self._pending)))
+        self.largest_shard_bytes = max(self.largest_shard_bytes, self._pending_bytes)
+        self._pending, self._pending_bytes = {}, 0
+
+    def close(self) -> list[Path]:
+        """Flush, give shards their final names and write the index; returns the shard paths."""
+        if self._pending:
+            self._flush()
+        count = len(self._written)
+        weight_map, final = {}, []
+        for i, (path, names) in enumerate(self._written):
+            target = self.folder / f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+            path.rename(target)
+            final.append(target)
+            weight_map.update(dict.fromkeys(names, target.name))
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        return final
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB' or a byte count → bytes."""
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+             "B": 1, "": 1}
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMG]I?B|B)?\s*", text.upper())
+    if not match:
+        raise ValueError(f"--max-shard-size {text!r} is not a size such as 5GB or 500MB.")
+    value = int(float(match.group(1)) * units[match.group(2) or ""])
+    if value <= 0:
+        raise ValueError(f"--max-shard-size must be positive, got {text!r}.")
+    return value
