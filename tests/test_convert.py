@@ -1,5 +1,6 @@
 """hf2mcore / mcore2hf: bit-exact round trips, the on-disk layout, and one sentence per mistake."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -161,12 +162,82 @@ def test_refuses_a_non_empty_target_and_overwrites_only_when_told(tmp_path, qwen
     assert not (target / "precious.txt").exists() and (target / "latest_checkpointed_iteration.txt").exists()
 
 
-def test_a_failure_midway_leaves_no_partial_output(tmp_path, qwen_dir):
+def test_a_truncated_shard_is_caught_before_writing(tmp_path, qwen_dir):
     index = json.loads((qwen_dir / "model.safetensors.index.json").read_text())
     last_shard = qwen_dir / index["weight_map"]["model.norm.weight"]
     data = last_shard.read_bytes()
-    last_shard.write_bytes(data[: len(data) - 64])  # truncated: the last tensors cannot be read
-    with pytest.raises(OSError, match="truncated"):
+    last_shard.write_bytes(data[: len(data) - 64])
+    with pytest.raises(OSError, match="is truncated: its header promises"):
         hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 1, 2, progress=False)
-    assert not (tmp_path / "mg").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+@pytest.mark.parametrize("direction", ["hf2mcore", "mcore2hf"])
+def test_a_failure_midway_leaves_no_partial_output(tmp_path, qwen_dir, monkeypatch, direction):
+    """A disk error on the second pipeline stage: no target, no temporary left behind."""
+    import tools.ckpt_convert.hf2mcore as hf2mcore_module
+    import tools.ckpt_convert.mcore2hf as mcore2hf_module
+
+    if direction == "mcore2hf":
+        hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 1, 2, progress=False)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    module = hf2mcore_module if direction == "hf2mcore" else mcore2hf_module
+    real = module.mg.save_rank if direction == "hf2mcore" else module._write_stage
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    if direction == "hf2mcore":
+        monkeypatch.setattr(module.mg, "save_rank", failing)
+        run = functools.partial(hf_to_mcore, qwen_dir, tmp_path / "out", "qwen2", 1, 2, progress=False)
+    else:
+        monkeypatch.setattr(module, "_write_stage", failing)
+        run = functools.partial(mcore_to_hf, tmp_path / "mg", tmp_path / "out", progress=False)
+    with pytest.raises(OSError, match="No space left"):
+        run()
+    assert len(calls) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama3", "qwen3"])
+def test_hf_param_shapes_match_transformers(kind):
+    from mindrl.models.hf_mapping import arch_from_hf_config, hf_param_shapes
+
+    model = build_hf_model(kind)
+    arch = arch_from_hf_config(model.config.to_dict(), kind)
+    actual = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    if arch.tied_embeddings:
+        actual.pop("lm_head.weight")
+    assert hf_param_shapes(arch) == actual
+
+
+def test_converter_does_not_import_megatron():
+    code = "import tools.ckpt_convert.cli, tools.ckpt_convert, sys; print('megatron' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_rank_files_hold_only_their_own_bytes(tmp_path):
+    """A TP slice is a view of a bigger tensor; saved as is it would drag the whole tensor along."""
+    hf_dir = save_hf_model(build_hf_model("llama3"), tmp_path / "hf")
+    out = hf_to_mcore(hf_dir, tmp_path / "mg", "llama3", 2, 2, params_dtype=torch.float32, progress=False)
+    for path in out.rglob("model_optim_rng.pt"):
+        tensors = torch.load(path, weights_only=True)["model"].values()
+        payload = sum(t.numel() * t.element_size() for t in tensors)
+        assert path.stat().st_size < payload + 64 * 1024, path
+
+
+def test_example_scripts_round_trip(tmp_path, qwen_dir):
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HF_DIR": str(qwen_dir),
+           "MG_DIR": str(tmp_path / "mg"), "HF_OUT": str(tmp_path / "back"), "TP": "2", "PP": "2",
+           "DTYPE": "fp32", "NUM_LAYER_LIST": "3,1"}
+    for script in ("ckpt_convert_qwen25_hf2mcore.sh", "ckpt_convert_qwen25_mcore2hf.sh"):
+        out = subprocess.run(["bash", str(ROOT / "examples" / "ckpt" / script), "--no-progress"],
+                             env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+    original, back = read_hf(qwen_dir), read_hf(tmp_path / "back")
+    assert back.keys() == original.keys() and all(torch.equal(back[n], t) for n, t in original.items())

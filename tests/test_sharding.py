@@ -69,3 +69,13 @@ def test_pipeline_stages_hold_their_layers_and_ends():
     full = sharding.random_full_state_dict(arch)
     shard = sharding.shard_state_dict(full, arch, par, 0, 1)
     assert torch.equal(shard["output_layer.weight"], full["embedding.word_embeddings.weight"])
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 16])
+def test_vocab_rows_agree_with_the_split(tp):
+    arch = ModelArch(**{**LLAMA_LIKE.__dict__, "num_attention_heads": 16, "num_query_groups": 16})
+    full = sharding.random_full_state_dict(arch)["output_layer.weight"]
+    par = ParallelConfig(tp, 1)
+    for rank, piece in enumerate(sharding.split_full_tensor("output_layer.weight", full, arch, par)):
+        start, stop, pad = sharding.vocab_rows(arch, par, rank)
+        assert torch.equal(piece, sharding.pad_vocab(full[start:stop], stop - start + pad))

@@ -101,10 +101,22 @@ def save_rank(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int
     """One rank's file of one iteration (the caller writes the tracker when all ranks are done)."""
     path = rank_file(root, iteration, tp_rank, pp_rank, args.pipeline_model_parallel_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": model, "iteration": 0 if iteration == "release" else int(iteration),
+    state = {"model": {name: compact(t) for name, t in model.items()},
+             "iteration": 0 if iteration == "release" else int(iteration),
              "checkpoint_version": CHECKPOINT_VERSION, "args": args, **extra}
     torch.save(state, path)
     return path
+
+
+def compact(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor with a storage of exactly its own bytes.
+
+    torch.save writes a view's whole storage: a TP slice or a memory-mapped row range
+    saved as is would carry the full tensor (or file) along with it.
+    """
+    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        return tensor.clone()
+    return tensor
 
 
 def load_args(root: str | Path, iteration: int | str | None = None) -> argparse.Namespace:

@@ -1,5 +1,5 @@
-"""Model construction (megatron-core GPTModel from a ModelArch) and weight layouts."""
+"""Model construction (megatron-core GPTModel from a ModelArch) and weight layouts.
 
-from mindrl.models.gpt import build_gpt_model, transformer_config
-
-__all__ = ["build_gpt_model", "transformer_config"]
+Import the submodules directly; this package stays light so the checkpoint converter
+does not pay for importing megatron-core.
+"""

@@ -19,8 +19,6 @@ from megatron.core.transformer import TransformerConfig
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
 from mindrl.platform import Platform, get_platform
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def _stage_layout(arch: ModelArch, par: ParallelConfig) -> list[list[str]] | None:
     """Megatron's explicit per-stage layout, needed only for an uneven num_layer_list."""

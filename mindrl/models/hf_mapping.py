@@ -67,6 +67,28 @@ def hf_global_names(arch: ModelArch) -> list[str]:
     return names
 
 
+def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor of `arch` with its shape, in checkpoint order."""
+    h, hd, ffn = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
+    q_rows, kv_rows = arch.num_attention_heads * hd, arch.query_groups * hd
+    layer = {
+        "input_layernorm.weight": (h,), "self_attn.q_proj.weight": (q_rows, h),
+        "self_attn.k_proj.weight": (kv_rows, h), "self_attn.v_proj.weight": (kv_rows, h),
+        "self_attn.o_proj.weight": (h, q_rows), "post_attention_layernorm.weight": (h,),
+        "mlp.gate_proj.weight": (ffn, h), "mlp.up_proj.weight": (ffn, h), "mlp.down_proj.weight": (h, ffn),
+        "self_attn.q_proj.bias": (q_rows,), "self_attn.k_proj.bias": (kv_rows,),
+        "self_attn.v_proj.bias": (kv_rows,), "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
+    }
+    shapes = {EMBEDDING[0]: (arch.padded_vocab_size, h)}
+    for i in range(arch.num_layers):
+        shapes.update({hf_layer_prefix(i) + n: layer[n] for n in hf_layer_names(arch)})
+    shapes[FINAL_NORM[0]] = (h,)
+    if not arch.tied_embeddings:
+        shapes[OUTPUT[0]] = (arch.padded_vocab_size, h)
+    return shapes
+
+
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: ModelArch) -> torch.Tensor:
     groups, per_group = arch.query_groups, arch.num_attention_heads // arch.query_groups
     hd = arch.head_dim

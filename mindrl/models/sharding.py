@@ -126,6 +126,15 @@ def split_full_tensor(name: str, tensor: torch.Tensor, arch: ModelArch, par: Par
     return tp_split(name, tensor, par.tp, arch.swiglu)
 
 
+def vocab_rows(arch: ModelArch, par: ParallelConfig, tp_rank: int) -> tuple[int, int, int]:
+    """Rows [start, stop) of the unpadded vocab that TP rank `tp_rank` holds, and how many
+    zero rows of padding follow them (only the last ranks get padding)."""
+    per_rank = arch.vocab_size_for(par.tp) // par.tp
+    start = tp_rank * per_rank
+    stop = min(start + per_rank, arch.vocab_size_for(1))
+    return min(start, stop), stop, per_rank - max(stop - start, 0)
+
+
 def merge_full_tensor(name: str, shards: list[torch.Tensor], arch: ModelArch) -> torch.Tensor:
     """TP slices → the full-model tensor (vocab padding for TP removed again)."""
     tensor = tp_merge(name, shards, arch.swiglu)

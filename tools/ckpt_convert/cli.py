@@ -7,7 +7,7 @@ import sys
 import time
 
 from mindrl.config import ConfigError
-from mindrl.models.gpt import DTYPES
+from mindrl.models.dtypes import DTYPES
 from mindrl.models.hf_mapping import HF_MODEL_TYPES
 
 

@@ -65,36 +65,50 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     check_target(save_dir, overwrite)
 
     args = mg.checkpoint_args(arch, par, params_dtype, model_type_hf=model_type_hf, hf_config=config)
-    counts, firsts = par.layers_per_stage(arch), par.first_layer_of_stages(arch)
     bar = tqdm(total=arch.num_layers, desc="hf2mcore", unit="layer", disable=not progress)
     with atomic_directory(save_dir, overwrite) as tmp:
         for pp_rank in range(pp):
-            stage: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
-
-            def put(full_name: str, local_name: str, tensor: torch.Tensor, stage=stage) -> None:
-                for rank, piece in enumerate(sharding.split_full_tensor(full_name, tensor, arch, par)):
-                    stage[rank][local_name] = piece
-
-            if pp_rank == 0:
-                put(hfm.EMBEDDING[1], hfm.EMBEDDING[1], weights.get(hfm.EMBEDDING[0]).to(params_dtype))
-            for local in range(counts[pp_rank]):
-                index = firsts[pp_rank] + local
-                prefix = hfm.hf_layer_prefix(index)
-                hf_layer = {n: weights.get(prefix + n).to(params_dtype) for n in hfm.hf_layer_names(arch)}
-                for suffix, tensor in hfm.hf_to_mcore_layer(hf_layer, arch).items():
-                    put(hfm.mcore_layer_prefix(index) + suffix, hfm.mcore_layer_prefix(local) + suffix,
-                        tensor)
-                bar.update(1)
-            if pp_rank == pp - 1:
-                put(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1], weights.get(hfm.FINAL_NORM[0]).to(params_dtype))
-                if not arch.tied_embeddings:
-                    put(hfm.OUTPUT[1], hfm.OUTPUT[1], weights.get(hfm.OUTPUT[0]).to(params_dtype))
-                elif sharding.holds_tied_output_copy(arch, par, pp_rank):
-                    put(hfm.OUTPUT[1], hfm.OUTPUT[1], weights.get(hfm.EMBEDDING[0]).to(params_dtype))
+            stage = _build_stage(weights, arch, par, pp_rank, params_dtype, bar)
             for tp_rank in range(tp):
                 mg.save_rank(tmp, "release", tp_rank, pp_rank, stage[tp_rank], args)
-            del stage
+            del stage  # before the next stage is built: peak memory is one stage
         copy_assets(load_dir, Path(tmp) / ASSETS_DIR)
         mg.write_tracker(tmp, "release")
     bar.close()
     return Path(save_dir)
+
+
+def _build_stage(weights: HFWeights, arch: ModelArch, par: ParallelConfig, pp_rank: int,
+                 dtype: torch.dtype, bar: tqdm) -> list[dict[str, torch.Tensor]]:
+    """The state dicts of every TP rank of pipeline stage `pp_rank`, read layer by layer."""
+    stage: list[dict[str, torch.Tensor]] = [{} for _ in range(par.tp)]
+
+    def put(full_name: str, local_name: str, tensor: torch.Tensor) -> None:
+        for rank, piece in enumerate(sharding.split_full_tensor(full_name, tensor, arch, par)):
+            stage[rank][local_name] = piece
+
+    def put_vocab(hf_name: str, local_name: str) -> None:
+        # Each rank's rows are contiguous on disk: read them alone rather than the whole
+        # table plus its slices (the largest tensors, so this sets the peak).
+        for rank in range(par.tp):
+            start, stop, pad = sharding.vocab_rows(arch, par, rank)
+            rows = weights.get(hf_name, rows=(start, stop)).to(dtype)
+            stage[rank][local_name] = sharding.pad_vocab(rows, stop - start + pad)
+
+    first, count = par.first_layer_of_stages(arch)[pp_rank], par.layers_per_stage(arch)[pp_rank]
+    if pp_rank == 0:
+        put_vocab(hfm.EMBEDDING[0], hfm.EMBEDDING[1])
+    for local in range(count):
+        index = first + local
+        prefix = hfm.hf_layer_prefix(index)
+        hf_layer = {n: weights.get(prefix + n).to(dtype) for n in hfm.hf_layer_names(arch)}
+        for suffix, tensor in hfm.hf_to_mcore_layer(hf_layer, arch).items():
+            put(hfm.mcore_layer_prefix(index) + suffix, hfm.mcore_layer_prefix(local) + suffix, tensor)
+        bar.update(1)
+    if pp_rank == par.pp - 1:
+        put(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1], weights.get(hfm.FINAL_NORM[0]).to(dtype))
+        if not arch.tied_embeddings:
+            put_vocab(hfm.OUTPUT[0], hfm.OUTPUT[1])
+        elif sharding.holds_tied_output_copy(arch, par, pp_rank):
+            put_vocab(hfm.EMBEDDING[0], hfm.OUTPUT[1])
+    return stage

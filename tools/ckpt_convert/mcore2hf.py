@@ -37,38 +37,42 @@ def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str |
         raise FileNotFoundError(f"--hf-config-dir {hf_config_dir} has no config.json.")
     check_target(save_dir, overwrite)
 
-    counts, firsts = par.layers_per_stage(arch), par.first_layer_of_stages(arch)
     bar = tqdm(total=arch.num_layers, desc="mcore2hf", unit="layer", disable=not progress)
     with atomic_directory(save_dir, overwrite) as tmp:
         writer = ShardedSafetensorsWriter(tmp, max_bytes)
         dtype = None
         for pp_rank in range(par.pp):
             states = [mg.load_rank(load_dir, t, pp_rank, iteration=iteration)["model"] for t in range(par.tp)]
-
-            def full(full_name: str, local_name: str, states=states) -> torch.Tensor:
-                return sharding.merge_full_tensor(full_name, [s[local_name] for s in states], arch)
-
-            if pp_rank == 0:
-                embedding = full(hfm.EMBEDDING[1], hfm.EMBEDDING[1])
-                dtype = embedding.dtype
-                writer.add(hfm.EMBEDDING[0], embedding)
-            for local in range(counts[pp_rank]):
-                index = firsts[pp_rank] + local
-                mcore_layer = {suffix: full(hfm.mcore_layer_prefix(index) + suffix,
-                                            hfm.mcore_layer_prefix(local) + suffix)
-                               for suffix in sharding.layer_param_shapes(arch)}
-                for name, tensor in hfm.mcore_to_hf_layer(mcore_layer, arch).items():
-                    writer.add(hfm.hf_layer_prefix(index) + name, tensor)
-                bar.update(1)
-            if pp_rank == par.pp - 1:
-                writer.add(hfm.FINAL_NORM[0], full(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1]))
-                if not arch.tied_embeddings:
-                    writer.add(hfm.OUTPUT[0], full(hfm.OUTPUT[1], hfm.OUTPUT[1]))
-            del states
+            _write_stage(states, arch, par, pp_rank, writer, bar)
+            dtype = dtype or states[0][next(iter(states[0]))].dtype
+            del states  # unmap this stage before the next is opened
         writer.close()
         _write_config_and_assets(Path(tmp), Path(load_dir), args, hf_config_dir, dtype)
     bar.close()
     return Path(save_dir)
+
+
+def _write_stage(states: list[dict[str, torch.Tensor]], arch, par, pp_rank: int,
+                 writer: ShardedSafetensorsWriter, bar: tqdm) -> None:
+    """Join one stage's TP slices tensor by tensor and hand them to the writer in HF order."""
+
+    def full(full_name: str, local_name: str) -> torch.Tensor:
+        return sharding.merge_full_tensor(full_name, [s[local_name] for s in states], arch)
+
+    first, count = par.first_layer_of_stages(arch)[pp_rank], par.layers_per_stage(arch)[pp_rank]
+    if pp_rank == 0:
+        writer.add(hfm.EMBEDDING[0], full(hfm.EMBEDDING[1], hfm.EMBEDDING[1]))
+    for local in range(count):
+        index = first + local
+        mcore_layer = {s: full(hfm.mcore_layer_prefix(index) + s, hfm.mcore_layer_prefix(local) + s)
+                       for s in sharding.layer_param_shapes(arch)}
+        for name, tensor in hfm.mcore_to_hf_layer(mcore_layer, arch).items():
+            writer.add(hfm.hf_layer_prefix(index) + name, tensor)
+        bar.update(1)
+    if pp_rank == par.pp - 1:
+        writer.add(hfm.FINAL_NORM[0], full(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1]))
+        if not arch.tied_embeddings:
+            writer.add(hfm.OUTPUT[0], full(hfm.OUTPUT[1], hfm.OUTPUT[1]))
 
 
 def _write_config_and_assets(tmp: Path, load_dir: Path, args, hf_config_dir, dtype: torch.dtype) -> None:

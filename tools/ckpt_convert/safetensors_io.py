@@ -1,10 +1,11 @@
 """Streaming safetensors I/O for HF checkpoints (single file or sharded with an index).
 
-The reader parses the safetensors header itself and reads one tensor at a time with
-`readinto` into fresh memory, instead of memory-mapping whole shards: a mapped shard's
-touched pages stay resident until it is closed, which would put every input shard in the
-converter's peak memory. The writer fills shards up to a byte budget and writes each as
-soon as it is full, so only one output shard is ever held.
+The reader hands out tensors memory-mapped from the page cache, one at a time: no copy
+is made for a tensor that is only renamed, and a mapping ends when the last tensor using
+it is gone, so what stays resident is what the converter still holds. File sizes are
+checked against the headers up front, so a truncated shard fails before anything is
+written. The writer fills shards up to a byte budget and writes each as soon as it is
+full, so only one output shard is ever held.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import struct
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 DTYPES = {
@@ -49,30 +51,28 @@ class HFWeights:
             with open(path, "rb") as f:
                 (header_len,) = struct.unpack("<Q", f.read(8))
                 header = json.loads(f.read(header_len))
-            start = 8 + header_len
+            header.pop("__metadata__", None)
+            data_end = 8 + header_len + max((m["data_offsets"][1] for m in header.values()), default=0)
+            if data_end > self.shard_bytes[name]:
+                raise OSError(f"{path} is truncated: its header promises {data_end} bytes but the file has "
+                              f"{self.shard_bytes[name]}; re-download or re-save the checkpoint.")
             for key, meta in header.items():
-                if key == "__metadata__":
-                    continue
-                begin, end = meta["data_offsets"]
-                self._entries[key] = (path, start, meta["dtype"], meta["shape"], begin, end)
+                self._entries[key] = (path, meta["dtype"], meta["shape"])
 
     def names(self) -> set[str]:
         return set(self._entries)
 
     def dtype(self, name: str) -> torch.dtype:
-        return DTYPES[self._entries[name][2]]
+        return DTYPES[self._entries[name][1]]
 
-    def get(self, name: str) -> torch.Tensor:
-        """The tensor `name`, read from disk into new memory."""
+    def get(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The tensor `name` (or only its rows [start, stop)), mapped from the file."""
         if name not in self._entries:
             raise KeyError(f"{self.folder} has no tensor {name!r}.")
-        path, start, dtype, shape, begin, end = self._entries[name]
-        buffer = torch.empty(end - begin, dtype=torch.uint8)
-        with open(path, "rb") as f:
-            f.seek(start + begin)
-            if f.readinto(memoryview(buffer.numpy())) != end - begin:
-                raise OSError(f"{path} ends before tensor {name!r}; the file is truncated.")
-        return buffer.view(DTYPES[dtype]).reshape(shape)
+        with safe_open(self._entries[name][0], framework="pt") as f:
+            if rows is None:
+                return f.get_tensor(name)
+            return f.get_slice(name)[rows[0]:rows[1]]
 
 
 class ShardedSafetensorsWriter:
