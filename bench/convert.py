@@ -1,0 +1,157 @@
+"""Benchmark hf2mcore on a random Qwen2.5-0.5B-shaped checkpoint against a plain copy.
+
+    python bench/convert.py [--tp 1] [--pp 1] [--input-shard-size 500MB] [--workdir DIR]
+
+Builds the checkpoint locally (bf16 safetensors, sharded), then runs, each in a fresh
+process so that its peak RSS (VmHWM) is its own: (1) a plain copy — safetensors load of every
+shard + one torch.save of the same tensors; (2) the conversion hf -> mg; (3) mg -> hf.
+Prints one JSON line: throughput, seconds, peak RSS, the ratio to the plain copy, and the
+memory budget the converter aims for: 1.5 × (largest output shard + largest input shard).
+Each step runs --repeats times, interleaved; the fastest run counts, and the highest peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = (("copy", "hf", "copy"), ("hf2mcore", "hf", "mg"), ("mcore2hf", "mg", "back"))
+sys.path.insert(0, str(ROOT))
+
+
+def build_checkpoint(folder: Path, shard_size: str) -> dict:
+    import torch
+
+    from mindrl.config import load_model_arch
+    from mindrl.models.hf_mapping import hf_config_from_arch, hf_param_shapes
+    from tools.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
+
+    arch = load_model_arch("qwen25_0p5b")
+    folder.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(0)
+    writer = ShardedSafetensorsWriter(folder, parse_size(shard_size))
+    for name, shape in hf_param_shapes(arch).items():
+        writer.add(name, (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16))
+    shards = writer.close()
+    (folder / "config.json").write_text(json.dumps(hf_config_from_arch(arch, "qwen2", torch.bfloat16)))
+    return {"bytes": writer.total_bytes, "largest_input_shard": max(p.stat().st_size for p in shards),
+            "input_shards": len(shards)}
+
+
+def step(kind: str, src: str, dst: str, tp: int, pp: int) -> None:
+    """Runs inside a child process; prints its seconds (imports excluded) and peak RSS."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tools.ckpt_convert import hf_to_mcore, mcore_to_hf
+
+    start = time.perf_counter()
+    if kind == "copy":
+        tensors = {}
+        for shard in sorted(Path(src).glob("*.safetensors")):
+            tensors.update(load_file(shard))
+        torch.save(tensors, Path(dst) / "copy.pt")
+    elif kind == "hf2mcore":
+        hf_to_mcore(src, dst, "qwen2", tp, pp, params_dtype=torch.bfloat16, progress=False)
+    else:
+        mcore_to_hf(src, dst, progress=False)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "peak_rss": peak_rss()}))
+
+
+def peak_rss() -> int:
+    """This process's resident-set high-water mark in bytes.
+
+    VmHWM, not getrusage: Linux carries ru_maxrss over from the forking parent across exec.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def run_step(kind: str, src: Path, dst: Path, tp: int, pp: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--step", kind, "--src", str(src), "--dst", str(dst),
+                          "--tp", str(tp), "--pp", str(pp)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def warm(folder: Path) -> None:
+    """Read every file once so each measured step starts with the same (warm) page cache."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--input-shard-size", default="500MB")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each step; the fastest counts")
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--step", choices=["build", "copy", "hf2mcore", "mcore2hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
+    parser.add_argument("--dst", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.step == "build":
+        print(json.dumps(build_checkpoint(Path(args.dst), args.input_shard_size)))
+        return
+    if args.step:
+        step(args.step, args.src, args.dst, args.tp, args.pp)
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="mindrl-bench-convert-", dir=args.workdir))
+    try:
+        built = subprocess.run([sys.executable, __file__, "--step", "build", "--dst", str(work / "hf"),
+                                "--input-shard-size", args.input_shard_size],
+                               capture_output=True, text=True, check=True)
+        info = json.loads(built.stdout.strip().splitlines()[-1])
+        runs: dict[str, list[dict]] = {"copy": [], "hf2mcore": [], "mcore2hf": []}
+        for _ in range(args.repeats):  # interleaved, so machine noise hits every step alike
+            for kind, src, dst in STEPS:
+                shutil.rmtree(work / dst, ignore_errors=True)
+                if kind == "copy":
+                    (work / dst).mkdir()
+                warm(work / src)
+                runs[kind].append(run_step(kind, work / src, work / dst, args.tp, args.pp))
+        largest_output = max(p.stat().st_size for p in (work / "mg").rglob("model_optim_rng.pt"))
+        largest_hf_output = max(p.stat().st_size for p in (work / "back").glob("*.safetensors"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    copy, to_mg, to_hf = (best(runs[k]) for k in ("copy", "hf2mcore", "mcore2hf"))
+    gb = info["bytes"] / 1e9
+    budget = 1.5 * (largest_output + info["largest_input_shard"])
+    back_budget = 1.5 * (largest_hf_output + largest_output)
+    print(json.dumps({
+        "bench": "convert", "model": "qwen25_0p5b-shaped (random, bf16)", "tp": args.tp, "pp": args.pp,
+        "gigabytes": round(gb, 3), "input_shards": info["input_shards"],
+        "hf2mcore_s": round(to_mg["seconds"], 2), "hf2mcore_gb_per_s": round(gb / to_mg["seconds"], 3),
+        "mcore2hf_s": round(to_hf["seconds"], 2), "plain_copy_s": round(copy["seconds"], 2),
+        "hf2mcore_vs_copy": round(to_mg["seconds"] / copy["seconds"], 2),
+        "hf2mcore_peak_rss_gb": round(to_mg["peak_rss"] / 1e9, 3),
+        "mcore2hf_peak_rss_gb": round(to_hf["peak_rss"] / 1e9, 3),
+        "plain_copy_peak_rss_gb": round(copy["peak_rss"] / 1e9, 3),
+        "rss_budget_gb": round(budget / 1e9, 3),
+        "hf2mcore_rss_vs_budget": round(to_mg["peak_rss"] / budget, 2),
+        "mcore2hf_rss_vs_budget": round(to_hf["peak_rss"] / back_budget, 2),
+        "repeats": args.repeats,
+    }))
+
+
+def best(runs: list[dict]) -> dict:
+    """Fastest time and highest peak of repeated runs (noise only ever adds time)."""
+    return {"seconds": min(r["seconds"] for r in runs), "peak_rss": max(r["peak_rss"] for r in runs)}
+
+
+if __name__ == "__main__":
+    main()
