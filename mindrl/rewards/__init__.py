@@ -1,0 +1,6 @@
+"""Rule rewards: the verifier registry, built-in verifiers, the overlong penalty, the scorer."""
+
+from mindrl.rewards.registry import get_verifier, known_verifiers, register_verifier
+from mindrl.rewards.scorer import RewardScorer, ScoreResult
+
+__all__ = ["RewardScorer", "ScoreResult", "get_verifier", "known_verifiers", "register_verifier"]
