@@ -1,0 +1,41 @@
+"""Train the tiny offline tokenizer the CPU demo uses (byte-level BPE, ChatML tokens).
+
+    python cli/build_tiny_tokenizer.py --out data/tiny_tokenizer [--vocab-size 1024]
+
+Trained on the synthetic problems and every template's text, so prompts tokenize into
+reasonably few ids; its vocabulary fits configs/model/tiny_qwen.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mindrl.data.synthetic import generate_problems
+from mindrl.data.templates import load_templates
+from mindrl.data.tokenizer import build_tiny_tokenizer
+
+
+def corpus() -> list[str]:
+    texts = [t.render("", "") for t in load_templates().values() if not t.prefix]
+    for problem in generate_problems("mixed", 4000, seed=12345):
+        texts += [problem["question"], problem["solution"],
+                  f"<think>{problem['solution']}</think>\n<answer>\\boxed{{{problem['answer']}}}</answer>"]
+    return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="output directory (an HF tokenizer directory)")
+    parser.add_argument("--vocab-size", type=int, default=1024)
+    args = parser.parse_args(argv)
+    path = build_tiny_tokenizer(args.out, corpus(), vocab_size=args.vocab_size)
+    print(f"[tokenizer] wrote {path} (vocab {args.vocab_size})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

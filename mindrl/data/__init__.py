@@ -1,0 +1,1 @@
+"""Prompt templates, tokenizers, dataset reading, synthetic problems and preprocessing."""

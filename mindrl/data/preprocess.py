@@ -1,0 +1,185 @@
+"""Raw question/answer rows → templated, tokenized prompt parquet files (train / test).
+
+Output columns: `prompt` (templated text), `prompt_ids` (int32 token ids), `answer`,
+`data_source`, `extra_info` (the row's other columns as JSON, plus its input index) and
+`index`. The same input and recipe give byte-identical files: rows keep input order, the
+split is a seeded permutation, and nothing time- or machine-dependent is written.
+Nothing is dropped silently: prompts over `max_prompt_length` tokens are dropped and
+counted, and a bad row is an error naming the row and the key unless `skip_bad_rows`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mindrl.config.errors import ConfigError
+from mindrl.data.readers import read_rows
+from mindrl.data.synthetic import generate_problems
+from mindrl.data.templates import get_template
+from mindrl.data.tokenizer import load_tokenizer
+
+MAP_KEYS = ("prompt", "query", "answer", "system")
+SCHEMA = pa.schema([("index", pa.int64()), ("prompt", pa.string()), ("prompt_ids", pa.list_(pa.int32())),
+                    ("answer", pa.string()), ("data_source", pa.string()), ("extra_info", pa.string())])
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """A preprocessing recipe (configs/datasets/<name>.yaml)."""
+
+    output_dir: str
+    tokenizer_name_or_path: str
+    input: str | None = None
+    #: instead of `input`: {kind: arithmetic|word|mixed, num_samples: N, seed: S}
+    generator: dict | None = None
+    prompt_type: str = "qwen_r1"
+    prompt_type_path: str | None = None
+    #: output field → input column; `response` is accepted as MindSpeed-RL's name for `answer`
+    map_keys: dict = field(default_factory=lambda: {"prompt": "prompt", "answer": "answer"})
+    data_source: str | None = None
+    max_prompt_length: int = 1024
+    test_fraction: float = 0.0
+    seed: int = 1234
+    skip_bad_rows: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.input is None) == (self.generator is None):
+            raise ConfigError("give exactly one of input (a data file or directory) and generator.")
+        keys = dict(self.map_keys)
+        if "response" in keys:
+            if "answer" in keys:
+                raise ConfigError("map_keys has both response and answer; they are the same field, keep one.")
+            keys["answer"] = keys.pop("response")
+        unknown = set(keys) - set(MAP_KEYS)
+        if unknown:
+            raise ConfigError(f"map_keys has unknown fields {sorted(unknown)}; "
+                              f"use {', '.join(MAP_KEYS)} (or response).")
+        if not keys.get("prompt") or not keys.get("answer"):
+            raise ConfigError("map_keys must name the input columns for prompt and answer.")
+        object.__setattr__(self, "map_keys", {k: v for k, v in keys.items() if v})
+        if not 0.0 <= self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction must be in [0, 1), got {self.test_fraction}.")
+        if self.max_prompt_length < 1:
+            raise ConfigError(f"max_prompt_length must be positive, got {self.max_prompt_length}.")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PreprocessConfig:
+        known = {f.name for f in fields(cls)}
+        values = {k.replace("-", "_"): v for k, v in values.items()}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown preprocessing keys {unknown}; known: {', '.join(sorted(known))}.")
+        return cls(**values)
+
+
+@dataclass
+class PreprocessReport:
+    rows_read: int = 0
+    kept: int = 0
+    dropped_too_long: int = 0
+    skipped_bad: int = 0
+    train: int = 0
+    test: int = 0
+    longest_prompt: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+
+def _field(row: Any, number: int, key: str, column: str, source: str, required: bool = True) -> str | None:
+    if not isinstance(row, dict):
+        raise _BadRow(f"{source} row {number} is a {type(row).__name__}, not an object with columns")
+    if column not in row or row[column] is None:
+        if not required:
+            return None
+        raise _BadRow(f"{source} row {number} has no {column!r} (mapped to {key})")
+    value = row[column]
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _BadRow(f"{source} row {number}: {column!r} (mapped to {key}) is a {type(value).__name__}, not text")
+    text = str(value)
+    if required and not text.strip():
+        raise _BadRow(f"{source} row {number}: {column!r} (mapped to {key}) is empty")
+    return text
+
+
+class _BadRow(Exception):
+    pass
+
+
+def _source_rows(cfg: PreprocessConfig) -> tuple[Iterable[Any], str]:
+    if cfg.generator is not None:
+        spec = dict(cfg.generator)
+        return generate_problems(spec.get("kind", "mixed"), int(spec.get("num_samples", 1000)),
+                                 int(spec.get("seed", 0))), f"generator:{spec.get('kind', 'mixed')}"
+    return read_rows(cfg.input), Path(cfg.input).name
+
+
+def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
+    """Write `train.parquet` (and `test.parquet` when test_fraction > 0) into cfg.output_dir."""
+    template = get_template(cfg.prompt_type, cfg.prompt_type_path)
+    tokenizer = load_tokenizer(cfg.tokenizer_name_or_path)
+    rows, source = _source_rows(cfg)
+    data_source = cfg.data_source or source
+    keys = cfg.map_keys
+    used = set(keys.values())
+    report = PreprocessReport()
+    records = []
+    for number, row in enumerate(rows):
+        report.rows_read += 1
+        try:
+            prompt = _field(row, number, "prompt", keys["prompt"], source)
+            if "query" in keys:
+                query = _field(row, number, "query", keys["query"], source, required=False)
+                prompt = f"{prompt}\n{query}" if query else prompt
+            answer = _field(row, number, "answer", keys["answer"], source)
+            system = _field(row, number, "system", keys["system"], source, required=False) if "system" in keys else None
+        except _BadRow as bad:
+            if not cfg.skip_bad_rows:
+                raise ConfigError(f"{bad}; fix the data, point map_keys at the right column, or set "
+                                  f"skip_bad_rows: true to skip and count such rows.") from None
+            report.skipped_bad += 1
+            if len(report.bad_examples) < 5:
+                report.bad_examples.append(str(bad))
+            continue
+        text = template.render(prompt, system, tokenizer)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > cfg.max_prompt_length:
+            report.dropped_too_long += 1
+            continue
+        report.longest_prompt = max(report.longest_prompt, len(ids))
+        extra = {k: v for k, v in row.items() if k not in used}
+        records.append({"index": number, "prompt": text, "prompt_ids": ids, "answer": answer,
+                        "data_source": data_source,
+                        "extra_info": json.dumps(extra, sort_keys=True, ensure_ascii=False, default=str)})
+    report.kept = len(records)
+    if not records:
+        raise ConfigError(f"no usable rows in {source} ({report.rows_read} read, {report.dropped_too_long} over "
+                          f"max_prompt_length={cfg.max_prompt_length}, {report.skipped_bad} bad); nothing written.")
+
+    n_test = round(cfg.test_fraction * len(records))
+    test_positions = set(np.random.default_rng(cfg.seed).permutation(len(records))[:n_test].tolist())
+    splits = {"train": [r for i, r in enumerate(records) if i not in test_positions],
+              "test": [r for i, r in enumerate(records) if i in test_positions]}
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, split in splits.items():
+        setattr(report, name, len(split))
+        if split:
+            _write_parquet(split, out / f"{name}.parquet")
+        else:
+            (out / f"{name}.parquet").unlink(missing_ok=True)  # a stale split from an earlier run
+    return report
+
+
+def _write_parquet(records: list[dict], path: Path) -> None:
+    """Written beside the target and renamed, so a reader never sees half a file."""
+    table = pa.Table.from_pylist(records, schema=SCHEMA)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    tmp.replace(path)

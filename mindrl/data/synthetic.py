@@ -1,0 +1,77 @@
+"""Offline arithmetic and GSM8K-style word problems, for the CPU demo and the tests.
+
+Deterministic for a seed; every answer is an integer computed from the same numbers the
+text shows, and `solution` ends GSM8K-style with `#### <answer>`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Jia")
+ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps", "shells")
+
+
+def _arithmetic(rng: random.Random) -> dict:
+    a, b, c = rng.randint(2, 50), rng.randint(2, 50), rng.randint(2, 12)
+    op1, op2 = rng.choice("+-"), rng.choice("+-*")
+    expression = f"{a} {op1} {b} {op2} {c}"
+    tail = b * c if op2 == "*" else None  # * binds tighter than the + or - before it
+    if tail is not None:
+        answer = a + tail if op1 == "+" else a - tail
+    else:
+        head = a + b if op1 == "+" else a - b
+        answer = head + c if op2 == "+" else head - c
+    return {"question": f"Compute {expression}.", "answer": str(answer),
+            "solution": f"{expression} = {answer}\n#### {answer}", "kind": "arithmetic"}
+
+
+def _buy_more(rng: random.Random) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    start, packs, per = rng.randint(2, 30), rng.randint(2, 9), rng.randint(2, 12)
+    answer = start + packs * per
+    return {"question": f"{name} has {start} {item}. {name} buys {packs} packs with {per} {item} in each pack. "
+                        f"How many {item} does {name} have now?",
+            "answer": str(answer),
+            "solution": f"{packs} * {per} = {packs * per}; {start} + {packs * per} = {answer}\n#### {answer}",
+            "kind": "word"}
+
+
+def _share(rng: random.Random) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    friends, each, left = rng.randint(2, 8), rng.randint(2, 15), rng.randint(0, 9)
+    total = friends * each + left
+    return {"question": f"{name} had {total} {item} and gave {each} to each of {friends} friends. "
+                        f"How many {item} are left?",
+            "answer": str(left),
+            "solution": f"{friends} * {each} = {friends * each}; {total} - {friends * each} = {left}\n#### {left}",
+            "kind": "word"}
+
+
+def _weekly(rng: random.Random) -> dict:
+    name = rng.choice(NAMES)
+    per_day, days = rng.randint(3, 20), rng.randint(2, 7)
+    spent = rng.randint(1, per_day * days)
+    answer = per_day * days - spent
+    return {"question": f"{name} earns {per_day} dollars a day for {days} days and then spends {spent} dollars. "
+                        f"How many dollars does {name} have left?",
+            "answer": str(answer),
+            "solution": f"{per_day} * {days} = {per_day * days}; {per_day * days} - {spent} = {answer}\n#### {answer}",
+            "kind": "word"}
+
+
+GENERATORS: dict[str, tuple[Callable[[random.Random], dict], ...]] = {
+    "arithmetic": (_arithmetic,),
+    "word": (_buy_more, _share, _weekly),
+    "mixed": (_arithmetic, _buy_more, _share, _weekly),
+}
+
+
+def generate_problems(kind: str = "mixed", num_samples: int = 1000, seed: int = 0) -> list[dict]:
+    """`num_samples` problems of `kind` (arithmetic, word or mixed), the same for the same seed."""
+    if kind not in GENERATORS:
+        raise ValueError(f"unknown problem kind {kind!r}; choose one of {', '.join(GENERATORS)}.")
+    rng = random.Random(seed)
+    makers = GENERATORS[kind]
+    return [{**rng.choice(makers)(rng), "id": i} for i in range(num_samples)]

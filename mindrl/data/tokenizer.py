@@ -1,0 +1,49 @@
+"""Loading HF tokenizers from local directories, and building a tiny one offline.
+
+The tiny tokenizer (byte-level BPE trained on local text, ChatML special tokens, a chat
+template) lets the CPU demo and the tests tokenize real text with no hub access; its
+vocabulary fits the tiny model (1024 rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from mindrl.config.errors import ConfigError
+
+CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def load_tokenizer(path: str | Path):
+    """An HF tokenizer from a local directory (never the hub)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"tokenizer_name_or_path {path} is not a directory; point it at a local HF model "
+                          f"or tokenizer directory.")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 1024) -> Path:
+    """Train a byte-level BPE of `vocab_size` ids on `texts` and save it as an HF tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHATML_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=CHATML_SPECIALS[1:])
+    fast.chat_template = CHATML_TEMPLATE
+    out_dir = Path(out_dir)
+    fast.save_pretrained(str(out_dir))
+    return out_dir
