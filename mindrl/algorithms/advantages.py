@@ -1,0 +1,92 @@
+"""Advantage estimators (`adv_estimator`), from per-response scores to per-token advantages.
+
+Responses to the same prompt are stored contiguously in groups of `group_size`
+(`n_samples_per_prompt`). Outcome estimators give every token of a response its
+response's advantage; REINFORCE++ works on token-level rewards (score on the last token,
+minus any KL penalty) and whitens over the whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mindrl.algorithms.registry import Registry
+
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", "adv_estimator")
+
+
+def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    if scores.ndim != 1 or scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not form groups of {group_size}; the batch must hold "
+                         f"n_samples_per_prompt responses for every prompt, stored contiguously.")
+    return scores.view(-1, group_size)
+
+
+def _per_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return values.unsqueeze(-1) * mask
+
+
+def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    count = mask.sum().clamp(min=1)
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+@ADVANTAGE_ESTIMATORS.register("group_norm", "grpo")
+def group_norm(scores: torch.Tensor, mask: torch.Tensor, group_size: int, eps: float = 1e-6,
+               **_: object) -> torch.Tensor:
+    """GRPO: (r − group mean) / (group std + eps), std unbiased; a group of one gets 0."""
+    grouped = _groups(scores, group_size)
+    mean = grouped.mean(-1, keepdim=True)
+    std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(mean)
+    return _per_token(((grouped - mean) / (std + eps)).view(-1), mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("group_mean", "dr_grpo")
+def group_mean(scores: torch.Tensor, mask: torch.Tensor, group_size: int, **_: object) -> torch.Tensor:
+    """Dr. GRPO: r − group mean, no division by the std."""
+    grouped = _groups(scores, group_size)
+    return _per_token((grouped - grouped.mean(-1, keepdim=True)).view(-1), mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo(scores: torch.Tensor, mask: torch.Tensor, group_size: int, **_: object) -> torch.Tensor:
+    """Leave-one-out: r_i − mean of the other responses of its prompt."""
+    if group_size < 2:
+        raise ValueError("rloo needs n_samples_per_prompt >= 2 (a baseline from the other responses).")
+    grouped = _groups(scores, group_size)
+    others = (grouped.sum(-1, keepdim=True) - grouped) / (group_size - 1)
+    return _per_token((grouped - others).view(-1), mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+def reinforce_plus_plus(scores: torch.Tensor, mask: torch.Tensor, group_size: int,
+                        token_rewards: torch.Tensor | None = None, gamma: float = 1.0,
+                        **_: object) -> torch.Tensor:
+    """REINFORCE++: discounted return-to-go of token rewards, whitened over the batch."""
+    if token_rewards is None:
+        token_rewards = _per_token(torch.zeros_like(scores), mask)
+        last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & mask.bool()
+        token_rewards = token_rewards + scores.unsqueeze(-1) * last
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running * mask[:, t]
+        returns[:, t] = running
+    return _masked_whiten(returns, mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(scores: torch.Tensor, mask: torch.Tensor, group_size: int,
+                                 **_: object) -> torch.Tensor:
+    """REINFORCE++ with a baseline: r − group mean, then whitened over the batch's tokens."""
+    grouped = _groups(scores, group_size)
+    centred = (grouped - grouped.mean(-1, keepdim=True)).view(-1)
+    return _masked_whiten(_per_token(centred, mask), mask)
+
+
+def compute_advantages(name: str, scores: torch.Tensor, mask: torch.Tensor, group_size: int,
+                       **kwargs: object) -> torch.Tensor:
+    """[batch, tokens] advantages, zero outside `mask`."""
+    return ADVANTAGE_ESTIMATORS.get(name)(scores.float(), mask.float(), group_size, **kwargs)

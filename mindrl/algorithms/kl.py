@@ -1,0 +1,50 @@
+"""Per-token KL estimators between the policy and the reference (`kl_penalty` / `kl_loss_type`).
+
+With d = log π(a) − log π_ref(a) for sampled a ~ π:
+- k1: d (unbiased, high variance, can be negative)
+- abs: |d|
+- k2 / mse: ½ d²
+- k3 / low_var_kl: exp(−d) + d − 1 (Schulman's unbiased, non-negative estimator); d is
+  clamped to [−20, 20] before the exponential and the result to [−10, 10], as verl and
+  MindSpeed-RL do, so one wild token cannot blow up the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mindrl.algorithms.registry import Registry
+
+KL_ESTIMATORS: Registry = Registry("KL estimator", "kl_penalty")
+
+
+@KL_ESTIMATORS.register("k1", "kl")
+def k1(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    return log_prob - ref_log_prob
+
+
+@KL_ESTIMATORS.register("abs")
+def absolute(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    return (log_prob - ref_log_prob).abs()
+
+
+@KL_ESTIMATORS.register("k2", "mse")
+def k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (log_prob - ref_log_prob).square()
+
+
+@KL_ESTIMATORS.register("k3", "low_var_kl")
+def k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    log_ratio = (ref_log_prob - log_prob).clamp(-20.0, 20.0)
+    return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
+
+
+def kl_divergence(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
+    return KL_ESTIMATORS.get(kind)(log_prob, ref_log_prob)
+
+
+def kl_penalized_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
+    """KL as a reward penalty: each response's score on its last token, −coef·KL on every token."""
+    token_rewards = -coef * kl * mask
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & mask.bool()
+    return token_rewards + scores.unsqueeze(-1) * last

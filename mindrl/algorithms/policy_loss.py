@@ -1,0 +1,81 @@
+"""The actor's loss: clipped policy gradient (+ KL loss, − entropy bonus), aggregated.
+
+PPO clip with ratio r = exp(log π − log π_old):
+  pg = max(−A·r, −A·clip(r, 1 − clip_ratio_low, 1 + clip_ratio_high))
+`clip_ratio_low/high` default to `clip_ratio` (DAPO's clip-higher sets them apart). With
+`clip_ratio_c` (dual clip, > 1), a negative-advantage token's loss is also capped at
+−A·clip_ratio_c, so a huge ratio on a bad token cannot dominate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mindrl.algorithms.aggregation import aggregate
+from mindrl.algorithms.kl import kl_divergence
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float | None = None
+    loss_agg_mode: str = "token-mean"
+    use_kl_loss: bool = False
+    kl_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    entropy_coeff: float = 0.0
+
+    @property
+    def low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+def ppo_clip_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                  cfg: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token clipped PG loss and per-token indicators (clipped, dual-clipped)."""
+    ratio = torch.exp((log_prob - old_log_prob).clamp(-20.0, 20.0))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cfg.low, 1.0 + cfg.high)
+    loss = torch.maximum(unclipped, clipped)
+    flags = {"clipped": (clipped > unclipped).float(), "ratio": ratio.detach()}
+    if cfg.clip_ratio_c is not None:
+        capped = torch.minimum(loss, -advantages * cfg.clip_ratio_c)
+        flags["dual_clipped"] = ((advantages < 0) & (capped < loss)).float()
+        loss = torch.where(advantages < 0, capped, loss)
+    return loss, flags
+
+
+def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+               mask: torch.Tensor, cfg: LossConfig, ref_log_prob: torch.Tensor | None = None,
+               entropy: torch.Tensor | None = None, **normalisers) -> tuple[torch.Tensor, dict[str, float]]:
+    """The scalar the actor minimises, and its parts (aggregated the same way) as metrics."""
+    mask = mask.float()
+    pg, flags = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg)
+    pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, **normalisers)
+    total = pg_loss
+    metrics = {"pg_loss": pg_loss.item(),
+               "clip_fraction": aggregate(flags["clipped"], mask, "token-mean").item(),
+               "approx_kl_old": aggregate(0.5 * (log_prob - old_log_prob).detach() ** 2, mask, "token-mean").item()}
+    if "dual_clipped" in flags:
+        metrics["dual_clip_fraction"] = aggregate(flags["dual_clipped"], mask, "token-mean").item()
+    if cfg.use_kl_loss:
+        if ref_log_prob is None:
+            raise ValueError("use_kl_loss needs the reference log-probs.")
+        kl_loss = aggregate(kl_divergence(log_prob, ref_log_prob, cfg.kl_loss_type), mask, cfg.loss_agg_mode,
+                            **normalisers)
+        total = total + cfg.kl_coef * kl_loss
+        metrics["kl_loss"] = kl_loss.item()
+    if entropy is not None:
+        entropy_agg = aggregate(entropy, mask, cfg.loss_agg_mode, **normalisers)
+        metrics["entropy"] = entropy_agg.item()
+        if cfg.entropy_coeff:
+            total = total - cfg.entropy_coeff * entropy_agg
+    return total, metrics
