@@ -1,0 +1,1 @@
+"""Role workers: Megatron actor / reference, and how a batch is split over their ranks."""

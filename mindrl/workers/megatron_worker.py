@@ -1,0 +1,232 @@
+"""Megatron policy workers: the reference (forward only) and the actor (log-probs + updates).
+
+They run inside a rank whose process group is up (mindrl.distributed); the Ray actor that
+hosts them is a thin shell. A batch is a dict of host tensors over the *whole* batch:
+  tokens [B, S]         prompt + response ids, right-padded
+  loss_mask [B, S]      1 where position t's logits score a response token (tokens[t + 1])
+  old_log_probs, advantages, ref_log_probs [B, S]   (for updates)
+Each data-parallel rank takes its contiguous share of the rows. Results (log-probs,
+entropy) come back on the last pipeline stage for that rank's rows; other stages get None.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from mindrl.algorithms.policy_loss import LossConfig, actor_loss
+from mindrl.checkpoint import megatron as mg
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.distributed import init_model_parallel
+from mindrl.models import sharding
+from mindrl.models.forward import run_microbatches
+from mindrl.models.gpt import build_gpt_model, load_stage_weights
+from mindrl.models.optimizer import wrap_for_training
+from mindrl.platform import get_platform
+from mindrl.workers.logprob import shifted_labels, vocab_parallel_entropy, vocab_parallel_log_probs
+from mindrl.workers.offload import StorageOffloader, storage_ptrs
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """Optimiser and update-loop keys (MindSpeed-RL names; batch sizes count samples)."""
+
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"
+    lr_warmup_fraction: float = 0.0
+    lr_decay_steps: int = 1000
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    mini_batch_size: int = 8
+    micro_batch_size: int = 2
+    epochs: int = 1
+    shuffle_mini_batch: bool = False
+    temperature: float = 1.0
+    seed: int = 1234
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        if self.lr_decay_style not in ("constant", "cosine", "linear"):
+            raise ConfigError(f"lr_decay_style must be constant, cosine or linear, got {self.lr_decay_style!r}.")
+        if not 0.0 <= self.lr_warmup_fraction < 1.0:
+            raise ConfigError(f"lr_warmup_fraction must be in [0, 1), got {self.lr_warmup_fraction}.")
+        if self.mini_batch_size % self.micro_batch_size:
+            raise ConfigError(f"mini_batch_size={self.mini_batch_size} is not a multiple of "
+                              f"micro_batch_size={self.micro_batch_size}.")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be positive, got {self.temperature}.")
+
+
+class MegatronWorker:
+    """A frozen model of one role (the reference): weights in, log-probs out."""
+
+    def __init__(self, arch: ModelArch, par: ParallelConfig, weights: str | dict | None = None,
+                 params_dtype: torch.dtype = torch.float32, temperature: float = 1.0,
+                 micro_batch_size: int = 2, seed: int = 1234) -> None:
+        self.arch, self.par, self.temperature, self.micro_batch_size = arch, par, temperature, micro_batch_size
+        self.vocab_size = arch.padded_vocab_size  # the model's own vocabulary; TP padding beyond it is masked
+        self.platform = get_platform()
+        init_model_parallel(par, seed=seed, arch=arch)
+        self.model = build_gpt_model(arch, par, params_dtype)
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.is_last_stage = parallel_state.is_pipeline_last_stage()
+        if isinstance(weights, str):
+            weights = mg.load_rank(weights, self.tp_rank, self.pp_rank, arch, par)["model"]
+        elif isinstance(weights, dict):
+            weights = sharding.shard_state_dict(weights, arch, par, self.tp_rank, self.pp_rank)
+        if weights is not None:
+            load_stage_weights(self.model, weights)
+
+    def local_rows(self, batch_size: int) -> slice:
+        """The contiguous rows of the global batch this data-parallel rank works on."""
+        if batch_size % self.dp_size:
+            raise ConfigError(f"batch of {batch_size} rows does not split over {self.dp_size} data-parallel ranks.")
+        share = batch_size // self.dp_size
+        return slice(self.dp_rank * share, (self.dp_rank + 1) * share)
+
+    def _micro_batches(self, batch: dict, rows: torch.Tensor | slice, size: int) -> list[dict]:
+        device = self.platform.device()
+        tokens = batch["tokens"][rows]
+        out = []
+        for start in range(0, tokens.shape[0], size):
+            mb = {k: v[rows][start:start + size].to(device) for k, v in batch.items() if torch.is_tensor(v)}
+            mb["labels"] = shifted_labels(mb["tokens"])
+            out.append(mb)
+        return out
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: dict, with_entropy: bool = False) -> dict[str, torch.Tensor] | None:
+        """log π(token t+1 | ≤ t) at every position of this rank's rows (and the entropy)."""
+        self.model.eval()
+        micro = self._micro_batches(batch, self.local_rows(batch["tokens"].shape[0]), self.micro_batch_size)
+        outputs = run_microbatches(self.model, micro, self._score_fn(with_entropy), forward_only=True)
+        if not self.is_last_stage:
+            return None
+        result = {"log_probs": torch.cat([o["log_probs"] for o in outputs]).cpu()}
+        if with_entropy:
+            result["entropy"] = torch.cat([o["entropy"] for o in outputs]).cpu()
+        return result
+
+    def _score_fn(self, with_entropy: bool):
+        def score(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
+            out = {"log_probs": vocab_parallel_log_probs(logits, mb["labels"], self.temperature, self.vocab_size)}
+            if with_entropy:
+                out["entropy"] = vocab_parallel_entropy(logits, self.temperature, self.vocab_size)
+            return logits.new_zeros(()), out
+
+        return score
+
+
+class ActorWorker(MegatronWorker):
+    """The trained policy: log-probs, PPO-style updates, and offload of its training state."""
+
+    def __init__(self, arch: ModelArch, par: ParallelConfig, cfg: ActorConfig, weights: str | dict | None = None,
+                 params_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed)
+        self.cfg = cfg
+        self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                                     clip_grad=cfg.clip_grad, adam_beta1=cfg.adam_beta1,
+                                                     adam_beta2=cfg.adam_beta2)
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if cfg.lr_warmup_fraction else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
+            lr_warmup_steps=int(cfg.lr_warmup_fraction * cfg.lr_decay_steps), lr_decay_steps=cfg.lr_decay_steps,
+            lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
+            wd_incr_steps=cfg.lr_decay_steps, wd_incr_style="constant")
+        self.offloader = StorageOffloader()
+        self.updates = 0
+
+    def update(self, batch: dict) -> dict[str, float]:
+        """`epochs` passes over the batch in mini-batches; one optimizer step per mini-batch."""
+        cfg = self.cfg
+        rows = self.local_rows(batch["tokens"].shape[0])
+        n_local = rows.stop - rows.start
+        mini = cfg.mini_batch_size // self.dp_size
+        if cfg.mini_batch_size % self.dp_size or mini == 0 or n_local % mini:
+            raise ConfigError(f"mini_batch_size={cfg.mini_batch_size} must split evenly over {self.dp_size} "
+                              f"data-parallel ranks and divide the batch ({batch['tokens'].shape[0]} rows).")
+        self.model.train()
+        history: dict[str, list[float]] = {}
+        for epoch in range(cfg.epochs):
+            order = torch.arange(rows.start, rows.stop)
+            if cfg.shuffle_mini_batch:
+                gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
+                order = rows.start + torch.randperm(n_local, generator=gen)
+            for start in range(0, n_local, mini):
+                metrics = self._step(batch, order[start:start + mini])
+                for key, value in metrics.items():
+                    history.setdefault(key, []).append(value)
+        self.updates += 1
+        return {key: sum(values) / len(values) for key, values in history.items()}
+
+    def _step(self, batch: dict, rows: torch.Tensor) -> dict[str, float]:
+        cfg = self.cfg
+        micro = self._micro_batches(batch, rows, cfg.micro_batch_size)
+        # Normalise by the whole mini-batch across data-parallel ranks, and undo DDP's
+        # gradient averaging: every TP/PP/DP layout then minimises the same loss.
+        totals = torch.tensor([float(sum(mb["loss_mask"].sum() for mb in micro)), float(len(rows))],
+                              device=self.platform.device())
+        dist.all_reduce(totals, group=parallel_state.get_data_parallel_group())
+        normalisers = {"num_tokens": totals[0].item(), "num_seqs": totals[1].item()}
+        scale = len(micro) * self.dp_size
+        need_entropy = cfg.loss.entropy_coeff != 0
+
+        def loss_fn(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
+            log_probs = vocab_parallel_log_probs(logits, mb["labels"], cfg.temperature, self.vocab_size)
+            entropy = vocab_parallel_entropy(logits, cfg.temperature, self.vocab_size) if need_entropy else None
+            loss, metrics = actor_loss(log_probs, mb["old_log_probs"], mb["advantages"], mb["loss_mask"], cfg.loss,
+                                       ref_log_prob=mb.get("ref_log_probs"), entropy=entropy, **normalisers)
+            return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
+
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outputs = run_microbatches(self.ddp, micro, loss_fn)
+        updated, grad_norm, _ = self.optimizer.step()
+        if updated:
+            self.scheduler.step(increment=1)
+        metrics = {"grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+                   "lr": self.optimizer.param_groups[0]["lr"], "skipped": float(not updated)}
+        if outputs:
+            for key in outputs[0]:
+                metrics[key] = float(sum(o[key] for o in outputs))
+            for key in ("clip_fraction", "approx_kl_old", "dual_clip_fraction"):
+                if key in metrics:
+                    metrics[key] /= len(outputs)
+        return metrics
+
+    def _optimizer_tensors(self) -> list[torch.Tensor]:
+        tensors = []
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for group in opt.optimizer.param_groups:
+                for param in group["params"]:
+                    tensors.append(param)
+                    tensors.extend(v for v in opt.optimizer.state.get(param, {}).values() if torch.is_tensor(v))
+        return tensors
+
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
+        """Free the chosen training state from the device (`offload_train_*`); returns bytes freed."""
+        model_params = list(self.model.parameters())
+        keep = set() if params else storage_ptrs(model_params)
+        freed = 0
+        if params:
+            freed += self.offloader.offload(model_params)
+        if grads:
+            freed += self.offloader.offload([p.main_grad for p in model_params if hasattr(p, "main_grad")], keep)
+        if optimizer:
+            freed += self.offloader.offload(self._optimizer_tensors(), keep)
+        self.platform.empty_cache()
+        return freed
+
+    def onload(self) -> int:
+        """Bring back everything offload freed; returns bytes restored."""
+        return self.offloader.onload()
