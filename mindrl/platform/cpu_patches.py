@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -164,5 +165,9 @@ def apply() -> None:
         if not _applied:
             for patch in PATCHES:
                 patch()
+            # Advice for CUDA streams, and a notice megatron-core's DDP triggers when it looks at
+            # non-leaf grads: neither can be acted on when the host is the device.
+            warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+            warnings.filterwarnings("ignore", message=".*grad attribute of a Tensor that is not a leaf.*")
             _applied = True
     enter_device_mode()
