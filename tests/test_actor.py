@@ -2,10 +2,9 @@
 
 import pytest
 import torch
-from megatron.core import parallel_state
 
 from mindrl.algorithms.policy_loss import LossConfig
-from mindrl.config import ParallelConfig, load_model_arch
+from mindrl.config import ConfigError, ParallelConfig, load_model_arch
 from mindrl.launch import run_ranks
 from mindrl.models import sharding
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, MegatronWorker
@@ -147,10 +146,12 @@ def test_offload_onload_leaves_training_bit_identical():
             assert torch.equal(a, b)
 
 
-def test_worker_rejects_a_batch_that_does_not_split(tmp_path):
-    with pytest.raises(Exception, match="mini_batch_size=6 is not a multiple of micro_batch_size=4"):
-        ActorConfig(mini_batch_size=6, micro_batch_size=4)
-
-
-def test_parallel_state_is_untouched_by_config_errors():
-    assert not parallel_state.model_parallel_is_initialized()
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mini_batch_size=6, micro_batch_size=4), "mini_batch_size=6 is not a multiple of micro_batch_size=4"),
+    (dict(lr_decay_style="step"), "lr_decay_style must be constant, cosine or linear"),
+    (dict(lr_warmup_fraction=1.0), r"lr_warmup_fraction must be in \[0, 1\)"),
+    (dict(temperature=0.0), "temperature must be positive"),
+])
+def test_actor_config_mistakes_are_one_sentence(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ActorConfig(**kwargs)
