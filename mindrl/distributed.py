@@ -27,6 +27,10 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
     platform.set_device(rank if local_rank is None else local_rank)
     os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(master_port)
+    if master_addr.startswith("127.") and platform.dist_backend == "gloo":
+        # gloo picks the interface for rank-to-rank links from the host name, which may resolve
+        # off-host; a loopback rendezvous means a single-machine run, so keep it all on lo.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(platform.dist_backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
     return platform

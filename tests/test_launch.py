@@ -1,5 +1,7 @@
 """The local rank launcher: results come back by rank; a failing rank's traceback reaches the caller."""
 
+import os
+
 import pytest
 import torch.distributed as dist
 
@@ -7,7 +9,7 @@ from mindrl.launch import run_ranks
 
 
 def _rank_info(rank: int, tag: str) -> tuple:
-    return rank, dist.get_world_size(), dist.get_backend(), tag
+    return rank, dist.get_world_size(), dist.get_backend(), tag, os.environ.get("GLOO_SOCKET_IFNAME")
 
 
 def _fail_on_one(rank: int) -> int:
@@ -17,7 +19,7 @@ def _fail_on_one(rank: int) -> int:
 
 
 def test_results_come_back_in_rank_order():
-    assert run_ranks(_rank_info, 3, "x") == [(r, 3, "gloo", "x") for r in range(3)]
+    assert run_ranks(_rank_info, 3, "x") == [(r, 3, "gloo", "x", "lo") for r in range(3)]  # loopback only
 
 
 def test_failure_carries_the_rank_and_traceback():
