@@ -151,6 +151,8 @@ def test_offload_onload_leaves_training_bit_identical():
     (dict(lr_decay_style="step"), "lr_decay_style must be constant, cosine or linear"),
     (dict(lr_warmup_fraction=1.0), r"lr_warmup_fraction must be in \[0, 1\)"),
     (dict(temperature=0.0), "temperature must be positive"),
+    (dict(micro_batch_size=0), "micro_batch_size must be a positive integer, got 0"),
+    (dict(epochs=0), "epochs must be a positive integer"),
 ])
 def test_actor_config_mistakes_are_one_sentence(kwargs, message):
     with pytest.raises(ConfigError, match=message):

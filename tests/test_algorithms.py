@@ -177,3 +177,15 @@ def test_loss_gradient_pushes_log_prob_with_the_advantage():
         loss, _ = actor_loss(log_prob, torch.tensor([[-1.0]]), torch.tensor([[sign]]), torch.ones(1, 1), LossConfig())
         loss.backward()
         assert torch.sign(-log_prob.grad).item() == sign  # gradient descent raises log π iff A > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(loss_agg_mode="mean"), "unknown loss aggregation mode 'mean' for loss_agg_mode; known: seq-mean"),
+    (dict(kl_loss_type="k4"), "unknown KL estimator 'k4'"),
+    (dict(clip_ratio_low=0.3, clip_ratio_high=0.2), "clip_ratio_low=0.3 exceeds clip_ratio_high=0.2"),
+    (dict(clip_ratio=1.5), "0 < clip_ratio_low < 1"),
+    (dict(clip_ratio_c=0.9), "clip_ratio_c=0.9 must be > 1"),
+])
+def test_loss_config_mistakes_are_one_sentence(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        LossConfig(**kwargs)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mindrl.algorithms.aggregation import aggregate
-from mindrl.algorithms.kl import kl_divergence
+from mindrl.algorithms.aggregation import LOSS_AGG_MODES, aggregate
+from mindrl.algorithms.kl import KL_ESTIMATORS, kl_divergence
+from mindrl.config.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,18 @@ class LossConfig:
     kl_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0
+
+    def __post_init__(self) -> None:
+        LOSS_AGG_MODES.get(self.loss_agg_mode)
+        KL_ESTIMATORS.get(self.kl_loss_type)
+        if not 0.0 < self.low < 1.0 or self.high <= 0.0:
+            raise ConfigError(f"clip ratios must satisfy 0 < clip_ratio_low < 1 and clip_ratio_high > 0, got "
+                              f"low={self.low}, high={self.high}.")
+        if self.low > self.high:
+            raise ConfigError(f"clip_ratio_low={self.low} exceeds clip_ratio_high={self.high}; clip-higher needs "
+                              f"low <= high.")
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
+            raise ConfigError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A*c).")
 
     @property
     def low(self) -> float:

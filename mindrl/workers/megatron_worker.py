@@ -54,6 +54,10 @@ class ActorConfig:
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
+        for key in ("mini_batch_size", "micro_batch_size", "epochs", "lr_decay_steps"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
         if self.lr_decay_style not in ("constant", "cosine", "linear"):
             raise ConfigError(f"lr_decay_style must be constant, cosine or linear, got {self.lr_decay_style!r}.")
         if not 0.0 <= self.lr_warmup_fraction < 1.0:
