@@ -101,10 +101,10 @@ class MegatronWorker:
 
     def _micro_batches(self, batch: dict, rows: torch.Tensor | slice, size: int) -> list[dict]:
         device = self.platform.device()
-        tokens = batch["tokens"][rows]
+        selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
         out = []
-        for start in range(0, tokens.shape[0], size):
-            mb = {k: v[rows][start:start + size].to(device) for k, v in batch.items() if torch.is_tensor(v)}
+        for start in range(0, selected["tokens"].shape[0], size):
+            mb = {k: v[start:start + size].to(device) for k, v in selected.items()}
             mb["labels"] = shifted_labels(mb["tokens"])
             out.append(mb)
         return out
