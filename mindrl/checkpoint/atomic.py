@@ -1,4 +1,4 @@
-"""Write a directory so that readers see all of it or none of it.
+"""Write a file or a directory so that readers see all of it or none of it.
 
 Everything is written into a temporary sibling of the target and renamed into place at
 the end; a failure removes the temporary and leaves the target as it was.
@@ -22,6 +22,18 @@ def check_target(target: str | Path, overwrite: bool) -> Path:
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise FileExistsError(f"{target} is not empty; choose an empty save directory or pass --overwrite.")
     return target
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `target`; once written, it replaces `target` in one rename."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        yield tmp
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

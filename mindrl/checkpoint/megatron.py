@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from mindrl.checkpoint.atomic import atomic_file
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -58,10 +59,8 @@ def read_tracker(root: str | Path) -> int | str:
 
 def write_tracker(root: str | Path, iteration: int | str) -> None:
     """Written last, so a reader never sees an iteration whose files are incomplete."""
-    path = Path(root) / TRACKER
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{iteration}\n")
-    tmp.replace(path)
+    with atomic_file(Path(root) / TRACKER) as tmp:
+        tmp.write_text(f"{iteration}\n")
 
 
 def checkpoint_args(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dtype,

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mindrl.checkpoint.atomic import atomic_file
 from mindrl.config.errors import ConfigError
 from mindrl.data.readers import read_rows
 from mindrl.data.synthetic import generate_problems
@@ -180,6 +181,5 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
 def _write_parquet(records: list[dict], path: Path) -> None:
     """Written beside the target and renamed, so a reader never sees half a file."""
     table = pa.Table.from_pylist(records, schema=SCHEMA)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
