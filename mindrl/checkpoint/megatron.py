@@ -42,6 +42,14 @@ def rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int
     return Path(root) / iteration_dir_name(iteration) / rank_dir_name(tp_rank, pp_rank, pp) / RANK_FILE
 
 
+def existing_rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int, pp: int) -> Path:
+    """The path of one rank's file, or one sentence saying the checkpoint is incomplete."""
+    path = rank_file(root, iteration, tp_rank, pp_rank, pp)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {root} lacks {path.relative_to(root)}; it is incomplete.")
+    return path
+
+
 def read_tracker(root: str | Path) -> int | str:
     """The iteration the tracker file names ("release" or an int)."""
     path = Path(root) / TRACKER
@@ -160,7 +168,5 @@ def load_rank(root: str | Path, tp_rank: int, pp_rank: int, expect_arch: ModelAr
                 + ", ".join(f"{d}={getattr(stored_arch, d)!r} (model: {getattr(expect_arch, d)!r})"
                             for d in diffs[:4])
                 + "; point load at the right checkpoint or fix the model yaml.")
-    path = rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {root} lacks {path.relative_to(root)}; it is incomplete.")
+    path = existing_rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp)
     return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)

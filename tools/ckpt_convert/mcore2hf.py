@@ -29,10 +29,7 @@ def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str |
     arch, par = mg.arch_of(args), mg.parallel_of(args)
     for tp_rank in range(par.tp):
         for pp_rank in range(par.pp):
-            path = mg.rank_file(load_dir, iteration, tp_rank, pp_rank, par.pp)
-            if not path.is_file():
-                raise FileNotFoundError(f"checkpoint {load_dir} lacks {path.relative_to(load_dir)}; "
-                                        f"it is incomplete.")
+            mg.existing_rank_file(load_dir, iteration, tp_rank, pp_rank, par.pp)
     if hf_config_dir is not None and not (Path(hf_config_dir) / "config.json").is_file():
         raise FileNotFoundError(f"--hf-config-dir {hf_config_dir} has no config.json.")
     check_target(save_dir, overwrite)
