@@ -119,7 +119,3 @@ def load_stage_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor])
                                  f"parameter of shape {tuple(param.shape)}.")
             param.copy_(source)
 
-
-def stage_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """This rank's parameters by name, detached on the host (the inverse of load_stage_weights)."""
-    return {name: param.detach().cpu().clone() for name, param in model.named_parameters()}
