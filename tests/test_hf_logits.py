@@ -10,7 +10,7 @@ from mindrl.launch import run_ranks
 from mindrl.models.forward import gather_logits, run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
 from tests.hf_models import build_hf_model, save_hf_model
-from tools.ckpt_convert import hf_to_mcore
+from mindrl.ckpt_convert import hf_to_mcore
 
 KINDS = ("qwen2", "llama3", "qwen3")
 

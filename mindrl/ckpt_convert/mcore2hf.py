@@ -16,8 +16,8 @@ from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint.atomic import atomic_directory, check_target
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
-from tools.ckpt_convert.assets import ASSETS_DIR, copy_assets
-from tools.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
+from mindrl.ckpt_convert.assets import ASSETS_DIR, copy_assets
+from mindrl.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
 
 
 def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str | Path | None = None,

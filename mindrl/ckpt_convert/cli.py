@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from tools.ckpt_convert.hf2mcore import hf_to_mcore
-    from tools.ckpt_convert.mcore2hf import mcore_to_hf
+    from mindrl.ckpt_convert.hf2mcore import hf_to_mcore
+    from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
 
     start = time.perf_counter()
     try:

@@ -18,8 +18,8 @@ from mindrl.checkpoint.atomic import atomic_directory, check_target
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
-from tools.ckpt_convert.assets import ASSETS_DIR, copy_assets
-from tools.ckpt_convert.safetensors_io import HFWeights
+from mindrl.ckpt_convert.assets import ASSETS_DIR, copy_assets
+from mindrl.ckpt_convert.safetensors_io import HFWeights
 
 # Buffers some HF exports carry that are recomputed, not learned.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
