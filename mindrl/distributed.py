@@ -14,15 +14,19 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-from mindrl.config import ParallelConfig, validate_parallel
+from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 from mindrl.config.model import ModelArch
 from mindrl.platform import Platform, get_platform
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
                      local_rank: int | None = None, platform: Platform | None = None,
-                     timeout_s: float = 600.0) -> Platform:
-    """Join the default process group; returns the platform it was set up on."""
+                     timeout_s: float = 600.0, store_is_served: bool = False) -> Platform:
+    """Join the default process group; returns the platform it was set up on.
+
+    Rank 0 serves the rendezvous store at master_addr:master_port, unless `store_is_served`
+    says someone else (the launching process) already does; then every rank is a client.
+    """
     platform = platform or get_platform()
     platform.set_device(rank if local_rank is None else local_rank)
     os.environ["MASTER_ADDR"] = master_addr
@@ -31,33 +35,56 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
         # gloo picks the interface for rank-to-rank links from the host name, which may resolve
         # off-host; a loopback rendezvous means a single-machine run, so keep it all on lo.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(platform.dist_backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = None
+    if store_is_served:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    dist.init_process_group(platform.dist_backend, rank=rank, world_size=world_size, timeout=timeout, store=store)
     return platform
 
 
 def init_model_parallel(par: ParallelConfig, seed: int = 1234, arch: ModelArch | None = None) -> None:
-    """(Re)initialise Megatron's TP/PP/DP groups for `par` and seed every generator.
+    """Set up Megatron's TP/PP/DP groups for `par` (or join them), and seed the generators.
 
-    Validates `par` against `arch` and the world size first. Safe to call again with a
-    different layout in the same processes (the previous groups are destroyed).
+    Validates `par` against `arch` and the world size first. Roles colocated in one process
+    (the reference beside the actor) share the groups: a second call with the same TP×PP
+    joins them, leaving the first model's DDP, optimizer and pipeline state untouched.
+    Megatron keeps one layout per process — its collectives read the global groups at call
+    time — so a second call with a different layout is refused: it would silently run the
+    first model's vocab-parallel loss and gradient reductions over the wrong groups. Switch
+    layouts deliberately with `release_model_parallel()` once the old models are dropped.
     """
     world_size = dist.get_world_size()
     if arch is not None:
         validate_parallel(arch, par, world_size)
     elif world_size % (par.tp * par.pp):
-        raise ValueError(f"world size {world_size} is not divisible by TP×PP = {par.tp}×{par.pp}.")
+        raise ConfigError(f"world size {world_size} is not divisible by TP×PP = {par.tp}×{par.pp}.")
+    torch.manual_seed(seed)
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        current = (parallel_state.get_tensor_model_parallel_world_size(),
+                   parallel_state.get_pipeline_model_parallel_world_size())
+        if current != (par.tp, par.pp):
+            raise ConfigError(
+                f"this process already hosts a model at TP={current[0]} PP={current[1]}; a role colocated "
+                f"with it must use the same tensor_model_parallel_size and pipeline_model_parallel_size "
+                f"(asked for TP={par.tp} PP={par.pp}), or run on its own devices.")
+        return
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp)
-    torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+
+
+def release_model_parallel() -> None:
+    """Forget Megatron's groups so the next `init_model_parallel` may pick another layout.
+
+    Models, DDP wrappers and optimizers built on the old groups must not be used afterwards.
+    """
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
 
 
 def destroy() -> None:
     """Tear down Megatron's groups and the default process group, if present."""
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+    release_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -10,21 +10,25 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import queue
-import socket
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from mindrl.distributed import destroy, init_distributed
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def rendezvous_store(world_size: int, timeout_s: float = 600.0) -> dist.TCPStore:
+    """A rendezvous store served from this process on a loopback port the OS picks.
+
+    The port is bound from the moment it is chosen until the store is dropped, so parallel
+    launches cannot race for it (picking a free port and binding it later can).
+    """
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s))
 
 
 def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str | None,
@@ -32,7 +36,7 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str 
     try:
         from mindrl.platform import get_platform
 
-        init_distributed(rank, world_size, master_port=port, platform=get_platform(device))
+        init_distributed(rank, world_size, master_port=port, platform=get_platform(device), store_is_served=True)
         value = fn(rank, *args)
         # Plain bytes: torch's default queue pickling passes tensors as shared-memory file
         # descriptors, which vanish when this process exits before the parent reads them.
@@ -54,8 +58,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str |
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, device, args, results),
+    store = rendezvous_store(world_size, timeout_s)
+    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, store.port, device, args, results),
                          daemon=True) for rank in range(world_size)]
     for proc in procs:
         proc.start()

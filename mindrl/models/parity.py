@@ -13,7 +13,7 @@ import torch
 from megatron.core import parallel_state
 
 from mindrl.config import ModelArch, ParallelConfig
-from mindrl.distributed import init_model_parallel
+from mindrl.distributed import init_model_parallel, release_model_parallel
 from mindrl.models import sharding
 from mindrl.models.forward import gather_logits, run_microbatches, token_cross_entropy
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
@@ -49,6 +49,7 @@ def run_layouts(rank: int, arch: ModelArch, layouts: list[ParallelConfig], seed:
     tokens, labels = parity_batch(arch)
     results = []
     for par in layouts:
+        release_model_parallel()  # each layout is a fresh model on its own groups
         init_model_parallel(par, arch=arch)
         model = build_gpt_model(arch, par)
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
