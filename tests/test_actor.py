@@ -4,12 +4,14 @@ import pytest
 import torch
 
 from mindrl.algorithms.policy_loss import LossConfig
+from mindrl.ckpt_convert import hf_to_mcore
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch
+from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import sharding
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, MegatronWorker
+from tests.grads import reduced_grads
 from tests.hf_models import build_hf_model, save_hf_model
-from mindrl.ckpt_convert import hf_to_mcore
 
 TEMPERATURE = 0.7
 
@@ -64,34 +66,124 @@ def _update_batch(vocab: int) -> dict:
     return batch
 
 
-def _update_layouts(rank: int, layouts: list) -> list:
+def _pipelined_log_probs(rank: int, checkpoint: str, batch: dict) -> dict | None:
+    from mindrl.checkpoint import megatron as mg
+
+    args = mg.load_args(checkpoint)
+    worker = MegatronWorker(mg.arch_of(args), mg.parallel_of(args), weights=checkpoint, temperature=TEMPERATURE,
+                            micro_batch_size=4)
+    return worker.compute_log_prob(batch, with_entropy=True)
+
+
+def test_pp2_log_probs_equal_hf_with_a_short_last_micro_batch(tmp_path):
+    """PP=2 with a tied embedding split over stages; 6 rows in micro-batches of 4 (the last one short)."""
+    model = build_hf_model("qwen2", seed=7)
+    checkpoint = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", "qwen2", 1, 2,
+                             params_dtype=torch.float32, progress=False)
+    batch = _batch(250, rows=6)
+    with torch.no_grad():
+        log_softmax = torch.log_softmax(model(batch["tokens"]).logits / TEMPERATURE, dim=-1)
+    expected = log_softmax[:, :-1].gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    first, last = run_ranks(_pipelined_log_probs, 2, str(checkpoint), batch)
+    assert first is None and last["log_probs"].shape == (6, 20)
+    assert (last["log_probs"][:, :-1] - expected).abs().max().item() < 1e-5
+    assert (last["entropy"][:, :-1] + (log_softmax.exp() * log_softmax).sum(-1)[:, :-1]).abs().max().item() < 1e-5
+
+
+def _warmup_steps(rank: int) -> list:
+    arch = load_model_arch("tiny_qwen")
+    cfg = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_steps=4, mini_batch_size=4, micro_batch_size=2)
+    worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=sharding.random_full_state_dict(arch, seed=5))
+    batch = _update_batch(arch.padded_vocab_size)
+    steps = []
+    for _ in range(3):
+        before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+        metrics = worker.update({k: v[:4] for k, v in batch.items()})
+        moved = max((p.detach() - before[n]).abs().max().item() for n, p in worker.model.named_parameters())
+        steps.append((metrics["lr"], moved))
+    return steps
+
+
+def test_the_reported_lr_is_the_one_the_step_used():
+    """Warm-up over 2 steps from 0: the first step runs at lr 0 (nothing moves), then 5e-4, then 1e-3."""
+    steps = run_ranks(_warmup_steps, 1)[0]
+    assert [lr for lr, _ in steps] == pytest.approx([0.0, 5e-4, 1e-3])
+    assert steps[0][1] == 0.0 and steps[1][1] > 0 and steps[2][1] > 0
+
+
+def _shape_mistakes(rank: int) -> list[str]:
+    arch = load_model_arch("tiny_qwen")
+    batch = _update_batch(arch.padded_vocab_size)
+    messages = []
+    try:  # DP=2: 6 samples per mini-batch give each rank 3, not a whole number of micro-batches of 2
+        ActorWorker(arch, ParallelConfig(1, 1), ActorConfig(mini_batch_size=6, micro_batch_size=2))
+    except ConfigError as err:
+        messages.append(str(err))
+    worker = ActorWorker(arch, ParallelConfig(1, 1), ACTOR)
+    for broken in ({k: v for k, v in batch.items() if k != "advantages"},
+                   {**batch, "old_log_probs": batch["old_log_probs"][:, :-1]},
+                   {k: v[:6] for k, v in batch.items()},
+                   {k: v[:3] for k, v in batch.items()}):
+        try:
+            worker.update(broken)
+        except (ConfigError, ValueError) as err:
+            messages.append(str(err))
+    try:
+        worker.compute_log_prob({"tokens": batch["tokens"][:3]})
+    except ConfigError as err:
+        messages.append(str(err))
+    return messages
+
+
+def test_batch_shape_mistakes_are_one_sentence_before_any_forward():
+    messages = run_ranks(_shape_mistakes, 2)[0]
+    assert messages == [
+        "mini_batch_size=6 over 2 data-parallel ranks does not give each rank a whole number of micro-batches of "
+        "micro_batch_size=2; make mini_batch_size a multiple of 4.",
+        "batch lacks 'advantages', a [batch, sequence] tensor like its tokens.",
+        "batch['old_log_probs'] has shape (8, 15) but the tokens have (8, 16); give one value per token position.",
+        "batch of 6 rows is not a whole number of mini-batches of mini_batch_size=8; make the rows a multiple of it.",
+        "batch of 3 rows is not a whole number of mini-batches of mini_batch_size=8; make the rows a multiple of it.",
+        "batch of 3 rows does not split over 2 data-parallel ranks; make the number of rows a multiple of 2.",
+    ]
+
+
+def _bf16_step(rank: int) -> dict:
     arch = load_model_arch("tiny_qwen")
     full = sharding.random_full_state_dict(arch, seed=4)
-    out = []
-    for par in layouts:
-        worker = ActorWorker(arch, par, ACTOR, weights=full)
-        metrics = worker.update(_update_batch(arch.padded_vocab_size))
-        out.append({"tp": worker.tp_rank, "pp": worker.pp_rank, "dp": worker.dp_rank, "metrics": metrics,
-                    "params": {n: p.detach().clone() for n, p in worker.model.named_parameters()}})
+    batch = _update_batch(arch.padded_vocab_size)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        release_model_parallel()
+        worker = ActorWorker(arch, ParallelConfig(1, 1), ACTOR, weights=full, params_dtype=dtype)
+        main_before = [p.detach().clone() for g in worker.optimizer.param_groups for p in g["params"]]
+        out[dtype] = {"log_probs": worker.compute_log_prob(batch)["log_probs"], "metrics": worker.update(batch),
+                      "grads": reduced_grads(worker), "param_dtypes": {p.dtype for p in worker.model.parameters()},
+                      "model_numel": sum(p.numel() for p in worker.model.parameters())}
+        main_after = [p.detach() for g in worker.optimizer.param_groups for p in g["params"]]
+        out[dtype]["main_dtypes"] = {p.dtype for p in main_after}
+        out[dtype]["main_numel"] = sum(p.numel() for p in main_after)
+        out[dtype]["main_moved"] = max((a - b).abs().max().item() for a, b in zip(main_after, main_before, strict=True))
     return out
 
 
-def test_one_update_at_tp2_and_pp2_matches_tp1():
-    arch = load_model_arch("tiny_qwen")
-    layouts = [ParallelConfig(1, 1), ParallelConfig(2, 1), ParallelConfig(1, 2)]
-    per_rank = run_ranks(_update_layouts, 4, layouts)
-    initial = sharding.random_full_state_dict(arch, seed=4)
-    merged = []
-    for i, par in enumerate(layouts):
-        stages = {(r[i]["tp"], r[i]["pp"]): r[i]["params"] for r in per_rank if r[i]["dp"] == 0}
-        merged.append(sharding.merge_state_dicts(stages, arch, par))
-    for name, ref in merged[0].items():
-        assert not torch.equal(ref, initial[name]) or "layernorm" in name, f"{name} did not move"
-        for other, par in zip(merged[1:], layouts[1:], strict=True):
-            assert (other[name] - ref).abs().max().item() < 1e-5, f"{name} at TP={par.tp} PP={par.pp}"
-    last = [r[0]["metrics"] for r in per_rank if r[0]["pp"] == 0]
-    assert {"pg_loss", "kl_loss", "entropy", "clip_fraction", "grad_norm", "lr"} <= set(last[0])
-    assert last[0]["lr"] == pytest.approx(1e-4) and last[0]["grad_norm"] > 0
+def test_bf16_actor_keeps_fp32_main_params_and_follows_the_fp32_gradient():
+    out = run_ranks(_bf16_step, 2)  # DP=2: the distributed optimizer shards the fp32 main params
+    mask = _update_batch(1024)["loss_mask"].bool()
+    for rank, result in enumerate(out):
+        fp32, bf16 = result[torch.float32], result[torch.bfloat16]
+        assert bf16["param_dtypes"] == {torch.bfloat16} and bf16["main_dtypes"] == {torch.float32}
+        assert 0 < bf16["main_moved"] < 1e-3  # Adam moved the fp32 masters by about lr
+        rows = mask[4 * rank:4 * rank + 4]
+        assert (bf16["log_probs"] - fp32["log_probs"])[rows].abs().max().item() < 0.05
+        for key in ("pg_loss", "kl_loss", "entropy", "grad_norm"):
+            assert bf16["metrics"][key] == pytest.approx(fp32["metrics"][key], rel=0.02, abs=1e-3), key
+        g32 = torch.cat([g.flatten() for g in fp32["grads"].values()])
+        g16 = torch.cat([g.flatten() for g in bf16["grads"].values()])
+        assert g16.dtype == torch.float32  # gradients reduce in fp32
+        assert torch.nn.functional.cosine_similarity(g32, g16, dim=0).item() > 0.99
+    # Each rank holds a shard of the fp32 masters, together exactly one copy of the model.
+    assert sum(r[torch.bfloat16]["main_numel"] for r in out) == out[0][torch.bfloat16]["model_numel"]
 
 
 def _direction(rank: int, sign: float) -> tuple[float, float]:

@@ -144,12 +144,29 @@ MASK = t([1, 1, 1], [1, 0, 0])
     ("seq-mean-token-sum-norm", 10 / (2 * 3)),
 ])
 def test_aggregation_modes(mode, expected):
-    assert aggregate(LOSS, MASK, mode).item() == pytest.approx(expected)
+    assert aggregate(LOSS, MASK, mode, norm_length=3).item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", sorted(LOSS_AGG_MODES.names()))
+def test_aggregation_does_not_depend_on_padding(mode):
+    """More right-padding (a longer batch) must not change the loss: Dr. GRPO's L is a constant."""
+    padded_loss = torch.cat([LOSS, torch.full((2, 5), 7.0)], dim=1)
+    padded_mask = torch.cat([MASK, torch.zeros(2, 5)], dim=1)
+    assert aggregate(padded_loss, padded_mask, mode, norm_length=3).item() == pytest.approx(
+        aggregate(LOSS, MASK, mode, norm_length=3).item())
+
+
+def test_dr_grpo_norm_length_must_be_given():
+    with pytest.raises(ValueError, match="needs norm_length"):
+        aggregate(LOSS, MASK, "seq-mean-token-sum-norm")
+    with pytest.raises(ConfigError, match="loss_agg_mode seq-mean-token-sum-norm needs loss_norm_length"):
+        LossConfig(loss_agg_mode="seq-mean-token-sum-norm")
+    assert LossConfig(loss_agg_mode="seq-mean-token-sum-norm", loss_norm_length=512).loss_norm_length == 512
 
 
 def test_aggregation_with_global_normalisers_sums_over_micro_batches():
     for mode in LOSS_AGG_MODES.names():
-        whole = aggregate(LOSS, MASK, mode)
+        whole = aggregate(LOSS, MASK, mode, norm_length=3)
         parts = sum(aggregate(LOSS[i:i + 1], MASK[i:i + 1], mode, num_tokens=MASK.sum(), num_seqs=2, norm_length=3)
                     for i in range(2))
         assert parts.item() == pytest.approx(whole.item()), mode

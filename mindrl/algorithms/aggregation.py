@@ -42,10 +42,16 @@ def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, num_tokens: floa
 @LOSS_AGG_MODES.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float | None = None,
                             num_seqs: float | None = None, norm_length: float | None = None) -> torch.Tensor:
-    """Dr. GRPO: token sums over a constant length (default: the padded width), mean over sequences."""
+    """Dr. GRPO: token sums over a constant length L, mean over sequences.
+
+    L must be a configured constant (the rollout's max new tokens): a default taken from the
+    batch's padded width would move the effective learning rate with padding.
+    """
+    if norm_length is None:
+        raise ValueError("seq-mean-token-sum-norm needs norm_length, the constant length L (the rollout's max "
+                         "new tokens); set loss_norm_length.")
     seqs = loss.shape[0] if num_seqs is None else num_seqs
-    length = loss.shape[-1] if norm_length is None else norm_length
-    return (loss * mask).sum() / (max(float(seqs), 1.0) * float(length))
+    return (loss * mask).sum() / (max(float(seqs), 1.0) * float(norm_length))
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, **normalisers) -> torch.Tensor:

@@ -25,6 +25,8 @@ class LossConfig:
     clip_ratio_high: float | None = None
     clip_ratio_c: float | None = None
     loss_agg_mode: str = "token-mean"
+    #: Dr. GRPO's constant length L for seq-mean-token-sum-norm: the rollout's max new tokens
+    loss_norm_length: int | None = None
     use_kl_loss: bool = False
     kl_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
@@ -39,6 +41,12 @@ class LossConfig:
         if self.low > self.high:
             raise ConfigError(f"clip_ratio_low={self.low} exceeds clip_ratio_high={self.high}; clip-higher needs "
                               f"low <= high.")
+        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_norm_length is None:
+            raise ConfigError("loss_agg_mode seq-mean-token-sum-norm needs loss_norm_length, the constant length "
+                              "each response's token sum is divided by; set it to the rollout's max_tokens.")
+        if self.loss_norm_length is not None and (not isinstance(self.loss_norm_length, int)
+                                                  or self.loss_norm_length < 1):
+            raise ConfigError(f"loss_norm_length must be a positive integer, got {self.loss_norm_length!r}.")
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
             raise ConfigError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A*c).")
 
@@ -68,17 +76,29 @@ def ppo_clip_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages
 
 def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
                mask: torch.Tensor, cfg: LossConfig, ref_log_prob: torch.Tensor | None = None,
-               entropy: torch.Tensor | None = None, **normalisers) -> tuple[torch.Tensor, dict[str, float]]:
-    """The scalar the actor minimises, and its parts (aggregated the same way) as metrics."""
+               entropy: torch.Tensor | None = None, num_tokens: float | None = None,
+               num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The scalar the actor minimises, and its parts as metrics.
+
+    With the whole mini-batch's `num_tokens` / `num_seqs` (summed over micro-batches and
+    data-parallel ranks), the loss and every metric of one micro-batch are its *share*:
+    summing them over micro-batches and ranks gives the mini-batch's value. The loss terms
+    are aggregated by `loss_agg_mode`; entropy and the clip / KL-to-old diagnostics are
+    per-token means, whatever the mode, so they read the same in every configuration.
+    """
     mask = mask.float()
+    normalisers = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": cfg.loss_norm_length}
+
+    def per_token(values: torch.Tensor) -> float:
+        return aggregate(values.detach(), mask, "token-mean", num_tokens=num_tokens).item()
+
     pg, flags = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg)
     pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, **normalisers)
     total = pg_loss
-    metrics = {"pg_loss": pg_loss.item(),
-               "clip_fraction": aggregate(flags["clipped"], mask, "token-mean").item(),
-               "approx_kl_old": aggregate(0.5 * (log_prob - old_log_prob).detach() ** 2, mask, "token-mean").item()}
+    metrics = {"pg_loss": pg_loss.item(), "clip_fraction": per_token(flags["clipped"]),
+               "approx_kl_old": per_token(0.5 * (log_prob - old_log_prob) ** 2)}
     if "dual_clipped" in flags:
-        metrics["dual_clip_fraction"] = aggregate(flags["dual_clipped"], mask, "token-mean").item()
+        metrics["dual_clip_fraction"] = per_token(flags["dual_clipped"])
     if cfg.use_kl_loss:
         if ref_log_prob is None:
             raise ValueError("use_kl_loss needs the reference log-probs.")
@@ -87,8 +107,7 @@ def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: t
         total = total + cfg.kl_coef * kl_loss
         metrics["kl_loss"] = kl_loss.item()
     if entropy is not None:
-        entropy_agg = aggregate(entropy, mask, cfg.loss_agg_mode, **normalisers)
-        metrics["entropy"] = entropy_agg.item()
+        metrics["entropy"] = per_token(entropy)
         if cfg.entropy_coeff:
-            total = total - cfg.entropy_coeff * entropy_agg
+            total = total - cfg.entropy_coeff * aggregate(entropy, mask, cfg.loss_agg_mode, **normalisers)
     return total, metrics

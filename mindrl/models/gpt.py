@@ -97,7 +97,9 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         position_embedding_type="rope",
         rotary_base=int(arch.rotary_base),
     )
-    return model.to(platform.device())
+    # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
+    # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one.
+    return model.to(device=platform.device(), dtype=params_dtype)
 
 
 def load_stage_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:

@@ -12,6 +12,7 @@ entropy) come back on the last pipeline stage for that rank's rows; other stages
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -70,7 +71,11 @@ class ActorConfig:
 
 
 class MegatronWorker:
-    """A frozen model of one role (the reference): weights in, log-probs out."""
+    """A frozen model of one role (the reference): weights in, log-probs out.
+
+    Several workers may share a process (the reference colocated with the actor) if they
+    share its TP×PP layout; they then share Megatron's process groups.
+    """
 
     def __init__(self, arch: ModelArch, par: ParallelConfig, weights: str | dict | None = None,
                  params_dtype: torch.dtype = torch.float32, temperature: float = 1.0,
@@ -95,16 +100,23 @@ class MegatronWorker:
     def local_rows(self, batch_size: int) -> slice:
         """The contiguous rows of the global batch this data-parallel rank works on."""
         if batch_size % self.dp_size:
-            raise ConfigError(f"batch of {batch_size} rows does not split over {self.dp_size} data-parallel ranks.")
+            raise ConfigError(f"batch of {batch_size} rows does not split over {self.dp_size} data-parallel ranks; "
+                              f"make the number of rows a multiple of {self.dp_size}.")
         share = batch_size // self.dp_size
         return slice(self.dp_rank * share, (self.dp_rank + 1) * share)
 
     def _micro_batches(self, batch: dict, rows: torch.Tensor | slice, size: int) -> list[dict]:
+        """Micro-batches of exactly `size` rows: the pipeline exchanges fixed-shape activations,
+        so a short last one is filled with rows of padding whose loss mask is zero."""
         device = self.platform.device()
         selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
         out = []
         for start in range(0, selected["tokens"].shape[0], size):
-            mb = {k: v[start:start + size].to(device) for k, v in selected.items()}
+            mb = {k: v[start:start + size] for k, v in selected.items()}
+            short = size - mb["tokens"].shape[0]
+            if short:
+                mb = {k: torch.cat([v, v.new_zeros((short, *v.shape[1:]))]) for k, v in mb.items()}
+            mb = {k: v.to(device) for k, v in mb.items()}
             mb["labels"] = shifted_labels(mb["tokens"])
             out.append(mb)
         return out
@@ -112,14 +124,17 @@ class MegatronWorker:
     @torch.no_grad()
     def compute_log_prob(self, batch: dict, with_entropy: bool = False) -> dict[str, torch.Tensor] | None:
         """log π(token t+1 | ≤ t) at every position of this rank's rows (and the entropy)."""
+        check_batch(batch, ("tokens",))
+        rows = self.local_rows(batch["tokens"].shape[0])
         self.model.eval()
-        micro = self._micro_batches(batch, self.local_rows(batch["tokens"].shape[0]), self.micro_batch_size)
+        micro = self._micro_batches(batch, rows, self.micro_batch_size)
         outputs = run_microbatches(self.model, micro, self._score_fn(with_entropy), forward_only=True)
         if not self.is_last_stage:
             return None
-        result = {"log_probs": torch.cat([o["log_probs"] for o in outputs]).cpu()}
+        count = rows.stop - rows.start
+        result = {"log_probs": torch.cat([o["log_probs"] for o in outputs])[:count].cpu()}
         if with_entropy:
-            result["entropy"] = torch.cat([o["entropy"] for o in outputs]).cpu()
+            result["entropy"] = torch.cat([o["entropy"] for o in outputs])[:count].cpu()
         return result
 
     def _score_fn(self, with_entropy: bool):
@@ -132,11 +147,31 @@ class MegatronWorker:
         return score
 
 
+def check_batch(batch: dict, keys: tuple[str, ...]) -> None:
+    """Every key present as a [B, S] tensor of the tokens' shape, in one sentence if not."""
+    tokens = batch.get("tokens")
+    if not torch.is_tensor(tokens) or tokens.ndim != 2 or tokens.is_floating_point():
+        raise ValueError("batch['tokens'] must be a [batch, sequence] tensor of token ids.")
+    for key in keys:
+        value = batch.get(key)
+        if not torch.is_tensor(value):
+            raise ValueError(f"batch lacks {key!r}, a [batch, sequence] tensor like its tokens.")
+        if value.shape != tokens.shape:
+            raise ValueError(f"batch[{key!r}] has shape {tuple(value.shape)} but the tokens have "
+                             f"{tuple(tokens.shape)}; give one value per token position.")
+
+
 class ActorWorker(MegatronWorker):
     """The trained policy: log-probs, PPO-style updates, and offload of its training state."""
 
     def __init__(self, arch: ModelArch, par: ParallelConfig, cfg: ActorConfig, weights: str | dict | None = None,
                  params_dtype: torch.dtype = torch.float32) -> None:
+        dp_size = dist.get_world_size() // (par.tp * par.pp)
+        if cfg.mini_batch_size % (dp_size * cfg.micro_batch_size):
+            raise ConfigError(
+                f"mini_batch_size={cfg.mini_batch_size} over {dp_size} data-parallel ranks does not give each "
+                f"rank a whole number of micro-batches of micro_batch_size={cfg.micro_batch_size}; make "
+                f"mini_batch_size a multiple of {dp_size * cfg.micro_batch_size}.")
         super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed)
         self.cfg = cfg
         self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -151,14 +186,21 @@ class ActorWorker(MegatronWorker):
         self.updates = 0
 
     def update(self, batch: dict) -> dict[str, float]:
-        """`epochs` passes over the batch in mini-batches; one optimizer step per mini-batch."""
+        """`epochs` passes over the batch in mini-batches; one optimizer step per mini-batch.
+
+        Metrics are the global values (over every data-parallel rank), the same on every
+        rank, averaged over the optimizer steps.
+        """
         cfg = self.cfg
-        rows = self.local_rows(batch["tokens"].shape[0])
+        keys = ("loss_mask", "old_log_probs", "advantages") + (("ref_log_probs",) if cfg.loss.use_kl_loss else ())
+        check_batch(batch, keys)
+        rows_total = batch["tokens"].shape[0]
+        if rows_total % cfg.mini_batch_size:
+            raise ConfigError(f"batch of {rows_total} rows is not a whole number of mini-batches of "
+                              f"mini_batch_size={cfg.mini_batch_size}; make the rows a multiple of it.")
+        rows = self.local_rows(rows_total)
         n_local = rows.stop - rows.start
         mini = cfg.mini_batch_size // self.dp_size
-        if cfg.mini_batch_size % self.dp_size or mini == 0 or n_local % mini:
-            raise ConfigError(f"mini_batch_size={cfg.mini_batch_size} must split evenly over {self.dp_size} "
-                              f"data-parallel ranks and divide the batch ({batch['tokens'].shape[0]} rows).")
         self.model.train()
         history: dict[str, list[float]] = {}
         for epoch in range(cfg.epochs):
@@ -173,11 +215,14 @@ class ActorWorker(MegatronWorker):
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _step(self, batch: dict, rows: torch.Tensor) -> dict[str, float]:
+    def _backward(self, batch: dict, rows: torch.Tensor) -> list[dict]:
+        """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced
+        over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares."""
         cfg = self.cfg
         micro = self._micro_batches(batch, rows, cfg.micro_batch_size)
-        # Normalise by the whole mini-batch across data-parallel ranks, and undo DDP's
-        # gradient averaging: every TP/PP/DP layout then minimises the same loss.
+        # Normalise by the whole mini-batch across data-parallel ranks, and undo Megatron's
+        # division by the micro-batch count and DDP's gradient averaging: every TP/PP/DP
+        # layout and micro-batch size then minimises the same loss.
         totals = torch.tensor([float(sum(mb["loss_mask"].sum() for mb in micro)), float(len(rows))],
                               device=self.platform.device())
         dist.all_reduce(totals, group=parallel_state.get_data_parallel_group())
@@ -193,19 +238,40 @@ class ActorWorker(MegatronWorker):
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
         self.ddp.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        outputs = run_microbatches(self.ddp, micro, loss_fn)
+        with warnings.catch_warnings():
+            # The distributed optimizer's shard masters are views, and it reads their .grad to
+            # clear it; torch warns about .grad on a non-leaf. Megatron's own loop does the same.
+            warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf",
+                                    category=UserWarning)
+            self.optimizer.zero_grad()
+        return run_microbatches(self.ddp, micro, loss_fn)
+
+    def _step(self, batch: dict, rows: torch.Tensor) -> dict[str, float]:
+        outputs = self._backward(batch, rows)
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)
-        metrics = {"grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
-                   "lr": self.optimizer.param_groups[0]["lr"], "skipped": float(not updated)}
-        if outputs:
-            for key in outputs[0]:
-                metrics[key] = float(sum(o[key] for o in outputs))
-            for key in ("clip_fraction", "approx_kl_old", "dual_clip_fraction"):
-                if key in metrics:
-                    metrics[key] /= len(outputs)
+        metrics = self._global_metrics(outputs)
+        metrics.update({"grad_norm": float(grad_norm) if grad_norm is not None else math.nan, "lr": lr,
+                        "skipped": float(not updated)})
+        return metrics
+
+    def _global_metrics(self, outputs: list[dict]) -> dict[str, float]:
+        """Sum the loss's metric shares over micro-batches and data-parallel ranks on the last
+        stage, and hand the result to every pipeline stage."""
+        metrics: dict[str, float] | None = None
+        if self.is_last_stage:
+            keys = sorted(outputs[0])
+            values = torch.tensor([float(sum(o[k] for o in outputs)) for k in keys], dtype=torch.float64,
+                                  device=self.platform.device())
+            dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
+            metrics = dict(zip(keys, values.tolist(), strict=True))
+        if self.par.pp > 1:
+            box = [metrics]
+            dist.broadcast_object_list(box, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                       group=parallel_state.get_pipeline_model_parallel_group())
+            metrics = box[0]
         return metrics
 
     def _optimizer_tensors(self) -> list[torch.Tensor]:
