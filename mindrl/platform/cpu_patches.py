@@ -165,9 +165,10 @@ def apply() -> None:
         if not _applied:
             for patch in PATCHES:
                 patch()
-            # Advice for CUDA streams, and a notice megatron-core's DDP triggers when it looks at
-            # non-leaf grads: neither can be acted on when the host is the device.
-            warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
-            warnings.filterwarnings("ignore", message=".*grad attribute of a Tensor that is not a leaf.*")
+            # Advice on CUDA connection queues for TP's overlapped all-reduce: nothing to act on when
+            # the host is the device (on a GPU it stays visible).
+            warnings.filterwarnings("ignore", message="When using async grad allreduce it is recommended to set "
+                                    "the environment variable CUDA_DEVICE_MAX_CONNECTIONS", category=UserWarning,
+                                    module=r"megatron\.core\.tensor_parallel\.layers$")
             _applied = True
     enter_device_mode()

@@ -1,17 +1,39 @@
 """Ascend NPUs: torch_npu, HCCL, Ray's NPU resource.
 
-torch_npu registers the `npu` device and transfers megatron-core's `torch.cuda` calls to
-the NPU on import, so importing it is all this backend needs to apply.
+`import torch_npu` only registers the `npu` device: megatron-core's `torch.cuda.*` calls,
+`device="cuda"` tensors and `.cuda()` would still go to CUDA and fail. Like MindSpeed's
+megatron adaptor (mindspeed/megatron_adaptor.py), this backend imports
+`torch_npu.contrib.transfer_to_npu`, which redirects those calls to the NPU, and makes
+`Tensor.type()` report `torch.cuda.*` names, which megatron-core's optimizers compare against.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from mindrl.platform.base import Platform
+
+_type_names_patched = False
+
+
+def cuda_type_name(name: Any) -> Any:
+    """`torch.npu.BFloat16Tensor` → `torch.cuda.BFloat16Tensor`; anything else unchanged."""
+    return name.replace("torch.npu.", "torch.cuda.") if isinstance(name, str) else name
+
+
+def _reporting_cuda_names(type_method: Callable) -> Callable:
+    @functools.wraps(type_method)
+    def type_(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        result = type_method(tensor, *args, **kwargs)
+        return cuda_type_name(result) if not args and not kwargs else result
+
+    return type_
 
 
 class NpuPlatform(Platform):
@@ -37,7 +59,12 @@ class NpuPlatform(Platform):
             ) from err
 
     def setup(self) -> None:
+        global _type_names_patched
         self._import_torch_npu()
+        importlib.import_module("torch_npu.contrib.transfer_to_npu")
+        if not _type_names_patched:
+            torch.Tensor.type = _reporting_cuda_names(torch.Tensor.type)
+            _type_names_patched = True
 
     def device(self, local_rank: int = 0) -> torch.device:
         self._import_torch_npu()
