@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,12 +38,10 @@ def candidate_layouts(num_layers: int) -> dict[str, ParallelConfig]:
 
 
 def _layouts_rank(rank: int, model: str, layouts: list[ParallelConfig]) -> list:
-    warnings.filterwarnings("ignore")
     return run_layouts(rank, load_model_arch(model), layouts)
 
 
 def _train_rank(rank: int, model: str, steps: int):
-    warnings.filterwarnings("ignore")
     return train_replicas(rank, load_model_arch(model), ParallelConfig(1, 1), steps=steps)
 
 

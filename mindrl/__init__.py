@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 # message from the one module that issues it, so the same words from anywhere else still show.
 for _message, _category, _module in (
     ("Apex is not installed. Falling back to Torch Norm", UserWarning, r"megatron\.core\."),
-    ("Transformer Engine and Apex are not installed. ", UserWarning, r"megatron\.core\.optimizer"),
+    ("Transformer Engine and Apex are not installed. ", UserWarning, r"megatron\.core\."),
     (r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated\.", FutureWarning,
      r"torch\.distributed\.c10d_logger$"),
 ):

@@ -6,6 +6,8 @@ data-parallel group (ZeRO-1): it is what lets a 7B actor fit next to its rollout
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from megatron.core.distributed import (
     DistributedDataParallel,
@@ -48,3 +50,16 @@ def wrap_for_training(model: torch.nn.Module, lr: float, weight_decay: float = 0
         [ddp],
     )
     return ddp, optimizer
+
+
+def zero_grads(ddp: DistributedDataParallel, optimizer: MegatronOptimizer) -> None:
+    """Clear the grad buffers and the optimizer's main-param grads before a new step.
+
+    The distributed optimizer's shard masters are views, and it reads their .grad to clear
+    it; torch warns about .grad on a non-leaf. Silenced for this call only.
+    """
+    ddp.zero_grad_buffer()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf",
+                                category=UserWarning)
+        optimizer.zero_grad()

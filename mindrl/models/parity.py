@@ -17,7 +17,7 @@ from mindrl.distributed import init_model_parallel, release_model_parallel
 from mindrl.models import sharding
 from mindrl.models.forward import gather_logits, run_microbatches, token_cross_entropy
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
-from mindrl.models.optimizer import wrap_for_training
+from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.platform import get_platform
 
 
@@ -121,8 +121,7 @@ def train_replicas(rank: int, arch: ModelArch, par: ParallelConfig, steps: int =
     tokens, labels = parity_batch(arch, seed=100 + dp_rank)
     losses = []
     for _ in range(steps):
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
+        zero_grads(ddp, optimizer)
         outputs = run_microbatches(ddp, [{"tokens": tokens[i:i + 2], "labels": labels[i:i + 2]}
                                          for i in range(0, tokens.shape[0], 2)], token_cross_entropy)
         updated, grad_norm, _ = optimizer.step()

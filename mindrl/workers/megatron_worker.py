@@ -12,7 +12,6 @@ entropy) come back on the last pipeline stage for that rank's rows; other stages
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +26,7 @@ from mindrl.distributed import init_model_parallel
 from mindrl.models import sharding
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
-from mindrl.models.optimizer import wrap_for_training
+from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.platform import get_platform
 from mindrl.workers.logprob import shifted_labels, vocab_parallel_entropy, vocab_parallel_log_probs
 from mindrl.workers.offload import StorageOffloader, storage_ptrs
@@ -237,13 +236,7 @@ class ActorWorker(MegatronWorker):
                                        ref_log_prob=mb.get("ref_log_probs"), entropy=entropy, **normalisers)
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
-        self.ddp.zero_grad_buffer()
-        with warnings.catch_warnings():
-            # The distributed optimizer's shard masters are views, and it reads their .grad to
-            # clear it; torch warns about .grad on a non-leaf. Megatron's own loop does the same.
-            warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf",
-                                    category=UserWarning)
-            self.optimizer.zero_grad()
+        zero_grads(self.ddp, self.optimizer)
         return run_microbatches(self.ddp, micro, loss_fn)
 
     def _step(self, batch: dict, rows: torch.Tensor) -> dict[str, float]:
