@@ -1,12 +1,16 @@
-"""Benchmark hf2mcore on a random Qwen2.5-0.5B-shaped checkpoint against a plain copy.
+"""Benchmark the converter on a random Qwen2.5-0.5B-shaped checkpoint against a plain copy.
 
-    python bench/convert.py [--tp 1] [--pp 1] [--input-shard-size 500MB] [--workdir DIR]
+    python bench/convert.py [--tp 1] [--pp 1] [--reshard-tp 2] [--reshard-pp 2] [--input-shard-size 500MB]
+                            [--workdir DIR]
 
 Builds the checkpoint locally (bf16 safetensors, sharded), then runs, each in a fresh
 process so that its peak RSS (VmHWM) is its own: (1) a plain copy — safetensors load of every
-shard + one torch.save of the same tensors; (2) the conversion hf -> mg; (3) mg -> hf.
-Prints one JSON line: throughput, seconds, peak RSS, the ratio to the plain copy, and the
-memory budget the converter aims for: 1.5 × (largest output shard + largest input shard).
+shard + one torch.save of the same tensors; (2) the conversion hf -> mg (--tp, --pp); (3) mg -> hf;
+(4) mg -> mg to --reshard-tp / --reshard-pp; (5) hf -> mg from (3)'s output to that layout, so
+that (3) + (5) is the re-shard through HF that (4) replaces.
+Prints one JSON line: throughput, seconds, peak RSS, the ratio to the plain copy, the memory
+budget the converter aims for: 1.5 × (largest output shard + largest input shard), the re-shard
+against the trip through HF, and whether the two re-sharded checkpoints are bit-identical.
 Each step runs --repeats times, interleaved; the fastest run counts, and the highest peak.
 """
 
@@ -22,16 +26,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = (("copy", "hf", "copy"), ("hf2mcore", "hf", "mg"), ("mcore2hf", "mg", "back"))
+STEPS = (("copy", "hf", "copy"), ("hf2mcore", "hf", "mg"), ("mcore2hf", "mg", "back"),
+         ("mcore2mcore", "mg", "resharded"), ("hf2mcore_target", "back", "resharded_via_hf"))
 sys.path.insert(0, str(ROOT))
 
 
 def build_checkpoint(folder: Path, shard_size: str) -> dict:
     import torch
 
+    from mindrl.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
     from mindrl.config import load_model_arch
     from mindrl.models.hf_mapping import hf_config_from_arch, hf_param_shapes
-    from mindrl.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
 
     arch = load_model_arch("qwen25_0p5b")
     folder.mkdir(parents=True)
@@ -50,7 +55,7 @@ def step(kind: str, src: str, dst: str, tp: int, pp: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf
+    from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf, mcore_to_mcore
 
     start = time.perf_counter()
     if kind == "copy":
@@ -58,12 +63,30 @@ def step(kind: str, src: str, dst: str, tp: int, pp: int) -> None:
         for shard in sorted(Path(src).glob("*.safetensors")):
             tensors.update(load_file(shard))
         torch.save(tensors, Path(dst) / "copy.pt")
-    elif kind == "hf2mcore":
+    elif kind in ("hf2mcore", "hf2mcore_target"):
         hf_to_mcore(src, dst, "qwen2", tp, pp, params_dtype=torch.bfloat16, progress=False)
+    elif kind == "mcore2mcore":
+        mcore_to_mcore(src, dst, tp, pp, progress=False)
     else:
         mcore_to_hf(src, dst, progress=False)
     seconds = time.perf_counter() - start
     print(json.dumps({"seconds": seconds, "peak_rss": peak_rss()}))
+
+
+def same_rank_files(a: Path, b: Path) -> bool:
+    """Whether two Megatron checkpoints hold the same tensors under the same names, bit for bit."""
+    import torch
+
+    from mindrl.checkpoint.megatron import read_rank
+
+    files = sorted(p.relative_to(a) for p in a.rglob("model_optim_rng.pt"))
+    if files != sorted(p.relative_to(b) for p in b.rglob("model_optim_rng.pt")):
+        return False
+    for rel in files:
+        x, y = read_rank(a / rel)["model"], read_rank(b / rel)["model"]
+        if x.keys() != y.keys() or not all(torch.equal(x[n], y[n]) for n in x):
+            return False
+    return True
 
 
 def peak_rss() -> int:
@@ -96,10 +119,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--reshard-tp", type=int, default=2, help="TP of the mg -> mg target")
+    parser.add_argument("--reshard-pp", type=int, default=2, help="PP of the mg -> mg target")
     parser.add_argument("--input-shard-size", default="500MB")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each step; the fastest counts")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
-    parser.add_argument("--step", choices=["build", "copy", "hf2mcore", "mcore2hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--step", choices=["build", *(kind for kind, _, _ in STEPS)], help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
     parser.add_argument("--dst", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -116,19 +141,22 @@ def main() -> None:
                                 "--input-shard-size", args.input_shard_size],
                                capture_output=True, text=True, check=True)
         info = json.loads(built.stdout.strip().splitlines()[-1])
-        runs: dict[str, list[dict]] = {"copy": [], "hf2mcore": [], "mcore2hf": []}
+        runs: dict[str, list[dict]] = {kind: [] for kind, _, _ in STEPS}
         for _ in range(args.repeats):  # interleaved, so machine noise hits every step alike
             for kind, src, dst in STEPS:
                 shutil.rmtree(work / dst, ignore_errors=True)
                 if kind == "copy":
                     (work / dst).mkdir()
                 warm(work / src)
-                runs[kind].append(run_step(kind, work / src, work / dst, args.tp, args.pp))
+                tp, pp = (args.tp, args.pp) if kind == "hf2mcore" else (args.reshard_tp, args.reshard_pp)
+                runs[kind].append(run_step(kind, work / src, work / dst, tp, pp))
         largest_output = max(p.stat().st_size for p in (work / "mg").rglob("model_optim_rng.pt"))
         largest_hf_output = max(p.stat().st_size for p in (work / "back").glob("*.safetensors"))
+        bit_exact = same_rank_files(work / "resharded", work / "resharded_via_hf")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    copy, to_mg, to_hf = (best(runs[k]) for k in ("copy", "hf2mcore", "mcore2hf"))
+    copy, to_mg, to_hf, reshard, to_mg_target = (
+        best(runs[k]) for k in ("copy", "hf2mcore", "mcore2hf", "mcore2mcore", "hf2mcore_target"))
     gb = info["bytes"] / 1e9
     budget = 1.5 * (largest_output + info["largest_input_shard"])
     back_budget = 1.5 * (largest_hf_output + largest_output)
@@ -144,6 +172,13 @@ def main() -> None:
         "rss_budget_gb": round(budget / 1e9, 3),
         "hf2mcore_rss_vs_budget": round(to_mg["peak_rss"] / budget, 2),
         "mcore2hf_rss_vs_budget": round(to_hf["peak_rss"] / back_budget, 2),
+        "reshard": f"tp{args.tp}pp{args.pp} -> tp{args.reshard_tp}pp{args.reshard_pp}",
+        "mcore2mcore_s": round(reshard["seconds"], 2),
+        "reshard_via_hf_s": round(to_hf["seconds"] + to_mg_target["seconds"], 2),
+        "mcore2mcore_vs_via_hf": round(reshard["seconds"] / (to_hf["seconds"] + to_mg_target["seconds"]), 2),
+        "mcore2mcore_peak_rss_gb": round(reshard["peak_rss"] / 1e9, 3),
+        "reshard_via_hf_peak_rss_gb": round(max(to_hf["peak_rss"], to_mg_target["peak_rss"]) / 1e9, 3),
+        "reshard_bit_exact": bit_exact,
         "repeats": args.repeats,
     }))
 

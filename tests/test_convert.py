@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mindrl.checkpoint import megatron as mg
+from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf, mcore_to_mcore
+from mindrl.ckpt_convert.cli import main as cli_main
 from mindrl.config import ConfigError, ParallelConfig
 from tests.hf_models import build_hf_model, save_hf_model
-from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,10 +146,13 @@ def test_unexpected_tensors_are_not_dropped_silently(tmp_path, qwen_dir):
     config = json.loads((qwen_dir / "config.json").read_text())
     (qwen_dir / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     with pytest.raises(ConfigError, match=r"does not use, e.g. model.layers.0.self_attn.k_proj.bias "
-                                          r"\(pass --add-qkv-bias\)"):
+                                          r"\(QKV biases: a Qwen2-family model takes --model-type-hf qwen2\)"):
         hf_to_mcore(qwen_dir, tmp_path / "mg", "llama3", progress=False)
-    hf_to_mcore(qwen_dir, tmp_path / "mg", "llama3", add_qkv_bias=True, progress=False)
-    assert mg.arch_of(mg.load_args(tmp_path / "mg")).add_qkv_bias
+    # HF Llama has no QKV-only bias: such weights would not load back into transformers.
+    with pytest.raises(ConfigError, match=r"^--add-qkv-bias does not fit --model-type-hf llama3: HF llama models "
+                                          r"have no QKV-only bias"):
+        hf_to_mcore(qwen_dir, tmp_path / "mg", "llama3", add_qkv_bias=True, progress=False)
+    assert not (tmp_path / "mg").exists()
 
 
 def test_refuses_a_non_empty_target_and_overwrites_only_when_told(tmp_path, qwen_dir):
@@ -172,17 +176,17 @@ def test_a_truncated_shard_is_caught_before_writing(tmp_path, qwen_dir):
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
 
 
-@pytest.mark.parametrize("direction", ["hf2mcore", "mcore2hf"])
+@pytest.mark.parametrize("direction", ["hf2mcore", "mcore2hf", "mcore2mcore"])
 def test_a_failure_midway_leaves_no_partial_output(tmp_path, qwen_dir, monkeypatch, direction):
     """A disk error on the second pipeline stage: no target, no temporary left behind."""
     import mindrl.ckpt_convert.hf2mcore as hf2mcore_module
     import mindrl.ckpt_convert.mcore2hf as mcore2hf_module
 
-    if direction == "mcore2hf":
+    if direction != "hf2mcore":
         hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 1, 2, progress=False)
     before = sorted(p.name for p in tmp_path.iterdir())
-    module = hf2mcore_module if direction == "hf2mcore" else mcore2hf_module
-    real = module.mg.save_rank if direction == "hf2mcore" else module._write_stage
+    module = mcore2hf_module if direction == "mcore2hf" else hf2mcore_module
+    real = module._write_stage if direction == "mcore2hf" else module.mg.save_rank
     calls = []
 
     def failing(*args, **kwargs):
@@ -194,6 +198,9 @@ def test_a_failure_midway_leaves_no_partial_output(tmp_path, qwen_dir, monkeypat
     if direction == "hf2mcore":
         monkeypatch.setattr(module.mg, "save_rank", failing)
         run = functools.partial(hf_to_mcore, qwen_dir, tmp_path / "out", "qwen2", 1, 2, progress=False)
+    elif direction == "mcore2mcore":
+        monkeypatch.setattr(module.mg, "save_rank", failing)  # the module both directions save through
+        run = functools.partial(mcore_to_mcore, tmp_path / "mg", tmp_path / "out", 2, 2, progress=False)
     else:
         monkeypatch.setattr(module, "_write_stage", failing)
         run = functools.partial(mcore_to_hf, tmp_path / "mg", tmp_path / "out", progress=False)
@@ -232,12 +239,121 @@ def test_rank_files_hold_only_their_own_bytes(tmp_path):
 
 
 def test_example_scripts_round_trip(tmp_path, qwen_dir):
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HF_DIR": str(qwen_dir),
-           "MG_DIR": str(tmp_path / "mg"), "HF_OUT": str(tmp_path / "back"), "TP": "2", "PP": "2",
-           "DTYPE": "fp32", "NUM_LAYER_LIST": "3,1"}
-    for script in ("ckpt_convert_qwen25_hf2mcore.sh", "ckpt_convert_qwen25_mcore2hf.sh"):
-        out = subprocess.run(["bash", str(ROOT / "examples" / "ckpt" / script), "--no-progress"],
-                             env=env, capture_output=True, text=True)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HF_DIR": str(qwen_dir), "HF_OUT": str(tmp_path / "back"),
+           "TP": "2", "PP": "2", "DTYPE": "fp32", "NUM_LAYER_LIST": "3,1", "TARGET_TP": "1", "TARGET_PP": "2",
+           "TARGET_NUM_LAYER_LIST": "1,3"}
+    for script, folders in (("hf2mcore", {"MG_DIR": "mg"}), ("mcore2mcore", {"MG_DIR": "mg", "MG_OUT": "mg2"}),
+                            ("mcore2hf", {"MG_DIR": "mg2"})):
+        out = subprocess.run(["bash", str(ROOT / "examples" / "ckpt" / f"ckpt_convert_qwen25_{script}.sh"),
+                              "--no-progress"], env={**env, **{k: str(tmp_path / v) for k, v in folders.items()}},
+                             capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
+    assert mg.parallel_of(mg.load_args(tmp_path / "mg2")).num_layer_list == (1, 3)
     original, back = read_hf(qwen_dir), read_hf(tmp_path / "back")
     assert back.keys() == original.keys() and all(torch.equal(back[n], t) for n, t in original.items())
+
+
+def _rank_path(root: Path, tp_rank: int, pp_rank: int, pp: int) -> Path:
+    return mg.rank_file(root, mg.read_tracker(root), tp_rank, pp_rank, pp)
+
+
+def test_a_tied_output_copy_that_drifted_is_refused_before_writing(tmp_path, qwen_dir, capsys):
+    """With PP > 1 the last stage holds Megatron's copy of the tied embedding; converting must not
+    silently drop a copy that no longer equals the embedding."""
+    out = hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 2, 2, params_dtype=torch.float32, progress=False)
+    mcore_to_hf(out, tmp_path / "ok", progress=False)  # intact: converts
+    path = _rank_path(out, 1, 1, 2)
+    state = torch.load(path, weights_only=True)
+    state["model"]["output_layer.weight"][5, 3] += 0.25
+    torch.save(state, path)
+    drifted = (rf"^checkpoint {out}: the last pipeline stage's output_layer.weight \(Megatron's copy of the "
+               r"tied embedding\) differs from embedding.word_embeddings.weight on TP rank 1 by up to 0.25, ")
+    with pytest.raises(ConfigError, match=drifted):
+        mcore_to_hf(out, tmp_path / "back", progress=False)
+    with pytest.raises(ConfigError, match=drifted):
+        mcore_to_mcore(out, tmp_path / "mg2", 1, 1, progress=False)
+    assert cli_main(["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", str(out),
+                     "--save-dir", str(tmp_path / "back"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mg", "ok"]
+
+
+RESHARD_CASES = {
+    # kind, source TP, PP, layers -> target TP, PP, layers, dtype
+    "qwen2_tp2pp2_to_tp1pp2_uneven": ("qwen2", (2, 2, None), (1, 2, "3,1"), torch.float32),
+    "llama3_pp2_uneven_to_tp2": ("llama3", (1, 2, "1,3"), (2, 1, None), torch.bfloat16),
+    "qwen3_tp2_to_tp1pp4": ("qwen3", (2, 1, None), (1, 4, None), torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESHARD_CASES))
+def test_mg_to_mg_equals_going_through_hf(tmp_path, case):
+    kind, (tp, pp, layers), (tp2, pp2, layers2), dtype = RESHARD_CASES[case]
+    hf_dir = save_hf_model(build_hf_model(kind), tmp_path / "hf", dtype=dtype)
+    source = hf_to_mcore(hf_dir, tmp_path / "mg", kind, tp, pp, layers, params_dtype=dtype, progress=False)
+    direct = mcore_to_mcore(source, tmp_path / "direct", tp2, pp2, layers2, progress=False)
+    mcore_to_hf(source, tmp_path / "via_hf", progress=False)
+    via_hf = hf_to_mcore(tmp_path / "via_hf", tmp_path / "mg_via_hf", kind, tp2, pp2, layers2, params_dtype=dtype,
+                         progress=False)
+    files = sorted(p.relative_to(direct) for p in direct.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(via_hf) for p in via_hf.rglob("*") if p.is_file())
+    for tp_rank in range(tp2):
+        for pp_rank in range(pp2):
+            a = torch.load(_rank_path(direct, tp_rank, pp_rank, pp2), weights_only=True)
+            b = torch.load(_rank_path(via_hf, tp_rank, pp_rank, pp2), weights_only=True)
+            assert a["model"].keys() == b["model"].keys()
+            for name, tensor in b["model"].items():
+                assert a["model"][name].dtype == dtype and torch.equal(a["model"][name], tensor), name
+            args_a, args_b = vars(a["args"]), vars(b["args"])
+            assert {k: v for k, v in args_a.items() if k not in ("mindrl_arch", "hf_config")} == {
+                k: v for k, v in args_b.items() if k not in ("mindrl_arch", "hf_config")}
+            assert {**args_a["mindrl_arch"], "name": ""} == {**args_b["mindrl_arch"], "name": ""}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--load-model-type", "mg", "--save-model-type", "hf", "--params-dtype", "fp32"],
+     "--params-dtype applies to hf -> mg only, not mg -> hf; remove it."),
+    (["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen2", "--max-shard-size", "1GB"],
+     "--max-shard-size applies to mg -> hf only, not hf -> mg; remove it."),
+    (["--load-model-type", "mg", "--save-model-type", "mg", "--model-type", "BERT"],
+     "--model-type BERT is not supported; mindrl converts GPT (decoder-only) models only."),
+    (["--load-model-type", "hf", "--save-model-type", "hf"],
+     "--load-model-type hf --save-model-type hf is not a conversion; use hf -> mg, mg -> hf or mg -> mg."),
+    (["--load-model-type", "mg", "--save-model-type", "mg", "--target-tensor-parallel-size", "4"],
+     "tensor_model_parallel_size=4 does not divide num_query_groups=2"),
+    (["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen3"],
+     "config.json has model_type 'qwen2' but --model-type-hf qwen3 expects 'qwen3'"),
+])
+def test_cli_refuses_in_one_sentence(tmp_path, qwen_dir, capsys, argv, message):
+    source = qwen_dir if "hf" in argv[1] else hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", progress=False)
+    assert cli_main([*argv, "--load-dir", str(source), "--save-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_model_travels_with_the_checkpoint(tmp_path, qwen_dir, capsys):
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    vocab = {f"t{i}": i for i in range(240)}
+    (tokenizer / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab},
+                                                          "added_tokens": [{"id": 250, "content": "<|x|>"}]}))
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({"tag": "the new tokenizer"}))
+    flags = ["--use-mcore-models", "--model-type", "GPT", "--no-progress"]
+    assert cli_main(["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen2", "--load-dir",
+                     str(qwen_dir), "--save-dir", str(tmp_path / "mg"), "--tokenizer-model",
+                     str(tokenizer / "tokenizer.json"), *flags]) == 0
+    assets = tmp_path / "mg" / "hf_assets"
+    assert (assets / "tokenizer.json").read_bytes() == (tokenizer / "tokenizer.json").read_bytes()
+    assert json.loads((assets / "tokenizer_config.json").read_text()) == {"tag": "the new tokenizer"}
+    assert (assets / "generation_config.json").is_file()  # the source's other files are still there
+    assert cli_main(["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", str(tmp_path / "mg"),
+                     "--save-dir", str(tmp_path / "back"), *flags]) == 0
+    assert (tmp_path / "back" / "tokenizer.json").read_bytes() == (tokenizer / "tokenizer.json").read_bytes()
+
+    (tokenizer / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": [{"id": 299}]}))
+    assert cli_main(["--load-model-type", "mg", "--save-model-type", "mg", "--load-dir", str(tmp_path / "mg"),
+                     "--save-dir", str(tmp_path / "mg2"), "--tokenizer-model", str(tokenizer), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer-model {tokenizer} has 300 tokens but the model's vocabulary has 251 rows" in err
+    assert not (tmp_path / "mg2").exists()

@@ -5,12 +5,12 @@ import torch
 from megatron.core import parallel_state
 
 from mindrl.checkpoint import megatron as mg
+from mindrl.ckpt_convert import hf_to_mcore
 from mindrl.distributed import init_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models.forward import gather_logits, run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
 from tests.hf_models import build_hf_model, save_hf_model
-from mindrl.ckpt_convert import hf_to_mcore
 
 KINDS = ("qwen2", "llama3", "qwen3")
 

@@ -9,19 +9,26 @@ Each rank file is a dict with `model` (that rank's stage state dict), `iteration
 `checkpoint_version` and `args`: an argparse.Namespace with the Megatron argument names
 of the architecture and layout (so Megatron-LM tools can read it) plus `mindrl_arch`,
 the exact ModelArch, so a loader can tell a wrong TP/PP or architecture in one sentence.
+
+Rank files written by Megatron-LM or MindSpeed-LLM load too: they are unpickled without
+running their code (unpickle.py), their args are read by Megatron-LM's names
+(megatron_args.py) and their model chunks mapped onto the same names (chunks.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mindrl.checkpoint import chunks, megatron_args
 from mindrl.checkpoint.atomic import atomic_file
+from mindrl.checkpoint.megatron_args import checkpoint_args as checkpoint_args  # re-exported for writers
+from mindrl.checkpoint.unpickle import load_rank_file
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.models import arch_fields
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RANK_FILE = "model_optim_rng.pt"
@@ -71,38 +78,6 @@ def write_tracker(root: str | Path, iteration: int | str) -> None:
         tmp.write_text(f"{iteration}\n")
 
 
-def checkpoint_args(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dtype,
-                    **extra: Any) -> argparse.Namespace:
-    """Megatron-named arguments describing the architecture and layout, plus mindrl's own."""
-    return argparse.Namespace(
-        num_layers=arch.num_layers,
-        hidden_size=arch.hidden_size,
-        ffn_hidden_size=arch.ffn_hidden_size,
-        num_attention_heads=arch.num_attention_heads,
-        group_query_attention=arch.query_groups != arch.num_attention_heads,
-        num_query_groups=arch.query_groups,
-        kv_channels=arch.head_dim,
-        padded_vocab_size=arch.vocab_size_for(par.tp),
-        max_position_embeddings=arch.max_position_embeddings,
-        untie_embeddings_and_output_weights=arch.untie_embeddings_and_output_weights,
-        add_qkv_bias=arch.add_qkv_bias,
-        qk_layernorm=arch.qk_layernorm,
-        normalization=arch.normalization,
-        norm_epsilon=arch.norm_epsilon,
-        swiglu=arch.swiglu,
-        rotary_base=arch.rotary_base,
-        position_embedding_type="rope",
-        tensor_model_parallel_size=par.tp,
-        pipeline_model_parallel_size=par.pp,
-        num_layer_list=",".join(map(str, par.num_layer_list)) if par.num_layer_list else None,
-        params_dtype=params_dtype,
-        bf16=params_dtype == torch.bfloat16,
-        fp16=params_dtype == torch.float16,
-        mindrl_arch=dataclasses.asdict(arch),
-        **extra,
-    )
-
-
 def save_rank(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int,
               model: dict[str, torch.Tensor], args: argparse.Namespace, **extra: Any) -> Path:
     """One rank's file of one iteration (the caller writes the tracker when all ranks are done)."""
@@ -126,23 +101,51 @@ def compact(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def load_args(root: str | Path, iteration: int | str | None = None) -> argparse.Namespace:
-    """The args stored with a checkpoint (read from its first rank file, tensors not loaded)."""
-    iteration = read_tracker(root) if iteration is None else iteration
+def check_format(root: str | Path, iteration: int | str) -> Path:
+    """The iteration's folder, after refusing Megatron's distributed (torch_dist) format in one sentence."""
     folder = Path(root) / iteration_dir_name(iteration)
+    if (folder / "metadata.json").is_file() or any(folder.glob("*.distcp")):
+        raise ConfigError(f"checkpoint {root} is in Megatron's distributed format (torch_dist); mindrl reads "
+                          f"the per-rank torch format, so re-save it with Megatron-LM's --ckpt-convert-format "
+                          f"torch --ckpt-convert-save DIR first.")
+    return folder
+
+
+def load_args(root: str | Path, iteration: int | str | None = None) -> argparse.Namespace | None:
+    """The args stored with a checkpoint, read from its first rank file (tensors only mapped)."""
+    iteration = read_tracker(root) if iteration is None else iteration
+    folder = check_format(root, iteration)
     first = sorted(folder.glob(f"mp_rank_00*/{RANK_FILE}"))
     if not first:
         raise FileNotFoundError(f"{folder} has no mp_rank_00*/{RANK_FILE}; the checkpoint is incomplete.")
-    return torch.load(first[0], map_location="cpu", mmap=True, weights_only=True)["args"]
+    return load_rank_file(first[0]).get("args")
 
 
-def arch_of(args: argparse.Namespace) -> ModelArch:
-    return ModelArch(**args.mindrl_arch)
+def arch_of(args: argparse.Namespace | None, name: str = "checkpoint", hf_vocab: int | None = None) -> ModelArch:
+    return megatron_args.arch_from_args(args, name, hf_vocab)
 
 
 def parallel_of(args: argparse.Namespace) -> ParallelConfig:
-    return ParallelConfig(args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
-                          num_layer_list=args.num_layer_list)
+    return megatron_args.parallel_from_args(args)
+
+
+def read_rank(path: str | Path, mmap: bool = True) -> dict[str, Any]:
+    """A rank file's model chunks (normalized, see chunks.normalize_model), args and iteration.
+
+    Optimizer, scheduler and RNG state are loaded as inert placeholders (see unpickle) and left out.
+    """
+    state = load_rank_file(path, mmap)
+    version = state.get("checkpoint_version")
+    if isinstance(version, int | float) and version < CHECKPOINT_VERSION:
+        raise ConfigError(f"{path} has checkpoint_version {version}; mindrl reads megatron-core checkpoints "
+                          f"(version {CHECKPOINT_VERSION}), so re-save it with a current Megatron-LM.")
+    keys = chunks.model_keys(state)
+    if not keys:
+        raise ConfigError(f"{path} holds no model state dict (keys: {', '.join(map(str, list(state)[:6]))}); "
+                          f"it is an optimizer-only or foreign file.")
+    out: dict[str, Any] = {key: chunks.normalize_model(state[key], f"{path} [{key}]") for key in keys}
+    out.update(args=state.get("args"), iteration=state.get("iteration"), checkpoint_version=version)
+    return out
 
 
 def load_rank(root: str | Path, tp_rank: int, pp_rank: int, expect_arch: ModelArch | None = None,
@@ -151,22 +154,23 @@ def load_rank(root: str | Path, tp_rank: int, pp_rank: int, expect_arch: ModelAr
     """One rank's state, after checking the checkpoint matches the model it is loaded into."""
     iteration = read_tracker(root) if iteration is None else iteration
     args = load_args(root, iteration)
-    stored_arch, stored_par = arch_of(args), parallel_of(args)
+    stored_arch, stored_par = arch_of(args, str(root)), parallel_of(args)
+    if megatron_args.virtual_stages(args) > 1:
+        raise ConfigError(f"checkpoint {root} has a virtual pipeline ({megatron_args.virtual_stages(args)} "
+                          f"chunks per rank); re-shard it with cli/convert_ckpt.py --load-model-type mg "
+                          f"--save-model-type mg first.")
     if expect_par is not None and (expect_par.tp, expect_par.pp, expect_par.num_layer_list) != (
             stored_par.tp, stored_par.pp, stored_par.num_layer_list):
+        stored_list = ",".join(map(str, stored_par.num_layer_list or ()))
         raise ConfigError(
             f"checkpoint {root} is sharded TP={stored_par.tp} PP={stored_par.pp}"
-            f"{' layers ' + args.num_layer_list if args.num_layer_list else ''} but the model is "
+            f"{' layers ' + stored_list if stored_list else ''} but the model is "
             f"TP={expect_par.tp} PP={expect_par.pp}; re-shard it with cli/convert_ckpt.py "
             f"or match the layout.")
     if expect_arch is not None:
-        diffs = [f.name for f in dataclasses.fields(ModelArch) if f.name != "name"
-                 and getattr(expect_arch, f.name) != getattr(stored_arch, f.name)]
+        diffs = arch_fields.arch_differences(stored_arch, expect_arch, stored_par.tp)
         if diffs:
             raise ConfigError(
                 f"checkpoint {root} holds a different architecture than model {expect_arch.name}: "
-                + ", ".join(f"{d}={getattr(stored_arch, d)!r} (model: {getattr(expect_arch, d)!r})"
-                            for d in diffs[:4])
-                + "; point load at the right checkpoint or fix the model yaml.")
-    path = existing_rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp)
-    return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
+                + ", ".join(diffs[:4]) + "; point load at the right checkpoint or fix the model yaml.")
+    return read_rank(existing_rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp), mmap)

@@ -1,4 +1,8 @@
-"""Command line of cli/convert_ckpt.py, with the flag names of the MindSpeed-LLM converter."""
+"""Command line of cli/convert_ckpt.py, with the flag names of the MindSpeed-LLM converter.
+
+A flag that means nothing for the chosen direction is refused rather than ignored, so a
+mistyped direction or a flag left over from another command line costs one sentence.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +14,63 @@ from mindrl.config import ConfigError
 from mindrl.models.dtypes import DTYPES
 from mindrl.models.hf_mapping import HF_MODEL_TYPES
 
+HF2MG, MG2HF, MG2MG = "hf -> mg", "mg -> hf", "mg -> mg"
+# Flags (by dest) that mean something only in some directions.
+_DIRECTIONS = {
+    "target_tensor_parallel_size": (HF2MG, MG2MG),
+    "target_pipeline_parallel_size": (HF2MG, MG2MG),
+    "num_layer_list": (HF2MG, MG2MG),
+    "add_qkv_bias": (HF2MG,),
+    "params_dtype": (HF2MG,),
+    "hf_config_dir": (MG2HF, MG2MG),
+    "max_shard_size": (MG2HF,),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        """One line, like every other input error of the converter."""
+        print(f"error: {message} (see {self.prog} --help).", file=sys.stderr)
+        sys.exit(2)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="convert_ckpt.py",
-        description="Convert HF safetensors checkpoints to TP/PP-sharded Megatron checkpoints (hf -> mg) "
-                    "and back (mg -> hf), exactly.")
+        description="Convert HF safetensors checkpoints to TP/PP-sharded Megatron checkpoints (hf -> mg), back "
+                    "(mg -> hf), and Megatron checkpoints to another TP/PP layout (mg -> mg), exactly. Megatron "
+                    "checkpoints written by mindrl, Megatron-LM or MindSpeed-LLM are read.")
     parser.add_argument("--load-model-type", choices=["hf", "mg"], required=True)
     parser.add_argument("--save-model-type", choices=["hf", "mg"], required=True)
     parser.add_argument("--load-dir", required=True, help="HF model directory or Megatron checkpoint")
     parser.add_argument("--save-dir", required=True, help="output directory (must be empty or absent)")
-    parser.add_argument("--target-tensor-parallel-size", type=int, default=1, help="hf -> mg: TP size")
-    parser.add_argument("--target-pipeline-parallel-size", type=int, default=1, help="hf -> mg: PP size")
-    parser.add_argument("--num-layer-list", default=None, help="hf -> mg: uneven PP split, e.g. 10,14")
+    parser.add_argument("--target-tensor-parallel-size", type=int, default=None,
+                        help="hf -> mg, mg -> mg: TP size (default 1)")
+    parser.add_argument("--target-pipeline-parallel-size", type=int, default=None,
+                        help="hf -> mg, mg -> mg: PP size (default 1)")
+    parser.add_argument("--num-layer-list", default=None, help="hf -> mg, mg -> mg: uneven PP split, e.g. 10,14")
     parser.add_argument("--model-type-hf", choices=sorted(HF_MODEL_TYPES), default=None,
-                        help="hf -> mg: architecture family of the HF model")
+                        help="architecture family of the HF model: required for hf -> mg; for mg -> hf / "
+                             "mg -> mg only with a checkpoint whose args do not describe it")
     parser.add_argument("--add-qkv-bias", action="store_true",
-                        help="hf -> mg: the model has QKV biases (implied by qwen2)")
-    parser.add_argument("--params-dtype", choices=sorted(DTYPES), default="bf16",
-                        help="hf -> mg: dtype of the Megatron weights (default bf16)")
-    parser.add_argument("--hf-config-dir", default=None,
-                        help="mg -> hf: original HF directory whose config.json and tokenizer files to use "
-                             "(default: the ones stored in the checkpoint at conversion)")
-    parser.add_argument("--max-shard-size", default="5GB", help="mg -> hf: safetensors shard size")
+                        help="hf -> mg: the model has QKV biases (implied by qwen2; refused for llama and "
+                             "qwen3, whose HF models cannot hold them)")
+    parser.add_argument("--params-dtype", choices=sorted(DTYPES), default=None,
+                        help="hf -> mg: dtype of the Megatron weights (default bf16; mg -> * keep theirs)")
+    parser.add_argument("--hf-config-dir", "--hf-cfg-dir", default=None,
+                        help="mg -> hf, mg -> mg: original HF directory whose config.json and tokenizer files to "
+                             "use (default: the ones stored in the checkpoint at conversion); also describes the "
+                             "architecture of a checkpoint whose args do not")
+    parser.add_argument("--max-shard-size", default=None, help="mg -> hf: safetensors shard size (default 5GB)")
+    parser.add_argument("--tokenizer-model", default=None,
+                        help="a tokenizer file (e.g. tokenizer.json) or a directory of them: its tokenizer "
+                             "files are copied into the output (hf_assets/ of a Megatron checkpoint, beside "
+                             "the weights of an HF one), replacing the source's, after checking that every "
+                             "token id has an embedding row")
+    parser.add_argument("--model-type", default="GPT",
+                        help="MindSpeed-LLM's model type; only GPT (decoder-only) is converted")
+    parser.add_argument("--use-mcore-models", action="store_true",
+                        help="accepted for MindSpeed-LLM command lines; no effect (always megatron-core)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a non-empty --save-dir (only after the new one is complete)")
     parser.add_argument("--no-progress", action="store_true", help="no per-layer progress bar")
@@ -43,26 +81,42 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from mindrl.ckpt_convert.hf2mcore import hf_to_mcore
     from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
+    from mindrl.ckpt_convert.mcore2mcore import mcore_to_mcore
 
+    direction = f"{args.load_model_type} -> {args.save_model_type}"
     start = time.perf_counter()
     try:
-        if (args.load_model_type, args.save_model_type) == ("hf", "mg"):
-            if args.model_type_hf is None:
-                raise ConfigError(f"hf -> mg needs --model-type-hf (one of "
-                                  f"{', '.join(sorted(HF_MODEL_TYPES))}).")
-            hf_to_mcore(args.load_dir, args.save_dir, args.model_type_hf, args.target_tensor_parallel_size,
-                        args.target_pipeline_parallel_size, args.num_layer_list, DTYPES[args.params_dtype],
-                        args.add_qkv_bias, args.overwrite, progress=not args.no_progress)
-        elif (args.load_model_type, args.save_model_type) == ("mg", "hf"):
-            mcore_to_hf(args.load_dir, args.save_dir, args.hf_config_dir, args.max_shard_size, args.overwrite,
-                        progress=not args.no_progress)
+        _check_flags(args, direction)
+        tp, pp = args.target_tensor_parallel_size or 1, args.target_pipeline_parallel_size or 1
+        progress = not args.no_progress
+        if direction == HF2MG:
+            hf_to_mcore(args.load_dir, args.save_dir, args.model_type_hf, tp, pp, args.num_layer_list,
+                        DTYPES[args.params_dtype or "bf16"], args.add_qkv_bias, args.overwrite, progress,
+                        args.tokenizer_model)
+        elif direction == MG2HF:
+            mcore_to_hf(args.load_dir, args.save_dir, args.hf_config_dir, args.max_shard_size or "5GB",
+                        args.overwrite, progress, args.model_type_hf, args.tokenizer_model)
         else:
-            raise ConfigError(f"--load-model-type {args.load_model_type} --save-model-type "
-                              f"{args.save_model_type} is not a conversion; use hf -> mg or mg -> hf "
-                              f"(re-shard a Megatron checkpoint by going through hf).")
-    except (ConfigError, FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
-        print(f"error: {err.args[0] if err.args else err}", file=sys.stderr)
+            mcore_to_mcore(args.load_dir, args.save_dir, tp, pp, args.num_layer_list, args.overwrite, progress,
+                           args.hf_config_dir, args.model_type_hf, args.tokenizer_model)
+    except (ConfigError, OSError, ValueError, KeyError) as err:
+        print(f"error: {err.args[0] if len(err.args) == 1 else err}", file=sys.stderr)
         return 2
-    print(f"[convert_ckpt] {args.load_model_type} -> {args.save_model_type}: wrote {args.save_dir} "
-          f"in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(f"[convert_ckpt] {direction}: wrote {args.save_dir} in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr)
     return 0
+
+
+def _check_flags(args: argparse.Namespace, direction: str) -> None:
+    if direction not in (HF2MG, MG2HF, MG2MG):
+        raise ConfigError(f"--load-model-type {args.load_model_type} --save-model-type {args.save_model_type} "
+                          f"is not a conversion; use hf -> mg, mg -> hf or mg -> mg.")
+    if args.model_type.upper() != "GPT":
+        raise ConfigError(f"--model-type {args.model_type} is not supported; mindrl converts GPT (decoder-only) "
+                          f"models only.")
+    if direction == HF2MG and args.model_type_hf is None:
+        raise ConfigError(f"hf -> mg needs --model-type-hf (one of {', '.join(sorted(HF_MODEL_TYPES))}).")
+    for dest, directions in _DIRECTIONS.items():
+        if getattr(args, dest) not in (None, False) and direction not in directions:
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(f"{flag} applies to {' and '.join(directions)} only, not {direction}; remove it.")

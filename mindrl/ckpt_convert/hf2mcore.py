@@ -15,11 +15,12 @@ from tqdm import tqdm
 
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint.atomic import atomic_directory, check_target
+from mindrl.ckpt_convert.assets import ASSETS_DIR, copy_assets
+from mindrl.ckpt_convert.safetensors_io import HFWeights
+from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
-from mindrl.ckpt_convert.assets import ASSETS_DIR, copy_assets
-from mindrl.ckpt_convert.safetensors_io import HFWeights
 
 # Buffers some HF exports carry that are recomputed, not learned.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -46,14 +47,16 @@ def check_hf_names(weights: HFWeights, arch: ModelArch) -> None:
         raise ConfigError(f"the HF checkpoint lacks {len(missing)} tensors the architecture needs, e.g. "
                           f"{missing[0]}{hint}; check --model-type-hf and the checkpoint.")
     if unexpected:
-        hint = " (pass --add-qkv-bias)" if "_proj.bias" in unexpected[0] else ""
+        qkv_bias = "_proj.bias" in unexpected[0]
+        hint = " (QKV biases: a Qwen2-family model takes --model-type-hf qwen2)" if qkv_bias else ""
         raise ConfigError(f"the HF checkpoint has {len(unexpected)} tensors the architecture does not use, "
                           f"e.g. {unexpected[0]}{hint}; nothing is dropped silently, so fix --model-type-hf.")
 
 
 def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, tp: int = 1, pp: int = 1,
                 num_layer_list: str | None = None, params_dtype: torch.dtype = torch.bfloat16,
-                add_qkv_bias: bool = False, overwrite: bool = False, progress: bool = True) -> Path:
+                add_qkv_bias: bool = False, overwrite: bool = False, progress: bool = True,
+                tokenizer_model: str | Path | None = None) -> Path:
     """Convert; every check runs before the first byte is written."""
     config = read_hf_config(load_dir)
     arch = hfm.arch_from_hf_config(config, model_type_hf, name=Path(load_dir).name or "hf_model",
@@ -62,6 +65,7 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     validate_parallel(arch, par)
     weights = HFWeights(load_dir)
     check_hf_names(weights, arch)
+    tokenizer = tokenizer_files(tokenizer_model, arch.padded_vocab_size) if tokenizer_model else []
     check_target(save_dir, overwrite)
 
     args = mg.checkpoint_args(arch, par, params_dtype, model_type_hf=model_type_hf, hf_config=config)
@@ -73,6 +77,7 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
                 mg.save_rank(tmp, "release", tp_rank, pp_rank, stage[tp_rank], args)
             del stage  # before the next stage is built: peak memory is one stage
         copy_assets(load_dir, Path(tmp) / ASSETS_DIR)
+        copy_tokenizer(tokenizer, Path(tmp) / ASSETS_DIR)
         mg.write_tracker(tmp, "release")
     bar.close()
     return Path(save_dir)

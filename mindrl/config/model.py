@@ -101,8 +101,13 @@ class ModelArch:
 
     def vocab_size_for(self, tensor_parallel_size: int) -> int:
         """Rows of the embedding table: padded so every TP rank holds an equal slice."""
-        multiple = self.make_vocab_size_divisible_by * tensor_parallel_size
-        return -(-self.padded_vocab_size // multiple) * multiple
+        return self.padded_rows(self.padded_vocab_size, self.make_vocab_size_divisible_by, tensor_parallel_size)
+
+    @staticmethod
+    def padded_rows(vocab: int, divisible_by: int, tensor_parallel_size: int) -> int:
+        """Megatron's padding: up to a multiple of make_vocab_size_divisible_by × TP."""
+        multiple = divisible_by * tensor_parallel_size
+        return -(-vocab // multiple) * multiple
 
     @classmethod
     def from_dict(cls, name: str, values: Mapping[str, Any]) -> ModelArch:

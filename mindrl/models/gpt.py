@@ -10,13 +10,13 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
+from mindrl.models import arch_fields as af
 from mindrl.platform import Platform, get_platform
 
 
@@ -37,20 +37,7 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
     validate_parallel(arch, par)
     platform = platform or get_platform()
     kwargs = dict(
-        num_layers=arch.num_layers,
-        hidden_size=arch.hidden_size,
-        ffn_hidden_size=arch.ffn_hidden_size,
-        num_attention_heads=arch.num_attention_heads,
-        num_query_groups=arch.query_groups,
-        kv_channels=arch.head_dim,
-        normalization=arch.normalization,
-        layernorm_epsilon=arch.norm_epsilon,
-        gated_linear_unit=arch.swiglu,
-        activation_func=F.silu if arch.swiglu else F.gelu,
-        add_bias_linear=not arch.disable_bias_linear,
-        add_qkv_bias=arch.add_qkv_bias,
-        qk_layernorm=arch.qk_layernorm,
-        attention_softmax_in_fp32=arch.attention_softmax_in_fp32,
+        **af.transformer_config_kwargs(arch),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=par.tp,

@@ -19,10 +19,13 @@ from typing import Any
 import torch
 
 from mindrl.config import ConfigError, ModelArch
+from mindrl.models import arch_fields as af
 
-# HF model_type of each --model-type-hf name the converter accepts.
-HF_MODEL_TYPES = {"qwen2": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3"}
+# HF model_type of each --model-type-hf name the converter accepts (qwen25: MindSpeed-LLM's name).
+HF_MODEL_TYPES = {"qwen2": "qwen2", "qwen25": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3"}
 HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# The optional tensors each HF family has: (QKV-only biases, QK layer norms).
+_FAMILY_TENSORS = {"qwen2": (True, False), "llama": (False, False), "qwen3": (False, True)}
 
 EMBEDDING = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
 FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
@@ -136,77 +139,73 @@ def mcore_to_hf_layer(mcore: Mapping[str, torch.Tensor], arch: ModelArch) -> dic
     return {name: out[name] for name in hf_layer_names(arch)}
 
 
-def _rope_theta(config: Mapping[str, Any]) -> float:
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ConfigError(f"HF config uses RoPE scaling {rope_type!r}, which mindrl does not convert yet; "
-                          f"use a model without rope scaling.")
-    theta = params.get("rope_theta", config.get("rope_theta"))
-    if theta is None:
-        raise ConfigError("HF config has no rope_theta (top level or in rope_parameters); add it.")
-    return float(theta)
+def hf_model_type(model_type_hf: str) -> str:
+    """The HF model_type of a --model-type-hf name, or one sentence listing the names."""
+    if model_type_hf not in HF_MODEL_TYPES:
+        raise ConfigError(f"--model-type-hf {model_type_hf!r} is not supported; choose one of "
+                          f"{', '.join(HF_MODEL_TYPES)}.")
+    return HF_MODEL_TYPES[model_type_hf]
+
+
+def model_type_hf_of(arch: ModelArch) -> str:
+    """The --model-type-hf whose HF family holds exactly `arch`'s optional tensors."""
+    for name in ("qwen2", "llama3", "qwen3"):
+        if _FAMILY_TENSORS[HF_MODEL_TYPES[name]] == (arch.add_qkv_bias, arch.qk_layernorm):
+            return name
+    raise ConfigError(f"model {arch.name} has both QKV biases and QK layer norms, which no HF family mindrl "
+                      f"converts ({', '.join(HF_MODEL_TYPES)}) holds.")
+
+
+def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
+    """Refuse an architecture whose weights the HF family could not load (before any work)."""
+    family = hf_model_type(model_type_hf)
+    qkv_bias, qk_norm = _FAMILY_TENSORS[family]
+    if arch.add_qkv_bias and not qkv_bias:
+        raise ConfigError(f"HF {family} models have no QKV-only bias, so model {arch.name}'s QKV biases would "
+                          f"not load back into HF transformers; a Qwen2-family model takes --model-type-hf qwen2.")
+    problems = [what for what, bad in (
+        ("no QKV biases (HF qwen2 has them)", qkv_bias and not arch.add_qkv_bias),
+        ("QK layer norms (only HF qwen3 has them)", arch.qk_layernorm and not qk_norm),
+        ("no QK layer norms (HF qwen3 has them)", qk_norm and not arch.qk_layernorm),
+        ("biases on every linear layer", not arch.disable_bias_linear),
+        (f"{arch.normalization} instead of RMSNorm", arch.normalization != "RMSNorm"),
+        ("an activation other than SwiGLU", not arch.swiglu),
+    ) if bad]
+    if problems:
+        raise ConfigError(f"model {arch.name} has {problems[0]}, which HF {family} (--model-type-hf "
+                          f"{model_type_hf}) cannot hold; pass the --model-type-hf of its family.")
 
 
 def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str = "hf_model",
                         add_qkv_bias: bool = False) -> ModelArch:
     """The ModelArch of an HF config.json, checked against the --model-type-hf the user named."""
-    if model_type_hf not in HF_MODEL_TYPES:
-        raise ConfigError(f"--model-type-hf {model_type_hf!r} is not supported; choose one of "
-                          f"{', '.join(HF_MODEL_TYPES)}.")
-    expected = HF_MODEL_TYPES[model_type_hf]
+    expected = hf_model_type(model_type_hf)
     if config.get("model_type") != expected:
         raise ConfigError(f"config.json has model_type {config.get('model_type')!r} but --model-type-hf "
                           f"{model_type_hf} expects {expected!r}; pass the matching --model-type-hf.")
+    qkv_bias, qk_norm = _FAMILY_TENSORS[expected]
+    if add_qkv_bias and not qkv_bias:
+        raise ConfigError(f"--add-qkv-bias does not fit --model-type-hf {model_type_hf}: HF {expected} models "
+                          f"have no QKV-only bias, so the weights would not load back into HF transformers; "
+                          f"a Qwen2-family model takes --model-type-hf qwen2, which implies it.")
     if config.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"HF config has hidden_act {config['hidden_act']!r}; mindrl converts SwiGLU "
                           f"(silu) models only.")
     if config.get("attention_bias") or config.get("mlp_bias"):
         raise ConfigError("HF config sets attention_bias/mlp_bias (biases on every projection); "
                           "mindrl converts QKV-only biases (Qwen2) or no biases (Llama).")
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                           "vocab_size") if k not in config]
-    if missing:
-        raise ConfigError(f"config.json lacks {', '.join(missing)}; it is not a causal-LM config.")
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return ModelArch(
-        name=name,
-        num_layers=config["num_hidden_layers"],
-        hidden_size=config["hidden_size"],
-        ffn_hidden_size=config["intermediate_size"],
-        num_attention_heads=heads,
-        num_query_groups=config.get("num_key_value_heads") or heads,
-        kv_channels=head_dim if head_dim * heads != config["hidden_size"] else None,
-        padded_vocab_size=config["vocab_size"],
-        max_position_embeddings=config.get("max_position_embeddings", 4096),
-        untie_embeddings_and_output_weights=not config.get("tie_word_embeddings", False),
-        add_qkv_bias=model_type_hf == "qwen2" or add_qkv_bias,
-        qk_layernorm=model_type_hf == "qwen3",
-        norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
-        rotary_base=_rope_theta(config),
-    )
+    return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, **af.arch_values_from_hf(config))
 
 
 def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype) -> dict[str, Any]:
     """A config.json for `arch` when the original HF config is not at hand."""
-    model_type = HF_MODEL_TYPES[model_type_hf]
+    check_hf_can_hold(arch, model_type_hf)
+    model_type = hf_model_type(model_type_hf)
     return {
         "architectures": [HF_ARCHITECTURES[model_type]],
         "model_type": model_type,
         "hidden_act": "silu",
-        "hidden_size": arch.hidden_size,
-        "intermediate_size": arch.ffn_hidden_size,
-        "num_hidden_layers": arch.num_layers,
-        "num_attention_heads": arch.num_attention_heads,
-        "num_key_value_heads": arch.query_groups,
-        "head_dim": arch.head_dim,
-        "vocab_size": arch.padded_vocab_size,
-        "max_position_embeddings": arch.max_position_embeddings,
-        "rms_norm_eps": arch.norm_epsilon,
-        "rope_theta": arch.rotary_base,
-        "tie_word_embeddings": arch.tied_embeddings,
+        **af.hf_config_values(arch),
         "attention_bias": False,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }

@@ -1,0 +1,127 @@
+"""What the model chunks of a Megatron rank file hold, and under which names.
+
+A rank file holds one model chunk under `model`, or with a virtual pipeline one per
+virtual stage under `model0`, `model1`, ... Chunk (pp_rank, v) holds the layers Megatron's
+get_transformer_layer_offset gives it: v × (layers / vpp) + pp_rank × (layers / (pp × vpp))
+onward, numbered from 0 inside the chunk. The embedding is in the first chunk, the final
+norm and output layer in the last.
+
+Megatron-LM's default Transformer Engine layer spec fuses each pre-attention and pre-MLP
+norm into the following linear layer and adds `_extra_state` entries (kernel metadata, no
+weights); normalize_model maps those names onto the local spec's, so one layout serves
+every writer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.models import sharding
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EMBEDDING, _OUTPUT = "embedding.word_embeddings.weight", "output_layer.weight"
+_MODEL_KEY = re.compile(r"^model(\d*)$")
+# Transformer Engine's fused names → the local spec's.
+_TE_RENAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
+}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    pp_rank: int
+    key: str  # "model", or "model{v}" with a virtual pipeline
+    first_layer: int
+    num_layers: int
+    first: bool  # holds the embedding
+    last: bool  # holds the final norm and the output layer
+
+
+def chunk_layout(arch: ModelArch, par: ParallelConfig, virtual_stages: int = 1) -> list[Chunk]:
+    """Every model chunk, in the order of the layers it holds."""
+    if virtual_stages == 1:
+        firsts, counts = par.first_layer_of_stages(arch), par.layers_per_stage(arch)
+        return [Chunk(p, "model", firsts[p], counts[p], p == 0, p == par.pp - 1) for p in range(par.pp)]
+    if par.num_layer_list or arch.num_layers % (par.pp * virtual_stages):
+        raise ConfigError(f"a virtual pipeline of {virtual_stages} stages per rank needs num_layers="
+                          f"{arch.num_layers} to split evenly over {par.pp}×{virtual_stages} chunks; "
+                          f"mindrl reads only even virtual-pipeline splits.")
+    per_chunk = arch.num_layers // (par.pp * virtual_stages)
+    return [Chunk(p, f"model{v}", v * par.pp * per_chunk + p * per_chunk, per_chunk, v == 0 and p == 0,
+                  v == virtual_stages - 1 and p == par.pp - 1)
+            for v in range(virtual_stages) for p in range(par.pp)]
+
+
+def chunk_names(arch: ModelArch, chunk: Chunk) -> dict[str, str]:
+    """Full (TP=1, PP=1) name → name inside the chunk, of every parameter the chunk holds."""
+    names = {}
+    for name in sharding.full_param_shapes(arch):
+        match = _LAYER.match(name)
+        if match:
+            index = int(match.group(1))
+            if chunk.first_layer <= index < chunk.first_layer + chunk.num_layers:
+                names[name] = f"decoder.layers.{index - chunk.first_layer}.{match.group(2)}"
+        elif (name.startswith("embedding.") and chunk.first) or (not name.startswith("embedding.") and chunk.last):
+            names[name] = name
+    return names
+
+
+def holds_tied_copy(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> bool:
+    """Whether the chunk carries Megatron's copy of a tied embedding as `output_layer.weight`."""
+    return arch.tied_embeddings and par.pp > 1 and chunk.last
+
+
+def expected_shapes(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> dict[str, tuple[int, ...]]:
+    """Local name → shape on one TP rank (every rank holds the same shapes)."""
+    full = sharding.full_param_shapes(arch)
+    names = dict(chunk_names(arch, chunk))
+    if holds_tied_copy(arch, par, chunk):
+        names[_OUTPUT] = _OUTPUT
+    rows = arch.vocab_size_for(par.tp)
+    return {local: _slice_shape(name, (rows, arch.hidden_size) if name in (_EMBEDDING, _OUTPUT) else full[name], par,
+                                arch.swiglu)
+            for name, local in names.items()}
+
+
+def _slice_shape(name: str, shape: tuple[int, ...], par: ParallelConfig, swiglu: bool) -> tuple[int, ...]:
+    """The shape of one TP slice: the dimensions the sharding functions cut (learned by cutting a
+    tiny probe with them, so the rule is not written twice) divided by TP."""
+    probe = torch.empty((2 * par.tp,) * len(shape))
+    cut = sharding.tp_split(name, probe, par.tp, swiglu)[0].shape
+    return tuple(n // par.tp if c < 2 * par.tp else n for n, c in zip(shape, cut, strict=True))
+
+
+def model_keys(state: dict[str, Any]) -> list[str]:
+    """The model chunk keys of a rank file: ["model"] or ["model0", "model1", ...]."""
+    return sorted((k for k in state if isinstance(k, str) and _MODEL_KEY.match(k)),
+                  key=lambda k: int(k[5:] or -1))
+
+
+def normalize_model(model: Any, where: str) -> dict[str, torch.Tensor]:
+    """A chunk's state dict in the local spec's names, without `_extra_state`; one sentence if a
+    value is not a tensor or the chunk is a legacy (non-mcore) model."""
+    if not isinstance(model, dict):
+        raise ConfigError(f"{where} holds a {type(model).__name__} where the model state dict should be.")
+    if "language_model" in model or any(str(k).startswith("language_model.") for k in model):
+        raise ConfigError(f"{where} is a legacy (non-mcore) Megatron model; mindrl reads megatron-core "
+                          f"(GPTModel) checkpoints only, so convert it to mcore with Megatron-LM first.")
+    out = {}
+    for name, value in model.items():
+        if name.endswith("_extra_state"):
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise ConfigError(f"{where}: {name} is a {getattr(value, 'pickled_as', type(value).__name__)}, "
+                              f"not a tensor; the file is damaged or from an unsupported writer.")
+        match = _LAYER.match(name)
+        if match and match.group(2) in _TE_RENAMES:
+            name = f"decoder.layers.{match.group(1)}.{_TE_RENAMES[match.group(2)]}"
+        out[name] = value
+    return out

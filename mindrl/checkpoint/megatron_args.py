@@ -1,0 +1,132 @@
+"""The `args` of a Megatron rank file: written by mindrl, read from mindrl, Megatron-LM and
+MindSpeed-LLM.
+
+mindrl writes Megatron-LM's argument names (so Megatron-LM tools can read its checkpoints)
+plus `mindrl_arch`, the exact ModelArch. A checkpoint without `mindrl_arch` is read from
+the Megatron-LM names alone, through the same table (mindrl.models.arch_fields); args that
+ask for something mindrl does not build are refused by name rather than dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+import torch
+
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.models import arch_fields as af
+
+# Megatron-LM / MindSpeed-LLM args that change the weights or the numbers in ways mindrl
+# does not convert, and what they ask for. A value other than None / False / 0 means "on".
+_UNSUPPORTED = {
+    "num_experts": "mixture-of-experts layers",
+    "multi_latent_attention": "multi-latent attention",
+    "mtp_num_layers": "multi-token-prediction layers",
+    "noop_layers": "no-op layers (MindSpeed-LLM)",
+    "use_rope_scaling": "RoPE scaling",
+    "rope_scaling_type": "RoPE scaling",
+    "rotary_interleaved": "interleaved rotary embeddings",
+    "apply_layernorm_1p": "zero-centered layer-norm weights",
+    "layernorm_zero_centered_gamma": "zero-centered layer-norm weights",
+    "apply_residual_connection_post_layernorm": "post-layernorm residuals",
+    "post_norm": "post-norm layers (MindSpeed-LLM)",
+    "embed_layernorm": "an embedding layer norm",
+    "add_dense_bias": "a bias on the attention output projection",
+    "heterogeneous_layers_config_path": "heterogeneous layers",
+    "pipeline_model_parallel_layout": "a custom pipeline layout",
+    "account_for_embedding_in_pipeline_split": "a pipeline split that counts the embedding",
+    "account_for_loss_in_pipeline_split": "a pipeline split that counts the loss",
+    "use_legacy_models": "legacy (non-mcore) models",
+    "squared_relu": "a squared-ReLU activation",
+    "openai_gelu": "OpenAI's GeLU",
+}
+
+
+class ArgsIncomplete(ConfigError):
+    """The args do not describe the architecture (absent, or lacking required names)."""
+
+
+def checkpoint_args(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dtype,
+                    **extra: Any) -> argparse.Namespace:
+    """Megatron-named arguments describing the architecture and layout, plus mindrl's own."""
+    return argparse.Namespace(
+        **af.megatron_arch_args(arch, par.tp),
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        num_layer_list=",".join(map(str, par.num_layer_list)) if par.num_layer_list else None,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        mindrl_arch=dataclasses.asdict(arch),
+        **extra,
+    )
+
+
+def is_mindrl(args: Any) -> bool:
+    return isinstance(args, argparse.Namespace) and isinstance(getattr(args, "mindrl_arch", None), dict)
+
+
+def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = None) -> ModelArch:
+    """The ModelArch of a checkpoint's args: mindrl's exact one, else read from Megatron-LM's names.
+
+    Raises ConfigError naming what is missing when the args do not describe the architecture.
+    """
+    if is_mindrl(args):
+        return ModelArch(**args.mindrl_arch)
+    if not isinstance(args, argparse.Namespace):
+        raise ArgsIncomplete(f"{name} stores no args (an argparse.Namespace) describing its architecture; "
+                          f"pass --hf-config-dir with the model's HF config.json and --model-type-hf.")
+    for key, feature in _UNSUPPORTED.items():
+        value = getattr(args, key, None)
+        if value not in (None, False, 0, "", "none"):
+            raise ConfigError(f"{name} was trained with {key}={value!r} ({feature}), which mindrl does not "
+                              f"convert; only dense GPT models with RoPE are supported.")
+    if getattr(args, "use_mcore_models", None) is False and not hasattr(args, "use_legacy_models"):
+        raise ConfigError(f"{name} is a legacy (non-mcore) Megatron model (use_mcore_models=False); mindrl reads "
+                          f"megatron-core checkpoints only, so convert it to mcore with Megatron-LM first.")
+    if getattr(args, "rotary_percent", 1.0) not in (None, 1.0):
+        raise ConfigError(f"{name} was trained with rotary_percent={args.rotary_percent} (partial rotary "
+                          f"embeddings), which mindrl does not convert.")
+    values, missing = af.arch_values_from_megatron(args)
+    if missing:
+        raise ArgsIncomplete(f"{name}'s args lack {', '.join(missing)}, so they do not describe the architecture; "
+                          f"pass --hf-config-dir with the model's HF config.json and --model-type-hf.")
+    padded, multiple = af.vocab_from_megatron(args, int(getattr(args, "tensor_model_parallel_size", 1) or 1),
+                                              hf_vocab)
+    values.update(padded_vocab_size=padded, make_vocab_size_divisible_by=multiple)
+    return ModelArch(name=name, **values)
+
+
+def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
+    """TP, PP and the per-stage layer counts (MindSpeed-LLM's num_layer_list, or Megatron-LM's
+    decoder_first/last_pipeline_num_layers turned into one)."""
+    tp = int(getattr(args, "tensor_model_parallel_size", None) or 1)
+    pp = int(getattr(args, "pipeline_model_parallel_size", None) or 1)
+    layers = getattr(args, "num_layer_list", None)
+    first = getattr(args, "decoder_first_pipeline_num_layers", None)
+    last = getattr(args, "decoder_last_pipeline_num_layers", None)
+    if not layers and (first or last) and pp > 1:
+        layers = _uneven_split(int(args.num_layers), pp, first, last)
+    return ParallelConfig(tp, pp, num_layer_list=layers or None)
+
+
+def virtual_stages(args: Any) -> int:
+    """Model chunks per pipeline rank (1 without a virtual pipeline)."""
+    return int(getattr(args, "virtual_pipeline_model_parallel_size", None) or 1)
+
+
+def _uneven_split(num_layers: int, pp: int, first: int | None, last: int | None) -> str:
+    """Megatron-LM's rule: the first / last stage get their counts, the others share the rest evenly."""
+    middle = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if middle < 0 or (middle == 0 and rest) or (middle and rest % middle):
+        raise ConfigError(f"decoder_first/last_pipeline_num_layers={first}/{last} do not split "
+                          f"num_layers={num_layers} over {pp} stages; the checkpoint args are inconsistent.")
+    counts = [rest // middle] * middle if middle else []
+    if first is not None:
+        counts.insert(0, first)
+    if last is not None:
+        counts.append(last)
+    return ",".join(map(str, counts))

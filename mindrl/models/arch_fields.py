@@ -1,0 +1,228 @@
+"""THE table of architecture names: each ModelArch field as Megatron-LM's checkpoint args,
+megatron-core's TransformerConfig and HF's config.json call it.
+
+Checkpoint args (written by mindrl, read from mindrl, Megatron-LM and MindSpeed-LLM), the
+TransformerConfig of every model mindrl builds, and the HF config.json the converter reads
+and writes are all produced from this one table, so a field cannot be renamed, negated or
+defaulted in one place and forgotten in another. Plain renames are data; the few values
+that are computed (key-value heads, head size, the padded vocabulary, the activation, the
+RoPE base of an HF config) are the explicit functions below the table.
+
+`attention_bias` has no entry: no checkpoint or config stores it (ModelArch.from_dict only
+checks it against disable_bias_linear).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn.functional as F
+
+from mindrl.config import ConfigError, ModelArch
+
+MEGATRON, CONFIG, HF = "megatron", "config", "hf"
+REQUIRED = object()  # a default meaning: no default, the name must be present
+
+
+@dataclass(frozen=True)
+class Link:
+    """One ModelArch field's names on the other sides (empty / None: no counterpart there)."""
+
+    #: Megatron-LM args names; written under the first, read from the first one present
+    #: (newer Megatron-LM renamed norm_epsilon to layernorm_epsilon)
+    megatron: tuple[str, ...] = ()
+    config: str | None = None
+    hf: str | None = None
+    #: sides that store `not value` (ModelArch's disable_bias_linear is Megatron's add_bias_linear)
+    negated: frozenset[str] = frozenset()
+    #: what Megatron-LM assumed when args saved by an older version lack the name
+    megatron_default: Any = REQUIRED
+    hf_default: Any = REQUIRED
+    #: whether the field changes tensor names or shapes (False: only the numbers computed)
+    structural: bool = True
+    cast: Callable[[Any], Any] | None = None
+
+
+LINKS: dict[str, Link] = {
+    "num_layers": Link(("num_layers",), "num_layers", "num_hidden_layers"),
+    "hidden_size": Link(("hidden_size",), "hidden_size", "hidden_size"),
+    "ffn_hidden_size": Link(("ffn_hidden_size",), "ffn_hidden_size", "intermediate_size"),
+    "num_attention_heads": Link(("num_attention_heads",), "num_attention_heads", "num_attention_heads"),
+    "num_query_groups": Link(("num_query_groups",), "num_query_groups", "num_key_value_heads",
+                             megatron_default=None, hf_default=None),
+    "kv_channels": Link(("kv_channels",), "kv_channels", "head_dim", megatron_default=None, hf_default=None),
+    "padded_vocab_size": Link(("vocab_size",), None, "vocab_size", megatron_default=None, structural=False),
+    "make_vocab_size_divisible_by": Link(("make_vocab_size_divisible_by",), megatron_default=128,
+                                         structural=False),
+    "max_position_embeddings": Link(("max_position_embeddings",), None, "max_position_embeddings",
+                                    hf_default=4096, structural=False),
+    "untie_embeddings_and_output_weights": Link(("untie_embeddings_and_output_weights",), None,
+                                                "tie_word_embeddings", negated=frozenset({HF}),
+                                                megatron_default=False, hf_default=False),
+    "add_qkv_bias": Link(("add_qkv_bias",), "add_qkv_bias", megatron_default=False),
+    "disable_bias_linear": Link(("add_bias_linear",), "add_bias_linear", negated=frozenset({MEGATRON, CONFIG}),
+                                megatron_default=True),
+    "qk_layernorm": Link(("qk_layernorm",), "qk_layernorm", megatron_default=False),
+    "normalization": Link(("normalization",), "normalization", megatron_default="LayerNorm"),
+    "norm_epsilon": Link(("norm_epsilon", "layernorm_epsilon"), "layernorm_epsilon", "rms_norm_eps",
+                         megatron_default=1e-5, hf_default=1e-6, structural=False, cast=float),
+    "swiglu": Link(("swiglu",), "gated_linear_unit", megatron_default=False),
+    "position_embedding_type": Link(("position_embedding_type",), megatron_default="learned_absolute",
+                                    structural=False),
+    "rotary_base": Link(("rotary_base",), None, "rope_theta", megatron_default=10000, structural=False,
+                        cast=float),
+    "attention_softmax_in_fp32": Link(("attention_softmax_in_fp32",), "attention_softmax_in_fp32",
+                                      megatron_default=False, structural=False),
+}
+
+# Values every other side holds in place of the raw field: the effective count or size.
+_EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
+    "num_query_groups": lambda arch: arch.query_groups,
+    "kv_channels": lambda arch: arch.head_dim,
+}
+
+
+def rope_theta(config: Mapping[str, Any]) -> float:
+    """RoPE base of an HF config: top level (transformers < 5) or in rope_parameters."""
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise ConfigError(f"HF config uses RoPE scaling {rope_type!r}, which mindrl does not convert yet; "
+                          f"use a model without rope scaling.")
+    theta = params.get("rope_theta", config.get("rope_theta"))
+    if theta is None:
+        raise ConfigError("HF config has no rope_theta (top level or in rope_parameters); add it.")
+    return float(theta)
+
+
+def _hf_head_dim(config: Mapping[str, Any]) -> int | None:
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // heads
+    return head_dim if head_dim * heads != hidden else None
+
+
+# HF values that are not a plain copy of one key.
+_FROM_HF: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "num_query_groups": lambda config: config.get("num_key_value_heads") or config["num_attention_heads"],
+    "kv_channels": _hf_head_dim,
+    "rotary_base": rope_theta,
+}
+
+
+def effective(arch: ModelArch, name: str) -> Any:
+    return _EFFECTIVE[name](arch) if name in _EFFECTIVE else getattr(arch, name)
+
+
+def _side_value(arch: ModelArch, name: str, side: str) -> Any:
+    value = effective(arch, name)
+    return (not value) if side in LINKS[name].negated else value
+
+
+def _read(name: str, side: str, value: Any) -> Any:
+    link = LINKS[name]
+    if side in link.negated:
+        value = not value
+    return link.cast(value) if link.cast and value is not None else value
+
+
+def megatron_arch_args(arch: ModelArch, tp: int) -> dict[str, Any]:
+    """The architecture in Megatron-LM's argument names, vocabulary padded for `tp` as Megatron pads it."""
+    out = {link.megatron[0]: _side_value(arch, name, MEGATRON) for name, link in LINKS.items() if link.megatron}
+    out["group_query_attention"] = arch.query_groups != arch.num_attention_heads
+    out["padded_vocab_size"] = arch.vocab_size_for(tp)
+    out["add_position_embedding"] = False  # no learned absolute positions with RoPE; Megatron-LM checks it
+    return out
+
+
+def transformer_config_kwargs(arch: ModelArch) -> dict[str, Any]:
+    """The architecture as megatron-core TransformerConfig keywords."""
+    out = {link.config: _side_value(arch, name, CONFIG) for name, link in LINKS.items() if link.config}
+    out["activation_func"] = F.silu if arch.swiglu else F.gelu
+    return out
+
+
+def hf_config_values(arch: ModelArch) -> dict[str, Any]:
+    """The architecture's entries of an HF config.json (family keys are the caller's)."""
+    return {link.hf: _side_value(arch, name, HF) for name, link in LINKS.items() if link.hf}
+
+
+def arch_values_from_hf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelArch keywords from an HF config.json (family-implied fields excluded)."""
+    missing = [link.hf for name, link in LINKS.items() if link.hf and link.hf_default is REQUIRED
+               and name not in _FROM_HF and link.hf not in config]
+    if missing:
+        raise ConfigError(f"config.json lacks {', '.join(missing)}; it is not a causal-LM config.")
+    out = {}
+    for name, link in LINKS.items():
+        if link.hf is None:
+            continue
+        if name in _FROM_HF:
+            out[name] = _FROM_HF[name](config)
+        else:
+            out[name] = _read(name, HF, config.get(link.hf, link.hf_default))
+    return out
+
+
+def arch_values_from_megatron(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """ModelArch keywords from Megatron-LM / MindSpeed-LLM args, and the required names they lack.
+
+    The vocabulary is left to `vocab_from_megatron`, which needs the TP size and, where known,
+    the unpadded vocabulary.
+    """
+    out, missing = {}, []
+    for name, link in LINKS.items():
+        if not link.megatron or name == "padded_vocab_size":
+            continue
+        present = [n for n in link.megatron if getattr(args, n, None) is not None]
+        if present:
+            out[name] = _read(name, MEGATRON, getattr(args, present[0]))
+        elif link.megatron_default is REQUIRED:
+            missing.append(link.megatron[0])
+        else:
+            out[name] = _read(name, MEGATRON, link.megatron_default)
+    if getattr(args, "group_query_attention", True) is False:
+        out["num_query_groups"] = None  # Megatron ignores num_query_groups (default 1) without GQA
+    if getattr(args, "padded_vocab_size", None) is None:
+        missing.append("padded_vocab_size")
+    return out, missing
+
+
+def vocab_from_megatron(args: argparse.Namespace, tp: int, hf_vocab: int | None) -> tuple[int, int]:
+    """(padded_vocab_size, make_vocab_size_divisible_by) of a ModelArch for Megatron args.
+
+    Megatron stores the padded row count; the unpadded vocabulary is the HF config's if given,
+    else args.vocab_size where set. Those two are kept, so re-sharding pads again as Megatron
+    would; a row count they cannot reproduce (a custom --padded-vocab-size) is kept as is.
+    """
+    rows = int(args.padded_vocab_size)
+    multiple = int(getattr(args, "make_vocab_size_divisible_by", None) or 1)
+    vocab = hf_vocab or getattr(args, "vocab_size", None)
+    if isinstance(vocab, int) and 0 < vocab <= rows:
+        if ModelArch.padded_rows(vocab, multiple, tp) == rows:
+            return vocab, multiple
+    return rows, 1
+
+
+def arch_differences(stored: ModelArch, expected: ModelArch, tp: int, structural_only: bool = False,
+                     label: str = "model") -> list[str]:
+    """'field=stored (label: expected)' for every field whose effective value differs.
+
+    Vocabulary rows are compared as padded for `tp`; the unpadded size, the padding multiple
+    and softmax precision are bookkeeping of a run, not of its weights, and are not compared.
+    """
+    diffs = []
+    for name, link in LINKS.items():
+        if name in ("padded_vocab_size", "make_vocab_size_divisible_by", "attention_softmax_in_fp32"):
+            continue
+        if structural_only and not link.structural:
+            continue
+        a, b = effective(stored, name), effective(expected, name)
+        if a != b:
+            diffs.append(f"{name}={a!r} ({label}: {b!r})")
+    if not structural_only and stored.vocab_size_for(tp) != expected.vocab_size_for(tp):
+        diffs.append(f"vocabulary rows={stored.vocab_size_for(tp)} ({label}: {expected.vocab_size_for(tp)})")
+    return diffs
