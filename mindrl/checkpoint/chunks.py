@@ -62,16 +62,7 @@ def chunk_layout(arch: ModelArch, par: ParallelConfig, virtual_stages: int = 1) 
 
 def chunk_names(arch: ModelArch, chunk: Chunk) -> dict[str, str]:
     """Full (TP=1, PP=1) name → name inside the chunk, of every parameter the chunk holds."""
-    names = {}
-    for name in sharding.full_param_shapes(arch):
-        match = _LAYER.match(name)
-        if match:
-            index = int(match.group(1))
-            if chunk.first_layer <= index < chunk.first_layer + chunk.num_layers:
-                names[name] = f"decoder.layers.{index - chunk.first_layer}.{match.group(2)}"
-        elif (name.startswith("embedding.") and chunk.first) or (not name.startswith("embedding.") and chunk.last):
-            names[name] = name
-    return names
+    return sharding.range_names(arch, chunk.first_layer, chunk.num_layers, chunk.first, chunk.last)
 
 
 def holds_tied_copy(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> bool:

@@ -143,19 +143,23 @@ def merge_full_tensor(name: str, shards: list[torch.Tensor], arch: ModelArch) ->
 
 def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int) -> dict[str, str]:
     """Full name → local name of every parameter that pipeline stage `pp_rank` holds."""
-    first = par.first_layer_of_stages(arch)[pp_rank]
-    count = par.layers_per_stage(arch)[pp_rank]
-    is_first, is_last = pp_rank == 0, pp_rank == par.pp - 1
+    return range_names(arch, par.first_layer_of_stages(arch)[pp_rank], par.layers_per_stage(arch)[pp_rank],
+                       holds_embedding=pp_rank == 0, holds_head=pp_rank == par.pp - 1)
+
+
+def range_names(arch: ModelArch, first_layer: int, num_layers: int, holds_embedding: bool,
+                holds_head: bool) -> dict[str, str]:
+    """Full name → local name of the parameters of a model piece holding layers
+    [first_layer, first_layer + num_layers) (numbered from 0 inside it), the embedding if
+    `holds_embedding`, the final norm and output layer if `holds_head`."""
     names: dict[str, str] = {}
     for name in full_param_shapes(arch):
         match = _LAYER.match(name)
         if match:
             index = int(match.group(1))
-            if first <= index < first + count:
-                names[name] = f"decoder.layers.{index - first}.{match.group(2)}"
-        elif name.startswith("embedding.") and is_first:
-            names[name] = name
-        elif (name.startswith("decoder.final_layernorm") or name == "output_layer.weight") and is_last:
+            if first_layer <= index < first_layer + num_layers:
+                names[name] = f"decoder.layers.{index - first_layer}.{match.group(2)}"
+        elif holds_embedding if name.startswith("embedding.") else holds_head:
             names[name] = name
     return names
 
