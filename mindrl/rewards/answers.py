@@ -1,39 +1,48 @@
-"""Finding a final answer in a response and deciding whether it equals the reference.
+"""Finding the final answer in a response.
 
-Only the response is ever searched: if the decoded text still carries the prompt, the
-part up to the last assistant-turn marker is dropped, so a \\boxed{} or an <answer> tag
-quoted in the prompt can never earn reward. Equality is mathematical (math-verify: 0.5
-equals 1/2 equals \\frac{1}{2}), after removing what is not the number: thousands
-separators, `$`, `\\text{...}` units and trailing words.
+Only the response is ever searched: if the decoded text still carries the prompt, the part
+up to the last assistant-turn header is dropped, with the newlines the template puts after
+the header (they are the template's, not the policy's: leaving one of llama3's two made
+every llama3 response fail the tag layout), so a \\boxed{} or <answer> tag quoted in the
+prompt can never earn reward.
+
+Every search here is linear in the length of the text. A truncated repetition loop is the
+common long response, and a backtracking regex spends the whole time limit on each one.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 
-from math_verify import parse, verify
+from mindrl.rewards.normalise import plain_characters
 
-# math-verify warns on every call that timeouts are ours to enforce: the scorer does that
-# (a per-sample time limit around each verifier), so the warning says nothing.
-logging.getLogger("math_verify").setLevel(logging.ERROR)
+# The assistant-turn header of each chat template in configs/model/templates.json (and of the
+# tokenizer chat templates of the same families), with what the template writes after it.
+ASSISTANT_HEADERS = (
+    ("<|im_start|>assistant", "\n"),
+    ("<|start_header_id|>assistant<|end_header_id|>", "\n\n"),
+    ("<｜Assistant｜>", ""),
+)
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<｜end▁of▁sentence｜>")
 
-ASSISTANT_MARKERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>", "<｜Assistant｜>")
-END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<｜end▁of▁sentence｜>")
-
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?\d+(?:\.\d+)?|-?\.\d+")
-_THOUSANDS = re.compile(r"(?<![\d.])(-?\d{1,3}(?:,\d{3})+)(?![\d,])")
-_TEXT_UNITS = re.compile(r"\\(?:text|mathrm|textbf|mbox)\{[^{}]*\}")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# A thousands-grouped number may not start right after "digit,": inside a long comma chain
+# every such start would rescan the rest of the chain.
+_NUMBER = re.compile(r"(?<!\d,)-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?\d+(?:\.\d+)?|-?\.\d+")
+_BRACES = re.compile(r"[{}]")
 
 
 def response_only(text: str) -> str:
     """The assistant's part of a decoded sequence, without end-of-turn tokens."""
-    for marker in ASSISTANT_MARKERS:
-        if marker in text:
-            text = text.rsplit(marker, 1)[1].removeprefix("\n")  # the newline after the role is the template's
+    start, after = 0, ""
+    for header, template_suffix in ASSISTANT_HEADERS:
+        found = text.rfind(header)
+        if found >= 0 and found + len(header) > start:
+            start, after = found + len(header), template_suffix
+    text = text[start:].removeprefix(after)
     for marker in END_MARKERS:
-        text = text.split(marker, 1)[0]
+        cut = text.find(marker)
+        if cut >= 0:
+            text = text[:cut]
     return text
 
 
@@ -46,20 +55,22 @@ def last_boxed(text: str) -> str | None:
     if brace < 0 or text[start:brace].strip() not in ("\\boxed", "\\fbox"):
         return None
     depth = 0
-    for i in range(brace, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[brace + 1:i].strip()
+    for match in _BRACES.finditer(text, brace):
+        depth += 1 if match.group() == "{" else -1
+        if depth == 0:
+            return text[brace + 1:match.start()].strip()
     return None
 
 
 def answer_tag(text: str) -> str | None:
-    """Content of the last complete <answer>...</answer>; None if there is none."""
-    found = _ANSWER_TAG.findall(text)
-    return found[-1].strip() if found else None
+    """Content of the last complete <answer>...</answer> (each tag closed by the next </answer>)."""
+    found, position = None, 0
+    while (opening := text.find("<answer>", position)) >= 0:
+        closing = text.find("</answer>", opening + 8)
+        if closing < 0:
+            break
+        found, position = text[opening + 8:closing], closing + 9
+    return found.strip() if found is not None else None
 
 
 def extract_answer(response: str) -> str | None:
@@ -76,7 +87,7 @@ def extract_answer(response: str) -> str | None:
 
 def gsm8k_answer(response: str) -> str | None:
     """GSM8K convention: the text after the last `####`, else the last number in the response."""
-    text = response_only(response)
+    text = plain_characters(response_only(response))  # so that `−12` keeps its sign
     if "####" in text:
         tail = text.rsplit("####", 1)[1].strip()
         number = _NUMBER.search(tail.replace("$", ""))
@@ -88,40 +99,3 @@ def gsm8k_answer(response: str) -> str | None:
 def reference_answer(label: str) -> str:
     """The reference from a dataset label (GSM8K labels carry their working before `####`)."""
     return label.rsplit("####", 1)[1].strip() if "####" in label else label.strip()
-
-
-def clean(answer: str) -> str:
-    """Remove what is not the value: `$`, units in \\text{}, thousands separators, a trailing period."""
-    answer = answer.strip().strip("$").strip()
-    answer = _TEXT_UNITS.sub("", answer)
-    answer = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), answer)
-    answer = answer.replace("\\!", "").replace("\\,", "").replace("\\ ", "")
-    return answer.rstrip(".").strip()
-
-
-def _as_number(answer: str) -> float | None:
-    """The value of a plain number with at most some words around it ('72 dollars', '-3')."""
-    numbers = _NUMBER.findall(answer)
-    if len(numbers) != 1:
-        return None
-    try:
-        return float(numbers[0].replace(",", ""))
-    except ValueError:
-        return None
-
-
-def answers_equal(predicted: str | None, reference: str) -> bool:
-    """Mathematical equality of a predicted answer and the reference."""
-    if predicted is None or not predicted.strip():
-        return False
-    pred, gold = clean(predicted), clean(reference_answer(reference))
-    if pred == gold:
-        return True
-    gold_parsed = parse(f"${gold}$", parsing_timeout=None)
-    pred_parsed = parse(f"${pred}$", parsing_timeout=None)
-    if gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None):
-        return True
-    pred_value, gold_value = _as_number(pred), _as_number(gold)
-    if pred_value is not None and gold_value is not None:
-        return abs(pred_value - gold_value) <= 1e-9 * max(1.0, abs(gold_value))
-    return False

@@ -5,12 +5,18 @@ A verifier is `fn(response: str, label: str) -> float`. Built-ins register with
 `package.module:function` in `verifier_function` and loaded on first use (in every worker
 process that scores). An unknown name is an error listing the known ones — MindSpeed-RL
 skips it silently, which turns a typo into a run without that reward.
+
+Each verifier declares its worst score (the `worst_score` attribute): a sample that times
+out or raises gets it, so that failing is never better than answering. No default can be
+safe for a function we have not seen (0.0 beats every negative score), so a custom verifier
+without one needs its `verifier_fail_score` entry set.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,12 +26,14 @@ Verifier = Callable[[str, str], float]
 _REGISTRY: dict[str, Verifier] = {}
 
 
-def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
-    """Decorator: make `fn` available to `verifier_function` under `name`."""
+def register_verifier(name: str, worst_score: float | None = None) -> Callable[[Verifier], Verifier]:
+    """Decorator: make `fn` available to `verifier_function` under `name`, with its worst score."""
 
     def add(fn: Verifier) -> Verifier:
         if name in _REGISTRY and _REGISTRY[name] is not fn:
             raise ValueError(f"a verifier named {name!r} is already registered ({_REGISTRY[name].__module__}).")
+        if worst_score is not None:
+            fn.worst_score = float(worst_score)
         _REGISTRY[name] = fn
         return fn
 
@@ -52,6 +60,20 @@ def get_verifier(name: str) -> Verifier:
         return fn
     raise ConfigError(f"unknown verifier {name!r} in verifier_function; known: {', '.join(known_verifiers())} "
                       f"(or give your own as path/to/file.py:function or package.module:function).")
+
+
+def fail_score(name: str, configured: float | None) -> float:
+    """What a timed-out or failed sample scores: the configured value, else the verifier's worst."""
+    if configured is not None:
+        return float(configured)
+    worst = getattr(get_verifier(name), "worst_score", None)
+    if worst is None:
+        raise ConfigError(f"verifier {name!r} declares no worst score for timed-out or failed samples; set its entry "
+                          f"in verifier_fail_score (e.g. its lowest score) or give the function a worst_score "
+                          f"attribute.")
+    if isinstance(worst, bool) or not isinstance(worst, int | float) or not math.isfinite(worst):
+        raise ConfigError(f"verifier {name!r} has worst_score={worst!r}; it must be a finite number.")
+    return float(worst)
 
 
 def _load_custom(spec: str) -> Verifier:

@@ -1,29 +1,76 @@
 """Built-in verifiers, with MindSpeed-RL's names and scores.
 
-| name | checks | score |
-|---|---|---|
-| acc | last \\boxed{} (or <answer> tag) equals the label | 1.0 equal, -0.5 wrong, -1.0 no answer |
-| math_17k_acc | last \\boxed{} equals the label | 1.0 / 0.0 |
-| base_acc | R1 layout (see strict layout below) and boxed answer equal | 1.0 / 0.0 |
-| format | <think>…</think> then <answer>…</answer> at a line end | 1.0 / 0.0 |
-| strict_format | one of each tag and one \\boxed, in order, nothing outside | 1.0 / -0.5 |
-| gsm8k | number after the last `####` (else the last number) equals the label | 1.0 / 0.0 |
+| name | checks | score | worst |
+|---|---|---|---|
+| acc | last \\boxed{} (or <answer> tag) equals the label | 1.0 equal, -0.5 wrong, -1.0 no answer | -1.0 |
+| math_17k_acc | last \\boxed{} equals the label | 1.0 / 0.0 | 0.0 |
+| base_acc | R1 layout (see strict layout below) and boxed answer equal | 1.0 / 0.0 | 0.0 |
+| format | <think>…</think> then <answer>…</answer> at a line end | 1.0 / 0.0 | 0.0 |
+| strict_format | one of each tag and one \\boxed, in order, nothing outside | 1.0 / -0.5 | -0.5 |
+| gsm8k | number after the last `####` (else the last number) equals the label | 1.0 / 0.0 | 0.0 |
 
-Timeouts and exceptions score 0.0 in the scorer, whatever the verifier.
+A sample that times out or raises gets the verifier's worst score (MindSpeed-RL gives 0.0,
+which under `acc` beats a wrong answer: a policy would learn to make the verifier time out).
+The layout checks are plain scans that give the same verdicts as MindSpeed-RL's regexes
+without their backtracking, which takes seconds on a truncated repetition loop.
 """
 
 from __future__ import annotations
 
 import re
 
-from mindrl.rewards.answers import answers_equal, extract_answer, gsm8k_answer, last_boxed, response_only
+from mindrl.rewards.answers import extract_answer, gsm8k_answer, last_boxed, response_only
+from mindrl.rewards.equality import answers_equal
 from mindrl.rewards.registry import register_verifier
 
-_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$", re.DOTALL | re.MULTILINE)
-_LAYOUT = re.compile(r"^<think>.*</think>.*<answer>.*\\boxed\{.*\}.*</answer>$", re.DOTALL)
+_THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
-@register_verifier("acc")
+def loose_layout(text: str) -> bool:
+    """MindSpeed-RL's `^<think>.*?</think>\\s*<answer>.*?</answer>$` (dot-all, multi-line), in one pass."""
+    found = _THINK_THEN_ANSWER.search(text, 7) if text.startswith("<think>") else None
+    if found is None:
+        return False
+    position = found.end()
+    while (closing := text.find("</answer>", position)) >= 0:
+        end = closing + 9
+        if end == len(text) or text[end] == "\n":
+            return True
+        position = closing + 1
+    return False
+
+
+def r1_layout(text: str) -> bool:
+    """MindSpeed-RL's `^<think>.*</think>.*<answer>.*\\\\boxed\\{.*\\}.*</answer>$` (dot-all), in one pass."""
+    body = text[:-1] if text.endswith("\n") else text  # `$` also matches before a final newline
+    if not text.startswith("<think>") or not body.endswith("</answer>"):
+        return False
+    position, limit = 7, len(body) - 9
+    for token in ("</think>", "<answer>", "\\boxed{", "}"):
+        found = body.find(token, position, limit)
+        if found < 0:
+            return False
+        position = found + len(token)
+    return True
+
+
+def count_boxed(text: str, most: int) -> int:
+    """Matches of `\\\\boxed\\{.*?\\}` (a `}` later on the same line), counting up to `most`."""
+    count, position, line_end = 0, 0, -1
+    while count < most and (start := text.find("\\boxed{", position)) >= 0:
+        if start > line_end:
+            line_end = text.find("\n", start)
+            line_end = len(text) if line_end < 0 else line_end
+        closing = text.find("}", start + 7, line_end)
+        if closing < 0:  # no later \boxed{ on this line can close either
+            position = line_end
+            continue
+        count, position = count + 1, closing + 1
+    return count
+
+
+@register_verifier("acc", worst_score=-1.0)
 def accuracy(response: str, label: str) -> float:
     answer = extract_answer(response)
     if answer is None:
@@ -31,29 +78,28 @@ def accuracy(response: str, label: str) -> float:
     return 1.0 if answers_equal(answer, label) else -0.5
 
 
-@register_verifier("math_17k_acc")
+@register_verifier("math_17k_acc", worst_score=0.0)
 def boxed_accuracy(response: str, label: str) -> float:
     return 1.0 if answers_equal(last_boxed(response_only(response)), label) else 0.0
 
 
-@register_verifier("base_acc")
+@register_verifier("base_acc", worst_score=0.0)
 def layout_and_accuracy(response: str, label: str) -> float:
     text = response_only(response)
-    if not _LAYOUT.match(text):
+    if not r1_layout(text):
         return 0.0
     return 1.0 if answers_equal(last_boxed(text), label) else 0.0
 
 
-@register_verifier("format")
+@register_verifier("format", worst_score=0.0)
 def loose_format(response: str, label: str) -> float:
-    return 1.0 if _FORMAT.match(response_only(response)) else 0.0
+    return 1.0 if loose_layout(response_only(response)) else 0.0
 
 
-@register_verifier("strict_format")
+@register_verifier("strict_format", worst_score=-0.5)
 def strict_format(response: str, label: str) -> float:
     text = response_only(response)
-    tags = ("<think>", "</think>", "<answer>", "</answer>")
-    if any(text.count(tag) != 1 for tag in tags) or len(re.findall(r"\\boxed\{.*?\}", text)) != 1:
+    if any(text.count(tag) != 1 for tag in _TAGS) or count_boxed(text, most=2) != 1:
         return -0.5
     order = [text.find("<think>"), text.find("</think>"), text.find("<answer>"), text.find("\\boxed"),
              text.find("</answer>")]
@@ -62,6 +108,6 @@ def strict_format(response: str, label: str) -> float:
     return 1.0
 
 
-@register_verifier("gsm8k")
+@register_verifier("gsm8k", worst_score=0.0)
 def gsm8k_numeric(response: str, label: str) -> float:
     return 1.0 if answers_equal(gsm8k_answer(response), label) else 0.0

@@ -1,0 +1,73 @@
+"""One spelling per answer, so that equal answers written differently compare as strings.
+
+Every rewrite here keeps the meaning: unicode look-alikes become the ASCII or LaTeX they
+stand for (a policy copying `−3` from a web page means -3, not 3), LaTeX spacing commands
+go, `$` delimiters go, thousands separators go, and whitespace stays only where it
+separates two letters or digits (`\\pi r`, `2 3`). LaTeX's row separator `\\\\` is read as
+one token before any spacing command, so `1 \\\\ 2` keeps its rows. Nothing is deleted
+that could carry a value: `\\text{...}` keeps its content, units are left to math-verify.
+"""
+
+from __future__ import annotations
+
+import re
+
+_MINUS = "-"
+_CHARACTERS = {
+    "\u2212": _MINUS, "\u2010": _MINUS, "\u2011": _MINUS, "\u2012": _MINUS, "\u2013": _MINUS,
+    "\ufe63": _MINUS, "\uff0d": _MINUS,
+    "\u00d7": "\\times ", "\u2715": "\\times ", "\u00f7": "\\div ",
+    "\u00b7": "\\cdot ", "\u22c5": "\\cdot ", "\u2219": "\\cdot ",
+    "\u221e": "\\infty ", "\u03c0": "\\pi ", "\u2264": "\\le ", "\u2265": "\\ge ", "\u2260": "\\ne ",
+    "\u00bd": "\\frac{1}{2}", "\u2153": "\\frac{1}{3}", "\u2154": "\\frac{2}{3}", "\u00bc": "\\frac{1}{4}",
+    "\u00be": "\\frac{3}{4}",
+    "\u00a0": " ", "\u2002": " ", "\u2003": " ", "\u2007": " ", "\u2009": " ", "\u200a": " ", "\u202f": " ",
+    "\u3000": " ", "\u200b": "",
+}
+_CHARACTERS.update({chr(code): chr(code - 0xFEE0) for code in range(0xFF01, 0xFF5F) if chr(code) not in _CHARACTERS})
+_TRANSLATION = str.maketrans(_CHARACTERS)
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
+_SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+")
+_ROOT = re.compile("\u221a(\\d+|[A-Za-z])?")
+
+# `\\\\` first, so that the backslash ending a row separator never starts a spacing command.
+_LATEX_NOISE = re.compile(r"\\\\|\\[,!;: ]|\\q?quad(?![A-Za-z])|\\(?:left|right)(?![A-Za-z])")
+_STYLED_FRACTION = re.compile(r"\\[dt]frac(?![A-Za-z])")
+_DOLLAR = re.compile(r"(?<!\\)\$")
+# No start right after a digit, point or comma: `1,2,345` is a list, and a start inside a
+# long comma chain would rescan the chain (quadratic on repetition loops).
+_THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+)(?![\d,])")
+_SPACES = re.compile(r"\s+")
+_LOOSE_SPACE = re.compile(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])")
+
+
+def plain_characters(text: str) -> str:
+    """Unicode look-alikes as the ASCII / LaTeX they mean (`−3` → `-3`, `x²` → `x^{2}`)."""
+    if text.isascii():
+        return text
+    text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", text)
+    text = _ROOT.sub(lambda m: f"\\sqrt{{{m.group(1)}}}" if m.group(1) else "\\sqrt ", text)
+    return text.translate(_TRANSLATION)
+
+
+def _drop_noise(match: re.Match[str]) -> str:
+    token = match.group(0)
+    return token if token == "\\\\" else " "
+
+
+def tidy(answer: str) -> str:
+    """The answer rewritten (look-alikes, spacing commands, `$`, separators), whitespace collapsed.
+
+    Kept apart from canonical() because reading `so it is -3` as words and a number needs its spaces.
+    """
+    text = plain_characters(answer)
+    text = _LATEX_NOISE.sub(_drop_noise, text)
+    text = _STYLED_FRACTION.sub(r"\\frac", text)
+    text = _DOLLAR.sub("", text)
+    text = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), text)
+    return _SPACES.sub(" ", text).strip().rstrip(".").rstrip()
+
+
+def canonical(tidied: str) -> str:
+    """A tidied answer in the one spelling string equality compares: no space beside a non-alphanumeric."""
+    return _LOOSE_SPACE.sub("", tidied)
