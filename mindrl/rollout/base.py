@@ -1,0 +1,66 @@
+"""The one rollout interface every backend implements.
+
+Prompts go in as token ids (the data pipeline tokenized them with the chat template), so no
+engine needs a tokenizer; responses come out as token ids, with the engine's log-prob of
+every sampled token under the distribution it sampled from (logits / temperature, then
+top-k / top-p / min-p truncation, renormalised: vLLM's "processed_logprobs"; with those
+filters off it is the actor's log_softmax(logits / temperature)) and why each response
+ended. The n samples of a prompt are contiguous: sample j of prompt i is at index i * n + j.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from mindrl.rollout.config import SamplingConfig
+
+STOP, LENGTH = "stop", "length"
+
+
+@dataclass
+class RolloutResult:
+    """len(prompts) × n responses, the n samples of each prompt next to each other."""
+
+    responses: list[list[int]]
+    #: log π_engine(token) of each response token, same lengths as `responses`
+    log_probs: list[list[float]]
+    #: "stop" (an end-of-sequence token, kept as the response's last token) or "length" (max_tokens reached)
+    finish_reasons: list[str]
+
+    def __post_init__(self) -> None:
+        if not len(self.responses) == len(self.log_probs) == len(self.finish_reasons):
+            raise ValueError("a rollout result needs one log-prob list and one finish reason per response.")
+
+
+class RolloutEngine(ABC):
+    """A generator of responses that takes the actor's weights in place."""
+
+    #: which backend this is ("vllm" or "megatron"), for logs and metrics
+    name: str
+    #: True when the engine computes with the actor's own parameters, so a sync has nothing to move
+    shares_actor_weights: bool = False
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1) -> RolloutResult:
+        """`n` samples for each prompt (token ids), at most `sampling.max_tokens` new tokens each."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take full (unsharded) HF-named tensors in place; may be called with the model in several
+        parts. Cached prefixes computed with older weights are dropped by `finish_weight_update`."""
+
+    def finish_weight_update(self) -> None:
+        """Called once after the last `load_weights` of a sync: make the new weights the ones used."""
+
+    def release_memory(self) -> None:
+        """Free the engine's KV cache (and weights, where the backend can) while the actor trains."""
+
+    def resume_memory(self) -> None:
+        """Take back what `release_memory` freed, before the next sync and generation."""
+
+    def close(self) -> None:
+        """Free everything; the engine is unusable afterwards."""

