@@ -72,22 +72,10 @@ def holds_tied_copy(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> bool:
 
 def expected_shapes(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> dict[str, tuple[int, ...]]:
     """Local name → shape on one TP rank (every rank holds the same shapes)."""
-    full = sharding.full_param_shapes(arch)
     names = dict(chunk_names(arch, chunk))
     if holds_tied_copy(arch, par, chunk):
         names[_OUTPUT] = _OUTPUT
-    rows = arch.vocab_size_for(par.tp)
-    return {local: _slice_shape(name, (rows, arch.hidden_size) if name in (_EMBEDDING, _OUTPUT) else full[name], par,
-                                arch.swiglu)
-            for name, local in names.items()}
-
-
-def _slice_shape(name: str, shape: tuple[int, ...], par: ParallelConfig, swiglu: bool) -> tuple[int, ...]:
-    """The shape of one TP slice: the dimensions the sharding functions cut (learned by cutting a
-    tiny probe with them, so the rule is not written twice) divided by TP."""
-    probe = torch.empty((2 * par.tp,) * len(shape))
-    cut = sharding.tp_split(name, probe, par.tp, swiglu)[0].shape
-    return tuple(n // par.tp if c < 2 * par.tp else n for n, c in zip(shape, cut, strict=True))
+    return {local: sharding.shard_shape(name, arch, par.tp) for name, local in names.items()}
 
 
 def model_keys(state: dict[str, Any]) -> list[str]:

@@ -110,6 +110,21 @@ def tp_merge(name: str, shards: list[torch.Tensor], swiglu: bool = True) -> torc
     return shards[0]
 
 
+def shard_shape(name: str, arch: ModelArch, tp: int) -> tuple[int, ...]:
+    """The shape of one TP rank's slice of full-model tensor `name` (vocabulary rows padded for TP).
+
+    Which dimensions are cut is learned by cutting a tiny probe with tp_split, so the rule is
+    not written twice.
+    """
+    if name in _VOCAB:
+        shape: tuple[int, ...] = (arch.vocab_size_for(tp), arch.hidden_size)
+    else:
+        shape = full_param_shapes(arch)[name]
+    probe = torch.empty((2 * tp,) * len(shape))
+    cut = tp_split(name, probe, tp, arch.swiglu)[0].shape
+    return tuple(n // tp if c < 2 * tp else n for n, c in zip(shape, cut, strict=True))
+
+
 def pad_vocab(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     """Append zero rows so a vocab-sized tensor has `rows` rows (TP needs equal slices)."""
     if tensor.shape[0] >= rows:

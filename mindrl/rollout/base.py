@@ -56,6 +56,14 @@ class RolloutEngine(ABC):
     def finish_weight_update(self) -> None:
         """Called once after the last `load_weights` of a sync: make the new weights the ones used."""
 
+    def abort_weight_update(self) -> None:
+        """A sync failed part way: the engine must not generate with what it has until the next sync."""
+
+    def prompt_log_probs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(token t+1 | ≤ t) of each sequence at temperature 1: how a checked sync compares the
+        engine's weights with the actor's. Engines that share the actor's weights need not check."""
+        raise NotImplementedError(f"the {self.name} engine cannot score prompts")
+
     def release_memory(self) -> None:
         """Free the engine's KV cache (and weights, where the backend can) while the actor trains."""
 

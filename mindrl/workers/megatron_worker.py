@@ -121,13 +121,16 @@ class MegatronWorker:
         return out
 
     @torch.no_grad()
-    def compute_log_prob(self, batch: dict, with_entropy: bool = False) -> dict[str, torch.Tensor] | None:
-        """log π(token t+1 | ≤ t) at every position of this rank's rows (and the entropy)."""
+    def compute_log_prob(self, batch: dict, with_entropy: bool = False,
+                         temperature: float | None = None) -> dict[str, torch.Tensor] | None:
+        """log π(token t+1 | ≤ t) at every position of this rank's rows (and the entropy), at the
+        worker's sampling temperature unless `temperature` is given."""
         check_batch(batch, ("tokens",))
         rows = self.local_rows(batch["tokens"].shape[0])
         self.model.eval()
         micro = self._micro_batches(batch, rows, self.micro_batch_size)
-        outputs = run_microbatches(self.model, micro, self._score_fn(with_entropy), forward_only=True)
+        score = self._score_fn(with_entropy, self.temperature if temperature is None else temperature)
+        outputs = run_microbatches(self.model, micro, score, forward_only=True)
         if not self.is_last_stage:
             return None
         count = rows.stop - rows.start
@@ -136,11 +139,11 @@ class MegatronWorker:
             result["entropy"] = torch.cat([o["entropy"] for o in outputs])[:count].cpu()
         return result
 
-    def _score_fn(self, with_entropy: bool):
+    def _score_fn(self, with_entropy: bool, temperature: float):
         def score(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            out = {"log_probs": vocab_parallel_log_probs(logits, mb["labels"], self.temperature, self.vocab_size)}
+            out = {"log_probs": vocab_parallel_log_probs(logits, mb["labels"], temperature, self.vocab_size)}
             if with_entropy:
-                out["entropy"] = vocab_parallel_entropy(logits, self.temperature, self.vocab_size)
+                out["entropy"] = vocab_parallel_entropy(logits, temperature, self.vocab_size)
             return logits.new_zeros(()), out
 
         return score

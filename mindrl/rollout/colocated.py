@@ -1,0 +1,118 @@
+"""The actor and its rollout engines on the same ranks (MindSpeed-RL's integrated mode).
+
+One `generate` call, on every actor rank:
+1. offload the gradients and optimizer state (`offload_train_grad` / `offload_train_optimizer`),
+2. wake the engine's memory, sync the actor's weights into it if the actor has changed since
+   the last sync (always after an update: a stale engine is the classic silent RL failure),
+3. offload the actor's parameters (`offload_train_param`) — the sync has read them,
+4. generate: each engine takes its share of the prompts (rollout data parallelism = world size /
+   infer_tensor_parallel_size), and the shares are gathered so every rank returns the whole result,
+5. release the engine's memory and bring the actor's training state back, bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from mindrl.rollout.base import RolloutEngine, RolloutResult
+from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.rollout.weight_sync import SyncStats, WeightSyncError, sync_weights
+from mindrl.workers.megatron_worker import ActorWorker
+
+log = logging.getLogger(__name__)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Largest |engine − actor| log-prob on the probe sequence a checked sync accepts, by engine dtype.
+_PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.1}
+
+
+class ColocatedRollout:
+    def __init__(self, actor: ActorWorker, engine: RolloutEngine, cfg: GenerateConfig) -> None:
+        world = dist.get_world_size()
+        if world % cfg.infer_tensor_parallel_size:
+            raise ValueError(f"infer_tensor_parallel_size={cfg.infer_tensor_parallel_size} does not divide the "
+                             f"{world} actor ranks the engines run on; choose a divisor of {world}.")
+        self.actor, self.engine, self.cfg = actor, engine, cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.synced_update: int | None = None  # the actor's update count the engine's weights come from
+        self.last_sync: SyncStats | None = None
+
+    @property
+    def engine_groups(self) -> int:
+        return dist.get_world_size() // self.cfg.infer_tensor_parallel_size
+
+    def generate(self, prompts: list[list[int]], n: int = 1,
+                 sampling: SamplingConfig | None = None) -> tuple[RolloutResult, dict[str, float]]:
+        """The whole batch's responses on every rank (collective over the actor's ranks), and metrics."""
+        sampling = sampling or self.cfg.sampling_config
+        cfg, actor = self.cfg, self.actor
+        metrics: dict[str, float] = {}
+        actor.offload(params=False, grads=cfg.offload_train_grad, optimizer=cfg.offload_train_optimizer)
+        try:
+            self.engine.resume_memory()
+            if self.synced_update != actor.updates:
+                metrics.update(self.sync())
+            if cfg.offload_train_param:
+                actor.offload(params=True, grads=False, optimizer=False)
+            start = time.perf_counter()
+            result = self._generate_share(prompts, n, sampling)
+            metrics["rollout/generate_seconds"] = time.perf_counter() - start
+            metrics["rollout/response_tokens"] = float(sum(len(r) for r in result.responses))
+            self.engine.release_memory()
+        finally:
+            actor.onload()
+        return result, metrics
+
+    def sync(self) -> dict[str, float]:
+        """Move the actor's current weights into the engine (and check them if configured)."""
+        stats = sync_weights(self.engine, self.actor.model, self.actor.arch, self.actor.par, self.dtype,
+                             self.cfg.weight_sync_bucket_mb << 20, digests=self.cfg.check_weight_sync)
+        self.synced_update, self.last_sync = self.actor.updates, stats
+        metrics = stats.metrics()
+        if self.cfg.check_weight_sync and not self.engine.shares_actor_weights:
+            metrics.update(self._check(stats))
+        return metrics
+
+    def _generate_share(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> RolloutResult:
+        groups, group = self.engine_groups, dist.get_rank() // self.cfg.infer_tensor_parallel_size
+        bounds = [len(prompts) * g // groups for g in range(groups + 1)]
+        share = self.engine.generate(prompts[bounds[group]:bounds[group + 1]], sampling, n)
+        shares: list[RolloutResult | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(shares, share)
+        per_group = shares[::self.cfg.infer_tensor_parallel_size]
+        return RolloutResult([r for s in per_group for r in s.responses], [lp for s in per_group for lp in s.log_probs],
+                             [f for s in per_group for f in s.finish_reasons])
+
+    def _check(self, stats: SyncStats) -> dict[str, float]:
+        """Every rank's engine got the same bytes, and scores a probe sequence like the actor does."""
+        everyone: list[dict[str, str] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, stats.digests)
+        differing = sorted({name for other in everyone for name in stats.digests if other[name] != stats.digests[name]})
+        probe = _probe_tokens(self.actor.arch.padded_vocab_size, max(self.actor.dp_size, 1))
+        actor = self.actor.compute_log_prob({"tokens": probe}, temperature=1.0)
+        engine = torch.tensor(self.engine.prompt_log_probs(probe.tolist()))
+        worst = torch.zeros(1)
+        if actor is not None:
+            rows = self.actor.local_rows(probe.shape[0])
+            worst[0] = (actor["log_probs"][:, :-1] - engine[rows]).abs().max()
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        metrics = {"sync/checked_tensors": float(len(stats.digests)), "sync/differing_tensors": float(len(differing)),
+                   "sync/probe_max_abs_diff": worst.item()}
+        if differing or worst.item() > _PROBE_TOLERANCE[self.dtype]:
+            self.engine.abort_weight_update()
+            self.synced_update = None
+            raise WeightSyncError(
+                f"weight sync check failed: {len(differing)} tensors differ between ranks' engines "
+                f"(e.g. {differing[:3]}), probe log-probs differ from the actor's by up to {worst.item():.3g}; "
+                f"the engine refuses to generate until the next complete sync.")
+        return metrics
+
+
+def _probe_tokens(vocab: int, rows: int, length: int = 24) -> torch.Tensor:
+    """A fixed sequence per data-parallel rank spread over the whole vocabulary."""
+    positions = torch.arange(rows * length, dtype=torch.int64).view(rows, length)
+    return (positions * 7919 + 13) % vocab
+

