@@ -2,6 +2,7 @@
 
 import functools
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mindrl.checkpoint import megatron as mg
-from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf, mcore_to_mcore
+from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf, mcore_to_mcore, recut
 from mindrl.ckpt_convert.cli import main as cli_main
+from mindrl.ckpt_convert.safetensors_io import HFWeights
 from mindrl.config import ConfigError, ParallelConfig
+from mindrl.models import sharding, tp_layout
+from mindrl.models.hf_mapping import arch_from_hf_config
 from tests.hf_models import build_hf_model, save_hf_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,6 +287,7 @@ RESHARD_CASES = {
     "qwen2_tp2pp2_to_tp1pp2_uneven": ("qwen2", (2, 2, None), (1, 2, "3,1"), torch.float32),
     "llama3_pp2_uneven_to_tp2": ("llama3", (1, 2, "1,3"), (2, 1, None), torch.bfloat16),
     "qwen3_tp2_to_tp1pp4": ("qwen3", (2, 1, None), (1, 4, None), torch.float32),
+    "llama3_tp2pp2_uneven_to_tp2": ("llama3", (2, 2, "1,3"), (2, 1, None), torch.bfloat16),  # the cut stays
 }
 
 
@@ -357,3 +362,70 @@ def test_tokenizer_model_travels_with_the_checkpoint(tmp_path, qwen_dir, capsys)
     err = capsys.readouterr().err
     assert f"--tokenizer-model {tokenizer} has 300 tokens but the model's vocabulary has 251 rows" in err
     assert not (tmp_path / "mg2").exists()
+
+
+@pytest.mark.parametrize("kind, tp_in, tp_out", [("qwen2", 1, 2), ("qwen2", 2, 1), ("llama3", 2, 4), ("llama3", 4, 2),
+                                                 ("qwen3", 2, 2)])
+def test_recut_fills_each_target_slice_as_joining_and_cutting_again_would(kind, tp_in, tp_out):
+    arch = arch_from_hf_config(build_hf_model(kind).config.to_dict(), kind)
+    source_par = ParallelConfig(tp_in, 1)
+    for name, tensor in sharding.random_full_state_dict(arch, seed=1).items():
+        slices = sharding.split_full_tensor(name, tensor, arch, source_par)
+        if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            for rank, piece in enumerate(slices):  # padding rows need not be zero in a Megatron checkpoint
+                start, stop, _ = sharding.vocab_rows(arch, source_par, rank)
+                piece[stop - start:] = 7.0
+        expected = sharding.split_full_tensor(name, tensor, arch, ParallelConfig(tp_out, 1))
+        target, source = tp_layout.rank_pieces(arch, tp_out, name), tp_layout.rank_pieces(arch, tp_in, name)
+        for rank, want in enumerate(expected):
+            got = recut.fill_rank_tensor(torch.full_like(want, torch.nan), target[rank], source, slices, tp_out, tp_in)
+            assert torch.equal(got, want), f"{name} rank {rank}"
+
+
+def test_mg_to_mg_writes_vocabulary_padding_as_zeros_where_the_cut_stays(tmp_path, qwen_dir):
+    """Slices whose cut does not change are passed through, but padding rows are re-created as zeros,
+    as the trip through HF would: a Megatron checkpoint's need not be zero."""
+    source = hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 2, 1, params_dtype=torch.float32, progress=False)
+    path = _rank_path(source, 1, 0, 1)
+    state = torch.load(path, weights_only=True)
+    embedding = state["model"]["embedding.word_embeddings.weight"]  # 251 rows padded to 2 × 126
+    embedding[-1] = 3.0
+    torch.save(state, path)
+    out = mcore_to_mcore(source, tmp_path / "out", 2, 2, progress=False)
+    for pp_rank, name in ((0, "embedding.word_embeddings.weight"), (1, "output_layer.weight")):
+        tensor = torch.load(_rank_path(out, 1, pp_rank, 2), weights_only=True)["model"][name]
+        assert torch.equal(tensor[:-1], embedding[:-1]) and not tensor[-1].any(), name
+
+
+def test_hf_rows_are_read_mapped_and_own_only_their_bytes(qwen_dir):
+    """A vocabulary slice is written straight from the mapped file, without dragging the whole table along."""
+    rows = HFWeights(qwen_dir).get("model.embed_tokens.weight", rows=(5, 100))
+    assert torch.equal(rows, read_hf(qwen_dir)["model.embed_tokens.weight"][5:100])
+    assert rows.untyped_storage().nbytes() == rows.numel() * rows.element_size()
+
+
+def test_a_header_that_does_not_match_its_bytes_is_caught_before_writing(tmp_path, qwen_dir):
+    index = json.loads((qwen_dir / "model.safetensors.index.json").read_text())
+    shard = qwen_dir / index["weight_map"]["model.norm.weight"]
+    data = shard.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    header["model.norm.weight"]["shape"] = [32]
+    text = json.dumps(header).encode()
+    shard.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+    with pytest.raises(OSError, match=r"model.norm.weight has shape \[32\] in F32 but 256 bytes; the file is damaged"):
+        hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_mg_to_hf_keeps_only_the_rows_of_the_hf_configs_vocabulary(tmp_path, qwen_dir):
+    """An HF config may name fewer vocabulary rows than the checkpoint holds; the rest are left out,
+    here from the middle of the last TP rank's slice."""
+    source = hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 2, 1, params_dtype=torch.float32, progress=False)
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    config = json.loads((qwen_dir / "config.json").read_text())
+    (config_dir / "config.json").write_text(json.dumps({**config, "vocab_size": 200}))
+    mcore_to_hf(source, tmp_path / "back", hf_config_dir=config_dir, progress=False)
+    embedding = read_hf(tmp_path / "back")["model.embed_tokens.weight"]
+    assert torch.equal(embedding, read_hf(qwen_dir)["model.embed_tokens.weight"][:200])

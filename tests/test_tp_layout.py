@@ -64,3 +64,11 @@ def test_fused_tensors_are_few_long_runs():
     assert [len(rank) for rank in fc1] == [2, 2]
     proj = tp_layout.rank_pieces(arch, 2, "decoder.layers.0.self_attention.linear_proj.weight")
     assert [[p.col_block for p in rank] for rank in proj] == [[0], [1]]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama3", "qwen3"])
+def test_layer_suffixes_are_the_mappings_names_in_its_order(kind):
+    """A converter writing in this order writes the rank files the mapping would."""
+    arch, state = _hf_state(kind)
+    layer = {n: state[hfm.hf_layer_prefix(0) + n] for n in hfm.hf_layer_names(arch)}
+    assert tp_layout.layer_suffixes(arch) == list(hfm.hf_to_mcore_layer(layer, arch))

@@ -1,8 +1,10 @@
-"""HF safetensors → Megatron TP/PP-sharded checkpoint, one pipeline stage at a time.
+"""HF safetensors → Megatron TP/PP-sharded checkpoint, one rank file at a time.
 
-Peak memory is about one pipeline stage (all its TP slices) plus one layer in flight:
-each HF tensor is read when its layer is converted and dropped once its slices are in
-the stage being built, and a stage is written before the next one starts.
+Each rank's tensor is filled straight from the memory-mapped HF tensors it is cut from
+(tp_layout's pieces: one copy per byte, in the target shape and dtype), or is the mapped rows
+themselves where it is an HF tensor's rows as stored. Peak memory is about one rank file: a
+file is written before the next is built, into the same memory (buffers.RankBuffers), and an
+HF tensor is mapped only while the tensor cut from it is filled.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from mindrl.checkpoint import chunks as ck
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint.atomic import atomic_directory, check_target
 from mindrl.ckpt_convert.assets import ASSETS_DIR, copy_assets
+from mindrl.ckpt_convert.buffers import RankBuffers
 from mindrl.ckpt_convert.safetensors_io import HFWeights
 from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
-from mindrl.models import sharding
+from mindrl.models import tp_layout
 
 # Buffers some HF exports carry that are recomputed, not learned.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -69,13 +73,16 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     check_target(save_dir, overwrite)
 
     args = mg.checkpoint_args(arch, par, params_dtype, model_type_hf=model_type_hf, hf_config=config)
-    bar = tqdm(total=arch.num_layers, desc="hf2mcore", unit="layer", disable=not progress)
+    bar = tqdm(total=arch.num_layers * tp, desc="hf2mcore", unit="slice", disable=not progress)
+    buffers = RankBuffers()
     with atomic_directory(save_dir, overwrite) as tmp:
-        for pp_rank in range(pp):
-            stage = _build_stage(weights, arch, par, pp_rank, params_dtype, bar)
+        for chunk in ck.chunk_layout(arch, par):
+            shapes = ck.expected_shapes(arch, par, chunk)
             for tp_rank in range(tp):
-                mg.save_rank(tmp, "release", tp_rank, pp_rank, stage[tp_rank], args)
-            del stage  # before the next stage is built: peak memory is one stage
+                model = _build_rank(weights, arch, par, chunk, shapes, tp_rank, params_dtype, buffers, bar)
+                mg.save_rank(tmp, "release", tp_rank, chunk.pp_rank, model, args)
+                del model  # unmaps what it took from the HF files before the next is built
+                buffers.reuse()  # the next rank file is filled into this one's memory
         copy_assets(load_dir, Path(tmp) / ASSETS_DIR)
         copy_tokenizer(tokenizer, Path(tmp) / ASSETS_DIR)
         mg.write_tracker(tmp, "release")
@@ -83,37 +90,40 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     return Path(save_dir)
 
 
-def _build_stage(weights: HFWeights, arch: ModelArch, par: ParallelConfig, pp_rank: int,
-                 dtype: torch.dtype, bar: tqdm) -> list[dict[str, torch.Tensor]]:
-    """The state dicts of every TP rank of pipeline stage `pp_rank`, read layer by layer."""
-    stage: list[dict[str, torch.Tensor]] = [{} for _ in range(par.tp)]
+def _build_rank(weights: HFWeights, arch: ModelArch, par: ParallelConfig, chunk: ck.Chunk,
+                shapes: dict[str, tuple[int, ...]], tp_rank: int, dtype: torch.dtype, buffers: RankBuffers,
+                bar: tqdm) -> dict[str, torch.Tensor]:
+    """The state dict of one rank file, each tensor built straight from the mapped HF tensors."""
+    model: dict[str, torch.Tensor] = {}
 
-    def put(full_name: str, local_name: str, tensor: torch.Tensor) -> None:
-        for rank, piece in enumerate(sharding.split_full_tensor(full_name, tensor, arch, par)):
-            stage[rank][local_name] = piece
+    def put(name: str, local: str) -> None:
+        pieces = tp_layout.rank_pieces(arch, par.tp, name)[tp_rank]
+        model[local] = _rank_tensor(weights, pieces, shapes[local], dtype, buffers, par.tp)
 
-    def put_vocab(hf_name: str, local_name: str) -> None:
-        # Each rank's rows are contiguous on disk: read them alone rather than the whole
-        # table plus its slices (the largest tensors, so this sets the peak).
-        for rank in range(par.tp):
-            start, stop, pad = sharding.vocab_rows(arch, par, rank)
-            rows = weights.get(hf_name, rows=(start, stop)).to(dtype)
-            stage[rank][local_name] = sharding.pad_vocab(rows, stop - start + pad)
-
-    first, count = par.first_layer_of_stages(arch)[pp_rank], par.layers_per_stage(arch)[pp_rank]
-    if pp_rank == 0:
-        put_vocab(hfm.EMBEDDING[0], hfm.EMBEDDING[1])
-    for local in range(count):
-        index = first + local
-        prefix = hfm.hf_layer_prefix(index)
-        hf_layer = {n: weights.get(prefix + n).to(dtype) for n in hfm.hf_layer_names(arch)}
-        for suffix, tensor in hfm.hf_to_mcore_layer(hf_layer, arch).items():
-            put(hfm.mcore_layer_prefix(index) + suffix, hfm.mcore_layer_prefix(local) + suffix, tensor)
+    if chunk.first:
+        put(hfm.EMBEDDING[1], hfm.EMBEDDING[1])
+    for local in range(chunk.num_layers):
+        index = chunk.first_layer + local
+        for suffix in tp_layout.layer_suffixes(arch):
+            put(hfm.mcore_layer_prefix(index) + suffix, hfm.mcore_layer_prefix(local) + suffix)
         bar.update(1)
-    if pp_rank == par.pp - 1:
-        put(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1], weights.get(hfm.FINAL_NORM[0]).to(dtype))
+    if chunk.last:
+        put(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1])
         if not arch.tied_embeddings:
-            put_vocab(hfm.OUTPUT[0], hfm.OUTPUT[1])
-        elif sharding.holds_tied_output_copy(arch, par, pp_rank):
-            put_vocab(hfm.EMBEDDING[0], hfm.OUTPUT[1])
-    return stage
+            put(hfm.OUTPUT[1], hfm.OUTPUT[1])
+        elif ck.holds_tied_copy(arch, par, chunk):
+            put(hfm.EMBEDDING[1], hfm.OUTPUT[1])  # Megatron's copy of the tied embedding
+    return model
+
+
+def _rank_tensor(weights: HFWeights, pieces: list[tp_layout.Piece], shape: tuple[int, ...], dtype: torch.dtype,
+                 buffers: RankBuffers, tp: int) -> torch.Tensor:
+    """One rank's tensor: rows of one HF tensor as they are on disk are taken mapped, not copied
+    (renamed tensors, replicated norms, vocabulary slices without padding); anything else is
+    filled once, in its final shape and dtype, from HF tensors mapped for this tensor alone."""
+    if len(pieces) == 1 and pieces[0].col_block is None and pieces[0].count == shape[0]:
+        piece = pieces[0]
+        if weights.dtype(piece.hf_name) == dtype:
+            return weights.get(piece.hf_name, rows=(piece.hf_start, piece.hf_start + piece.count))
+    source = {name: weights.get(name) for name in dict.fromkeys(p.hf_name for p in pieces)}
+    return tp_layout.fill_rank_tensor(buffers.empty(shape, dtype), pieces, source, tp)

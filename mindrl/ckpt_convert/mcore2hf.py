@@ -1,26 +1,29 @@
 """Megatron TP/PP-sharded checkpoint → HF safetensors (sharded, with index and config).
 
-Model chunks are read memory-mapped one at a time and tensors leave through a shard writer
-that holds at most one output shard, so peak memory is about one stage plus one shard.
-Every check (see megatron_source) runs before the first byte is written.
+Model chunks are read memory-mapped one at a time; each HF tensor is filled straight from the TP
+slices it is made of (tp_layout's pieces: one copy per byte, where joining the slices and
+splitting QKV / gate-up again copied twice) and leaves through a shard writer that holds at most
+one output shard, so peak memory is about one chunk plus one shard. Every check (see
+megatron_source) runs before the first byte is written.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from mindrl.checkpoint import chunks as ck
 from mindrl.checkpoint.atomic import atomic_directory, check_target
-from mindrl.checkpoint.chunks import Chunk
 from mindrl.ckpt_convert.assets import copy_assets
-from mindrl.ckpt_convert.megatron_source import MegatronSource, merged, open_megatron
+from mindrl.ckpt_convert.megatron_source import MegatronSource, open_megatron
 from mindrl.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
 from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
 from mindrl.models import hf_mapping as hfm
-from mindrl.models import sharding
+from mindrl.models import sharding, tp_layout
 
 
 def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str | Path | None = None,
@@ -48,27 +51,50 @@ def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str |
     return Path(save_dir)
 
 
-def _write_stage(states: list[dict[str, torch.Tensor]], source: MegatronSource, chunk: Chunk,
+def _write_stage(states: list[dict[str, torch.Tensor]], source: MegatronSource, chunk: ck.Chunk,
                  writer: ShardedSafetensorsWriter, bar: tqdm) -> None:
-    """Join one chunk's TP slices tensor by tensor and hand them to the writer in HF order."""
-    arch = source.arch
+    """Fill one chunk's HF tensors straight from its TP slices and hand them to the writer in HF order."""
+    arch, tp = source.arch, source.par.tp
+    shards = {name: [state[local] for state in states] for name, local in ck.chunk_names(arch, chunk).items()}
+    shapes = hfm.hf_param_shapes(arch)
+    for vocab in (hfm.EMBEDDING, hfm.OUTPUT):
+        shapes[vocab[0]] = (source.hf_vocab, arch.hidden_size)
 
-    def full(name: str, local: str) -> torch.Tensor:
-        return merged(states, name, local, arch)
+    def add(names: list[str], hf_names: list[str]) -> None:
+        pieces = tp_layout.hf_pieces(arch, tp, names)
+        for hf_name in hf_names:
+            writer.add(hf_name, _hf_tensor(pieces[hf_name], shapes[hf_name], source.dtype, shards, tp))
 
     if chunk.first:
-        writer.add(hfm.EMBEDDING[0], full(hfm.EMBEDDING[1], hfm.EMBEDDING[1])[:source.hf_vocab])
+        add([hfm.EMBEDDING[1]], [hfm.EMBEDDING[0]])
     for local in range(chunk.num_layers):
         index = chunk.first_layer + local
-        mcore_layer = {s: full(hfm.mcore_layer_prefix(index) + s, hfm.mcore_layer_prefix(local) + s)
-                       for s in sharding.layer_param_shapes(arch)}
-        for name, tensor in hfm.mcore_to_hf_layer(mcore_layer, arch).items():
-            writer.add(hfm.hf_layer_prefix(index) + name, tensor)
+        add([hfm.mcore_layer_prefix(index) + s for s in sharding.layer_param_shapes(arch)],
+            [hfm.hf_layer_prefix(index) + n for n in hfm.hf_layer_names(arch)])
         bar.update(1)
     if chunk.last:
-        writer.add(hfm.FINAL_NORM[0], full(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1]))
+        add([hfm.FINAL_NORM[1]], [hfm.FINAL_NORM[0]])
         if not arch.tied_embeddings:
-            writer.add(hfm.OUTPUT[0], full(hfm.OUTPUT[1], hfm.OUTPUT[1])[:source.hf_vocab])
+            add([hfm.OUTPUT[1]], [hfm.OUTPUT[0]])
+
+
+def _hf_tensor(pieces: list[tuple[str, int, tp_layout.Piece]], shape: tuple[int, ...], dtype: torch.dtype,
+               shards: dict[str, list[torch.Tensor]], tp: int) -> torch.Tensor:
+    """One HF tensor, filled once from the TP slices (the vocabulary cut to the HF model's rows).
+
+    From a TP=1 checkpoint, an HF tensor that is rows of one Megatron tensor as stored is taken
+    as those mapped rows, as joining a single slice always did. At TP > 1 every tensor is filled,
+    even a replicated norm: a view would keep its rank file mapped, with every page read from it,
+    until the output shard is written.
+    """
+    rows = shape[0]
+    pieces = [(name, rank, replace(piece, count=min(piece.count, rows - piece.hf_start)))
+              for name, rank, piece in pieces if piece.hf_start < rows]
+    if tp == 1 and len(pieces) == 1:
+        name, rank, piece = pieces[0]
+        if piece.col_block is None and piece.count == rows:
+            return shards[name][rank][piece.start:piece.start + rows]
+    return tp_layout.fill_hf_tensor(torch.empty(shape, dtype=dtype), pieces, shards, tp)
 
 
 def _write_config_and_assets(tmp: Path, source: MegatronSource, family: str) -> None:

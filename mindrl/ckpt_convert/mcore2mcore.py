@@ -1,10 +1,12 @@
 """Megatron checkpoint → the same weights under another TP / PP layout, without going through HF.
 
-Each target stage is built from full tensors joined from the source's TP slices (the source
-chunk holding them memory-mapped, one chunk at a time) and cut again for the target, with the
-same sharding functions as every other direction, so the result is bit-exact with mg → hf →
-mg. Peak memory is one target stage plus one full tensor. Only the model moves: optimizer,
-scheduler and RNG state are tied to the old layout and are not carried over.
+Each target rank file is built from the source's TP slices (the source chunk holding them
+memory-mapped, one chunk at a time): a tensor whose TP cut does not change is the source slice
+as it is; otherwise it is filled straight from the source slices (recut: one copy per byte,
+following the same tp_layout as every other direction), so the result is bit-exact with
+mg → hf → mg. Peak memory is about one target rank file plus the source chunk it is read from.
+Only the model moves: optimizer, scheduler and RNG state are tied to the old layout and are not
+carried over.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from mindrl.checkpoint import chunks as ck
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint import megatron_args
 from mindrl.checkpoint.atomic import atomic_directory, check_target
+from mindrl.ckpt_convert import recut
 from mindrl.ckpt_convert.assets import ASSETS_DIR, copy_assets
-from mindrl.ckpt_convert.megatron_source import MegatronSource, merged, open_megatron
+from mindrl.ckpt_convert.buffers import RankBuffers
+from mindrl.ckpt_convert.megatron_source import MegatronSource, open_megatron
 from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
 from mindrl.config import ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
-from mindrl.models import sharding
+from mindrl.models import tp_layout
 
 
 def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: int = 1,
@@ -45,14 +49,18 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
     if source.hf_config is not None:
         extra["hf_config"] = source.hf_config
     args = megatron_args.checkpoint_args(arch, par, source.dtype, **extra)
-    reader = _FullTensors(source)
-    bar = tqdm(total=arch.num_layers, desc="mcore2mcore", unit="layer", disable=not progress)
+    reader = _SourceSlices(source)
+    buffers = RankBuffers()
+    bar = tqdm(total=arch.num_layers * par.tp, desc="mcore2mcore", unit="slice", disable=not progress)
     with atomic_directory(save_dir, overwrite) as tmp:
-        for pp_rank in range(par.pp):
-            stage = _build_stage(reader, par, pp_rank, bar)
+        for chunk in ck.chunk_layout(arch, par):
+            shapes = ck.expected_shapes(arch, par, chunk)
             for tp_rank in range(par.tp):
-                mg.save_rank(tmp, source.iteration, tp_rank, pp_rank, stage[tp_rank], args)
-            del stage  # before the next stage is built: peak memory is one stage
+                model = _build_rank(reader, par, chunk, shapes, tp_rank, buffers, bar)
+                mg.save_rank(tmp, source.iteration, tp_rank, chunk.pp_rank, model, args)
+                del model  # with the reader's release, unmaps the source pages this file was read from
+                reader.release()
+                buffers.reuse()  # the next rank file is filled into this one's memory
         if source.assets_dir is not None:
             copy_assets(source.assets_dir, Path(tmp) / ASSETS_DIR)
         copy_tokenizer(tokenizer, Path(tmp) / ASSETS_DIR)
@@ -61,8 +69,8 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
     return Path(save_dir)
 
 
-class _FullTensors:
-    """Full (TP=1) tensors of the source by name, keeping only the chunk last read mapped."""
+class _SourceSlices:
+    """The source's TP slices of a tensor by full name, keeping only the chunk last read mapped."""
 
     def __init__(self, source: MegatronSource) -> None:
         self.source = source
@@ -71,32 +79,41 @@ class _FullTensors:
         self.chunk: ck.Chunk | None = None
         self.states: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, name: str) -> torch.Tensor:
+    def __call__(self, name: str) -> list[torch.Tensor]:
         chunk, local = self.where[name]
         if chunk != self.chunk:
-            self.states = []  # unmap the previous chunk first
+            self.release()  # unmap the previous chunk first
             self.states, self.chunk = self.source.load_chunk(chunk), chunk
-        return merged(self.states, name, local, self.source.arch)
+        return [state[local] for state in self.states]
+
+    def release(self) -> None:
+        """Unmap the chunk, so the pages read from it stop counting, once no tensor uses it."""
+        self.states, self.chunk = [], None
 
 
-def _build_stage(full: _FullTensors, par: ParallelConfig, pp_rank: int, bar: tqdm) -> list[dict[str, torch.Tensor]]:
-    """The state dicts of every TP rank of target stage `pp_rank`, in the source's order."""
-    arch = full.source.arch
-    stage: list[dict[str, torch.Tensor]] = [{} for _ in range(par.tp)]
+def _build_rank(source: _SourceSlices, par: ParallelConfig, chunk: ck.Chunk, shapes: dict[str, tuple[int, ...]],
+                tp_rank: int, buffers: RankBuffers, bar: tqdm) -> dict[str, torch.Tensor]:
+    """The state dict of one target rank file, in the source's order."""
+    arch, tp_in = source.source.arch, source.source.par.tp
+    model: dict[str, torch.Tensor] = {}
 
-    def put(name: str, local: str, tensor: torch.Tensor) -> None:
-        for rank, piece in enumerate(sharding.split_full_tensor(name, tensor, arch, par)):
-            stage[rank][local] = piece
+    def put(name: str, local: str) -> None:
+        slices, target = source(name), tp_layout.rank_pieces(arch, par.tp, name)[tp_rank]
+        if par.tp == tp_in and sum(piece.count for piece in target) == shapes[local][0]:
+            model[local] = slices[tp_rank]  # the same cut, and no vocabulary padding to zero
+        else:
+            model[local] = recut.fill_rank_tensor(buffers.empty(shapes[local], slices[0].dtype), target,
+                                                  tp_layout.rank_pieces(arch, tp_in, name), slices, par.tp, tp_in)
 
-    names = sharding.stage_names(arch, par, pp_rank).items()
+    names = ck.chunk_names(arch, chunk).items()
     for layer, group in itertools.groupby(names, key=lambda item: _layer_of(item[0])):
         for name, local in group:
-            put(name, local, full(name))
+            put(name, local)
         if layer is not None:
             bar.update(1)
-    if sharding.holds_tied_output_copy(arch, par, pp_rank):
-        put(hfm.OUTPUT[1], hfm.OUTPUT[1], full(hfm.EMBEDDING[1]))
-    return stage
+    if ck.holds_tied_copy(arch, par, chunk):
+        put(hfm.EMBEDDING[1], hfm.OUTPUT[1])  # Megatron's copy of the tied embedding
+    return model
 
 
 def _layer_of(name: str) -> str | None:

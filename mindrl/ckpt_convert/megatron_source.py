@@ -25,7 +25,6 @@ from mindrl.ckpt_convert.assets import ASSETS_DIR
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import arch_fields as af
 from mindrl.models import hf_mapping as hfm
-from mindrl.models import sharding
 
 _RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
 # --model-type-hf for each HF model_type, when only config.json names the family.
@@ -191,8 +190,3 @@ def _check_tied_copy(root: Path, tp_rank: int, embedding: torch.Tensor, copy: to
     raise ConfigError(f"checkpoint {root}: the last pipeline stage's output_layer.weight (Megatron's copy of the "
                       f"tied embedding) differs from embedding.word_embeddings.weight on TP rank {tp_rank} by up "
                       f"to {worst:.3g}, so the copies drifted or a file is damaged; nothing was converted.")
-
-
-def merged(states: list[dict[str, torch.Tensor]], full_name: str, local_name: str, arch: ModelArch) -> torch.Tensor:
-    """One full tensor joined from a chunk's TP slices (vocabulary padding removed)."""
-    return sharding.merge_full_tensor(full_name, [s[local_name] for s in states], arch)

@@ -11,24 +11,36 @@ full, so only one output shard is ever held.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 INDEX_FILE = "model.safetensors.index.json"
 
 
+class _Entry(NamedTuple):
+    path: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # of the tensor's first byte in the file
+
+
 class HFWeights:
-    """Lazy access to the tensors of an HF checkpoint directory, by name."""
+    """Lazy access to the tensors of an HF checkpoint directory, by name.
+
+    The headers are read once, here; a tensor is then a slice of a fresh private mapping of its
+    file (what safetensors' own reader does, without parsing the header again on every access).
+    """
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -41,7 +53,7 @@ class HFWeights:
         if not files:
             raise FileNotFoundError(f"{self.folder} has no *.safetensors files; mindrl converts safetensors "
                                     f"checkpoints (save the model with safe_serialization=True).")
-        self._entries: dict[str, tuple[Path, int, str, list[int], int, int]] = {}
+        self._entries: dict[str, _Entry] = {}
         self.shard_bytes: dict[str, int] = {}
         for name in files:
             path = self.folder / name
@@ -57,22 +69,41 @@ class HFWeights:
                 raise OSError(f"{path} is truncated: its header promises {data_end} bytes but the file has "
                               f"{self.shard_bytes[name]}; re-download or re-save the checkpoint.")
             for key, meta in header.items():
-                self._entries[key] = (path, meta["dtype"], meta["shape"])
+                self._entries[key] = _entry(path, key, meta, 8 + header_len)
 
     def names(self) -> set[str]:
         return set(self._entries)
 
     def dtype(self, name: str) -> torch.dtype:
-        return DTYPES[self._entries[name][1]]
+        return self._entries[name].dtype
 
     def get(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
-        """The tensor `name` (or only its rows [start, stop)), mapped from the file."""
+        """The tensor `name` (or only its rows [start, stop)), mapped from the file.
+
+        Rows come with a storage of exactly their bytes, so torch.save writes them straight from
+        the page cache instead of dragging the whole tensor along (or a copy being made first).
+        """
         if name not in self._entries:
             raise KeyError(f"{self.folder} has no tensor {name!r}.")
-        with safe_open(self._entries[name][0], framework="pt") as f:
-            if rows is None:
-                return f.get_tensor(name)
-            return f.get_slice(name)[rows[0]:rows[1]]
+        path, dtype, shape, offset = self._entries[name]
+        if rows is not None:
+            offset += rows[0] * math.prod(shape[1:]) * dtype.itemsize
+            shape = (rows[1] - rows[0], *shape[1:])
+        mapped = torch.UntypedStorage.from_file(str(path), False, self.shard_bytes[path.name])
+        storage = mapped[offset:offset + math.prod(shape) * dtype.itemsize]
+        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+def _entry(path: Path, name: str, meta: dict, data_start: int) -> _Entry:
+    """One header entry, checked: a dtype torch has, and as many bytes as the shape needs."""
+    if meta["dtype"] not in DTYPES:
+        raise OSError(f"{path}: {name} is stored as {meta['dtype']}, which mindrl does not convert.")
+    dtype, shape = DTYPES[meta["dtype"]], tuple(meta["shape"])
+    begin, end = meta["data_offsets"]
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        raise OSError(f"{path}: {name} has shape {list(shape)} in {meta['dtype']} but {end - begin} bytes; "
+                      f"the file is damaged, so re-download or re-save the checkpoint.")
+    return _Entry(path, dtype, shape, data_start + begin)
 
 
 class ShardedSafetensorsWriter:

@@ -107,6 +107,23 @@ def rank_pieces(arch: ModelArch, tp: int, name: str) -> list[list[Piece]]:
             for pieces in _layer_layout(arch, tp)[suffix]]
 
 
+def layer_suffixes(arch: ModelArch) -> list[str]:
+    """The Megatron names inside one decoder layer, in the order the mapping makes them: a converter
+    writing in this order writes the same rank files as one that runs the mapping."""
+    return list(_layer_suffixes(arch))
+
+
+@lru_cache(maxsize=32)
+def _layer_suffixes(arch: ModelArch) -> tuple[str, ...]:
+    shapes = hfm.hf_param_shapes(arch)
+    # The mapping fuses and orders by rows: one column per tensor tells it all, at no cost.
+    narrow = {}
+    for name in hfm.hf_layer_names(arch):
+        rows, *cols = shapes[hfm.hf_layer_prefix(0) + name]
+        narrow[name] = torch.empty(rows, *(1 for _ in cols))
+    return tuple(hfm.hf_to_mcore_layer(narrow, arch))
+
+
 def hf_pieces(arch: ModelArch, tp: int, names: list[str]) -> dict[str, list[tuple[str, int, Piece]]]:
     """For the HF tensors made from Megatron tensors `names`: (Megatron name, TP rank, piece) of
     the pieces that fill them, each HF row block once (a replicated tensor from TP rank 0)."""
