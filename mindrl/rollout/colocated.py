@@ -4,9 +4,11 @@ One `generate` call, on every actor rank:
 1. offload the gradients and optimizer state (`offload_train_grad` / `offload_train_optimizer`),
 2. wake the engine's memory, sync the actor's weights into it if the actor has changed since
    the last sync (always after an update: a stale engine is the classic silent RL failure),
-3. offload the actor's parameters (`offload_train_param`) — the sync has read them,
-4. generate: each engine takes its share of the prompts (rollout data parallelism = world size /
-   infer_tensor_parallel_size), and the shares are gathered so every rank returns the whole result,
+3. offload the actor's parameters (`offload_train_param`) — the sync has read them; not when
+   the engine generates with the actor's own model,
+4. generate: each engine takes its share of the prompts (rollout data parallelism: world size /
+   infer_tensor_parallel_size vLLM engines, or the actor's data-parallel replicas for the
+   Megatron-native engine), and the shares are gathered so every rank returns the whole result,
 5. release the engine's memory and bring the actor's training state back, bit for bit.
 """
 
@@ -32,7 +34,7 @@ _PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.
 class ColocatedRollout:
     def __init__(self, actor: ActorWorker, engine: RolloutEngine, cfg: GenerateConfig) -> None:
         world = dist.get_world_size()
-        if world % cfg.infer_tensor_parallel_size:
+        if not engine.shares_actor_weights and world % cfg.infer_tensor_parallel_size:
             raise ValueError(f"infer_tensor_parallel_size={cfg.infer_tensor_parallel_size} does not divide the "
                              f"{world} actor ranks the engines run on; choose a divisor of {world}.")
         self.actor, self.engine, self.cfg = actor, engine, cfg
@@ -40,9 +42,16 @@ class ColocatedRollout:
         self.synced_update: int | None = None  # the actor's update count the engine's weights come from
         self.last_sync: SyncStats | None = None
 
-    @property
-    def engine_groups(self) -> int:
-        return dist.get_world_size() // self.cfg.infer_tensor_parallel_size
+    def _rollout_group(self) -> tuple[int, int]:
+        """(this rank's engine group, number of groups): the engines split the prompts between them.
+
+        A vLLM engine spans infer_tensor_parallel_size ranks; the Megatron-native engine is the
+        actor's own model, so each data-parallel replica of the actor is one.
+        """
+        if self.engine.shares_actor_weights:
+            return self.actor.dp_rank, self.actor.dp_size
+        tp = self.cfg.infer_tensor_parallel_size
+        return dist.get_rank() // tp, dist.get_world_size() // tp
 
     def generate(self, prompts: list[list[int]], n: int = 1,
                  sampling: SamplingConfig | None = None) -> tuple[RolloutResult, dict[str, float]]:
@@ -55,7 +64,7 @@ class ColocatedRollout:
             self.engine.resume_memory()
             if self.synced_update != actor.updates:
                 metrics.update(self.sync())
-            if cfg.offload_train_param:
+            if cfg.offload_train_param and not self.engine.shares_actor_weights:
                 actor.offload(params=True, grads=False, optimizer=False)
             start = time.perf_counter()
             result = self._generate_share(prompts, n, sampling)
@@ -77,14 +86,17 @@ class ColocatedRollout:
         return metrics
 
     def _generate_share(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> RolloutResult:
-        groups, group = self.engine_groups, dist.get_rank() // self.cfg.infer_tensor_parallel_size
+        group, groups = self._rollout_group()
         bounds = [len(prompts) * g // groups for g in range(groups + 1)]
         share = self.engine.generate(prompts[bounds[group]:bounds[group + 1]], sampling, n)
-        shares: list[RolloutResult | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(shares, share)
-        per_group = shares[::self.cfg.infer_tensor_parallel_size]
-        return RolloutResult([r for s in per_group for r in s.responses], [lp for s in per_group for lp in s.log_probs],
-                             [f for s in per_group for f in s.finish_reasons])
+        shares: list[tuple[int, RolloutResult] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(shares, (group, share))
+        by_group: dict[int, RolloutResult] = {}
+        for index, result in shares:  # every rank of a group holds the same result: keep the first
+            by_group.setdefault(index, result)
+        ordered = [by_group[g] for g in range(groups)]
+        return RolloutResult([r for s in ordered for r in s.responses], [lp for s in ordered for lp in s.log_probs],
+                             [f for s in ordered for f in s.finish_reasons])
 
     def _check(self, stats: SyncStats) -> dict[str, float]:
         """Every rank's engine got the same bytes, and scores a probe sequence like the actor does."""

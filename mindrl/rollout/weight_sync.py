@@ -65,7 +65,7 @@ def sync_weights(engine: RolloutEngine, model: torch.nn.Module, arch: ModelArch,
         return stats
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, tensor in _hf_tensors(model, arch, par, dtype, stats):
+    for name, tensor in hf_tensors(model, arch, par, dtype, stats):
         if digests:
             stats.digests[name] = digest(tensor)
         nbytes = tensor.numel() * tensor.element_size()
@@ -108,9 +108,11 @@ def _agree(step, engine: RolloutEngine, what: str) -> None:
                               f"them.") from error
 
 
-def _hf_tensors(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, dtype: torch.dtype,
-                stats: SyncStats) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every HF tensor of the model, on every rank, in the same order."""
+def hf_tensors(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, dtype: torch.dtype,
+               stats: SyncStats | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every HF tensor of the model, on every rank, in the same order (collective over the actor's
+    ranks); gather and convert times are added to `stats`."""
+    stats = stats or SyncStats()
     params = dict(model.named_parameters())
     param_dtype = next(iter(params.values())).dtype
     device = next(iter(params.values())).device

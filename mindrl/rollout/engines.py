@@ -1,0 +1,41 @@
+"""Which rollout engine a run gets (`generate_config.backend`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from mindrl.config import ConfigError
+from mindrl.rollout.base import RolloutEngine
+from mindrl.rollout.config import GenerateConfig
+from mindrl.workers.megatron_worker import ActorWorker
+
+log = logging.getLogger(__name__)
+
+
+def resolve_backend(cfg: GenerateConfig) -> str:
+    """`auto` is vLLM where it is installed, else the Megatron-native engine."""
+    from mindrl.rollout.vllm_engine import vllm_available
+
+    if cfg.backend == "auto":
+        return "vllm" if vllm_available() else "megatron"
+    if cfg.backend == "vllm" and not vllm_available():
+        raise ConfigError("generate_config.backend is vllm but vLLM is not installed here; install the extra for "
+                          "this machine (cpu, gpu or npu) or set backend: megatron.")
+    return cfg.backend
+
+
+def make_engine(actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int],
+                hf_config: dict[str, Any] | None = None) -> RolloutEngine:
+    """The rollout engine for the actor's ranks (built collectively: every actor rank calls this)."""
+    backend = resolve_backend(cfg)
+    log.info("rollout backend: %s", backend)
+    if backend == "megatron":
+        from mindrl.rollout.megatron_engine import MegatronEngine
+
+        return MegatronEngine(actor.model, actor.arch, actor.par, eos_token_ids, cfg.max_model_len,
+                              cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    from mindrl.rollout.vllm_engine import VllmEngine
+
+    return VllmEngine(actor.arch, cfg, eos_token_ids, hf_config=hf_config, seed=actor.cfg.seed)

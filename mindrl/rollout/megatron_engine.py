@@ -1,0 +1,201 @@
+"""The Megatron-native rollout backend: the actor generates with its own GPTModel stage.
+
+For machines where vLLM cannot be installed (and as a fallback anywhere), the actor's
+parameters, TP/PP layout and process groups do the generation themselves, so a weight
+sync has nothing to move. Every rank of one model-parallel replica calls `generate` with
+the same prompts; prompts × n samples decode as one batch with a KV cache (prefill once
+per prompt, then one token per step), the last stage's sampler draws, and every rank of
+the replica returns the same result. Design notes: docs/rollout.md, "Megatron-native backend".
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+
+from mindrl.config import ModelArch, ParallelConfig
+from mindrl.platform import get_platform
+from mindrl.rollout.base import RolloutEngine, RolloutResult
+from mindrl.rollout.config import SamplingConfig
+from mindrl.rollout.megatron_batch import DecodeRows, Responses
+from mindrl.rollout.megatron_kv_cache import DecodeWriter, KVCache, PrefillWriter
+from mindrl.rollout.megatron_links import ReplicaLinks
+from mindrl.rollout.megatron_sampling import sample
+from mindrl.rollout.megatron_stage import KVWriter, StageForward
+
+#: dead rows are dropped from the batch once they are at least this share of it
+_COMPACT_SHARE = 1 / 8
+
+
+@contextmanager
+def generation_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd for the duration, then every module's own training flag back."""
+    flags = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for module, training in flags:
+            module.training = training
+
+
+class MegatronEngine(RolloutEngine):
+    """Generation with this rank's stage of the actor's (unwrapped) GPTModel.
+
+    Construction is collective over the model-parallel group (the ranks agree on which one
+    samples). `max_num_seqs` caps the rows (prompts × n) decoded together — the KV cache
+    holds that many rows of prompt + response slots; `max_num_batched_tokens` caps the
+    padded prompt tokens of one prefill forward.
+    """
+
+    name = "megatron"
+    shares_actor_weights = True
+
+    def __init__(self, model: GPTModel, arch: ModelArch, par: ParallelConfig, eos_token_ids: Sequence[int],
+                 max_model_len: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> None:
+        layout = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        if layout != (par.tp, par.pp):
+            raise ValueError(f"the engine was given TP={par.tp} PP={par.pp} but the model runs in Megatron's "
+                             f"TP={layout[0]} PP={layout[1]} groups; pass the actor's parallel config.")
+        for key, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
+                           ("max_num_batched_tokens", max_num_batched_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}.")
+        self.vocab_size = arch.padded_vocab_size  # the model's own vocabulary; TP padding rows are never drawn
+        eos = list(eos_token_ids)
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in eos):
+            raise ValueError(f"eos_token_ids {eos} must be token ids below the vocabulary size {self.vocab_size}.")
+        self.model = model
+        self.max_model_len, self.max_num_seqs, self.max_num_batched_tokens = (
+            max_model_len, max_num_seqs, max_num_batched_tokens)
+        self.device = next(model.parameters()).device
+        self.dtype = model.config.params_dtype
+        self.hidden_size = model.config.hidden_size
+        self.eos = torch.tensor(eos, dtype=torch.long, device=self.device)
+        self.stage = StageForward(model)
+        self.links = ReplicaLinks(self.device)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1) -> RolloutResult:
+        """Collective over the model-parallel group; the same result on every rank of it."""
+        self._check_request(prompts, n)
+        result = RolloutResult([], [], [])
+        # Sample i * n + j draws with its own generator seeded seed + i * n + j (the vLLM backend's
+        # per-request seeds), so it does not depend on how the rows are batched.
+        seed = secrets.randbits(62) if sampling.seed is None else sampling.seed
+        per_wave = max(1, self.max_num_seqs // n)
+        with generation_mode(self.model):
+            for start in range(0, len(prompts), per_wave):
+                wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n)
+                result.responses += wave.responses
+                result.log_probs += wave.log_probs
+                result.finish_reasons += wave.finish_reasons
+        return result
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Nothing to load: generation reads the actor's parameters themselves, so whatever the
+        optimizer last wrote is what the next `generate` uses; a sync never needs to call this."""
+
+    def release_memory(self) -> None:
+        """The KV cache lives only inside `generate`; hand the allocator's cached blocks back."""
+        get_platform().empty_cache()
+
+    def close(self) -> None:
+        self.model = self.stage = None
+
+    def _check_request(self, prompts: list[list[int]], n: int) -> None:
+        if self.model is None:
+            raise RuntimeError("this Megatron rollout engine was closed; build a new one.")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}.")
+        for index, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {index} is empty; every prompt needs at least one token id.")
+            if len(prompt) >= self.max_model_len:
+                raise ValueError(f"prompt {index} has {len(prompt)} tokens, which leaves no room for a response "
+                                 f"within max_model_len={self.max_model_len}; shorten it or raise max_model_len.")
+            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+                raise ValueError(f"prompt {index} holds a token id outside the model's vocabulary "
+                                 f"[0, {self.vocab_size}).")
+
+    def _wave(self, prompts: list[list[int]], sampling: SamplingConfig, n: int, seed: int) -> RolloutResult:
+        """`prompts` × n rows as one batch, left-padded to the longest prompt; row r draws with a
+        generator seeded `seed + r`."""
+        device, count = self.device, len(prompts) * n
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        width = int(lengths.max())
+        budgets = (self.max_model_len - lengths).clamp(max=sampling.max_tokens).repeat_interleave(n)
+        longest = int(budgets.max())
+        tokens = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
+        pads = (width - lengths).unsqueeze(1)
+        slots = torch.arange(width, device=device)
+        valid = slots >= pads
+        cache = KVCache(len(self.stage.layers), count, self.stage.kv_heads, width + longest - 1, self.stage.head_dim,
+                        self.dtype, device)
+        cache.valid[:, :width] = valid.repeat_interleave(n, dim=0)
+        rows = DecodeRows(lengths.repeat_interleave(n), budgets,
+                          [torch.Generator(device=device).manual_seed(seed + row) for row in range(count)])
+        responses = Responses(count, longest, self.eos)
+        first = self._prefill(tokens, (slots - pads).clamp(min=0), valid, cache, n)
+        drawn, log_probs = self._draw(None if first is None else first.repeat_interleave(n, dim=0), sampling, rows)
+        for step in range(longest):
+            if step:  # feed token step - 1 of every row at its slot, draw token step
+                slot = width + step - 1
+                cache.valid[:cache.rows, slot] = True
+                mask = cache.valid[:cache.rows, None, None, :slot + 1]
+                logits = self._run(drawn.unsqueeze(1), rows.position.unsqueeze(1), mask, DecodeWriter(cache, slot))
+                rows.position = rows.position + 1
+                drawn, log_probs = self._draw(logits, sampling, rows)
+            alive = responses.record(step, rows, drawn, log_probs)
+            if alive == 0:
+                break
+            if cache.rows - alive >= _COMPACT_SHARE * cache.rows:
+                keep = rows.live.nonzero().squeeze(1)
+                cache.keep(keep, width + step)
+                rows.keep(keep)
+                drawn = drawn[keep]
+        return responses.result()
+
+    def _prefill(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: KVCache,
+                 copies: int) -> torch.Tensor | None:
+        """Each prompt once, in chunks of at most max_num_batched_tokens padded tokens; its keys and
+        values go to the rows of all its samples. The sampler gets the last position's logits."""
+        count, width = tokens.shape
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        itself = torch.eye(width, dtype=torch.bool, device=self.device)  # a padding query attends only to itself
+        per_chunk = max(1, self.max_num_batched_tokens // width)
+        firsts = []
+        for start in range(0, count, per_chunk):
+            chunk = slice(start, start + per_chunk)
+            mask = (causal & (valid[chunk].unsqueeze(1) | itself)).unsqueeze(1)
+            logits = self._run(tokens[chunk], positions[chunk], mask, PrefillWriter(cache, start * copies, copies))
+            if logits is not None:
+                firsts.append(logits)
+        return torch.cat(firsts) if firsts else None
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+             writer: KVWriter) -> torch.Tensor | None:
+        """This stage's share of one forward: full-vocabulary logits [rows, vocab] on the sampler, None elsewhere."""
+        inputs = tokens
+        if not self.stage.first:
+            inputs = self.links.receive_hidden((tokens.shape[1], tokens.shape[0], self.hidden_size), self.dtype,
+                                               self.device)
+        out = self.stage(inputs, positions, mask, writer)
+        if not self.stage.last:
+            self.links.send_hidden(out)
+            return None
+        full = self.links.gather_vocab(out)
+        return None if full is None else full[:, :self.vocab_size]
+
+    def _draw(self, logits: torch.Tensor | None, sampling: SamplingConfig,
+              rows: DecodeRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sampler draws, each row with its own generator; every rank of the replica gets the result."""
+        tokens = log_probs = None
+        if self.links.is_sampler:
+            tokens, log_probs = sample(logits, sampling, rows.generators)
+        return self.links.share_samples(tokens, log_probs, len(rows.generators), self.device)
