@@ -90,13 +90,14 @@ def test_pp2_log_probs_equal_hf_with_a_short_last_micro_batch(tmp_path):
     assert (last["entropy"][:, :-1] + (log_softmax.exp() * log_softmax).sum(-1)[:, :-1]).abs().max().item() < 1e-5
 
 
-def _warmup_steps(rank: int) -> list:
+def _lr_steps(rank: int, schedule: dict, updates: int) -> list:
     arch = load_model_arch("tiny_qwen")
-    cfg = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_steps=4, mini_batch_size=4, micro_batch_size=2)
+    cfg = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_steps=4, mini_batch_size=4, micro_batch_size=2,
+                      **schedule)
     worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=sharding.random_full_state_dict(arch, seed=5))
     batch = _update_batch(arch.padded_vocab_size)
     steps = []
-    for _ in range(3):
+    for _ in range(updates):
         before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
         metrics = worker.update({k: v[:4] for k, v in batch.items()})
         moved = max((p.detach() - before[n]).abs().max().item() for n, p in worker.model.named_parameters())
@@ -106,9 +107,33 @@ def _warmup_steps(rank: int) -> list:
 
 def test_the_reported_lr_is_the_one_the_step_used():
     """Warm-up over 2 steps from 0: the first step runs at lr 0 (nothing moves), then 5e-4, then 1e-3."""
-    steps = run_ranks(_warmup_steps, 1)[0]
+    steps = run_ranks(_lr_steps, 1, {}, 3)[0]
     assert [lr for lr, _ in steps] == pytest.approx([0.0, 5e-4, 1e-3])
     assert steps[0][1] == 0.0 and steps[1][1] > 0 and steps[2][1] > 0
+
+
+def test_lr_decays_to_min_lr():
+    """Cosine decay after the warm-up: half-way 1e-4 + 0.5 × 9e-4, then min_lr, and min_lr after the end."""
+    steps = run_ranks(_lr_steps, 1, {"lr_decay_style": "cosine", "min_lr": 1e-4}, 5)[0]
+    assert [lr for lr, _ in steps] == pytest.approx([0.0, 5e-4, 1e-3, 5.5e-4, 1e-4])
+
+
+def _weighted_updates(rank: int) -> list[dict]:
+    """The same first update without importance weights, with weights of 1 and with weights of 2."""
+    arch = load_model_arch("tiny_qwen")
+    batch = _update_batch(arch.padded_vocab_size)
+    out = []
+    for weights in (None, 1.0, 2.0):
+        worker = ActorWorker(arch, ParallelConfig(1, 1), ACTOR, weights=sharding.random_full_state_dict(arch, seed=5))
+        extra = {} if weights is None else {"rollout_is_weights": torch.full_like(batch["loss_mask"], weights)}
+        out.append(worker.update({**batch, **extra}))
+    return out
+
+
+def test_rollout_is_weights_scale_the_policy_gradient_loss():
+    plain, ones, twos = run_ranks(_weighted_updates, 1)[0]
+    assert ones == plain
+    assert twos["pg_loss"] == pytest.approx(2 * plain["pg_loss"], rel=1e-6)
 
 
 def _shape_mistakes(rank: int) -> list[str]:

@@ -77,7 +77,8 @@ def ppo_clip_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages
 def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
                mask: torch.Tensor, cfg: LossConfig, ref_log_prob: torch.Tensor | None = None,
                entropy: torch.Tensor | None = None, num_tokens: float | None = None,
-               num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+               num_seqs: float | None = None,
+               is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar the actor minimises, and its parts as metrics.
 
     With the whole mini-batch's `num_tokens` / `num_seqs` (summed over micro-batches and
@@ -85,6 +86,8 @@ def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: t
     summing them over micro-batches and ranks gives the mini-batch's value. The loss terms
     are aggregated by `loss_agg_mode`; entropy and the clip / KL-to-old diagnostics are
     per-token means, whatever the mode, so they read the same in every configuration.
+    `is_weights` (rollout_is.rollout_is_weights) scale each token's clipped PG loss as
+    constants, correcting for the rollout engine sampling from a slightly different policy.
     """
     mask = mask.float()
     normalisers = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": cfg.loss_norm_length}
@@ -93,6 +96,8 @@ def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: t
         return aggregate(values.detach(), mask, "token-mean", num_tokens=num_tokens).item()
 
     pg, flags = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg)
+    if is_weights is not None:
+        pg = pg * is_weights.detach()
     pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, **normalisers)
     total = pg_loss
     metrics = {"pg_loss": pg_loss.item(), "clip_fraction": per_token(flags["clipped"]),

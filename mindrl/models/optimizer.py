@@ -17,8 +17,8 @@ from megatron.core.distributed import (
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 
 
-def wrap_for_training(model: torch.nn.Module, lr: float, weight_decay: float = 0.0, clip_grad: float = 1.0,
-                      adam_beta1: float = 0.9, adam_beta2: float = 0.999,
+def wrap_for_training(model: torch.nn.Module, lr: float, min_lr: float = 0.0, weight_decay: float = 0.0,
+                      clip_grad: float = 1.0, adam_beta1: float = 0.9, adam_beta2: float = 0.999,
                       use_distributed_optimizer: bool = True,
                       ) -> tuple[DistributedDataParallel, MegatronOptimizer]:
     """DDP-wrapped model and its optimizer; gradients reduce in fp32 whatever the params dtype.
@@ -38,6 +38,7 @@ def wrap_for_training(model: torch.nn.Module, lr: float, weight_decay: float = 0
         OptimizerConfig(
             optimizer="adam",
             lr=lr,
+            min_lr=min_lr,  # the scheduler reads each param group's own; None breaks any decay
             weight_decay=weight_decay,
             clip_grad=clip_grad,
             adam_beta1=adam_beta1,

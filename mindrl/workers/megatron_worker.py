@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
 from mindrl.checkpoint import megatron as mg
+from mindrl.checkpoint import training
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.distributed import init_model_parallel
 from mindrl.models import sharding
@@ -176,9 +178,9 @@ class ActorWorker(MegatronWorker):
                 f"mini_batch_size a multiple of {dp_size * cfg.micro_batch_size}.")
         super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed)
         self.cfg = cfg
-        self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                                     clip_grad=cfg.clip_grad, adam_beta1=cfg.adam_beta1,
-                                                     adam_beta2=cfg.adam_beta2)
+        self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, min_lr=cfg.min_lr,
+                                                     weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
+                                                     adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0 if cfg.lr_warmup_fraction else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
             lr_warmup_steps=int(cfg.lr_warmup_fraction * cfg.lr_decay_steps), lr_decay_steps=cfg.lr_decay_steps,
@@ -195,6 +197,7 @@ class ActorWorker(MegatronWorker):
         """
         cfg = self.cfg
         keys = ("loss_mask", "old_log_probs", "advantages") + (("ref_log_probs",) if cfg.loss.use_kl_loss else ())
+        keys += ("rollout_is_weights",) if "rollout_is_weights" in batch else ()
         check_batch(batch, keys)
         rows_total = batch["tokens"].shape[0]
         if rows_total % cfg.mini_batch_size:
@@ -236,7 +239,8 @@ class ActorWorker(MegatronWorker):
             log_probs = vocab_parallel_log_probs(logits, mb["labels"], cfg.temperature, self.vocab_size)
             entropy = vocab_parallel_entropy(logits, cfg.temperature, self.vocab_size) if need_entropy else None
             loss, metrics = actor_loss(log_probs, mb["old_log_probs"], mb["advantages"], mb["loss_mask"], cfg.loss,
-                                       ref_log_prob=mb.get("ref_log_probs"), entropy=entropy, **normalisers)
+                                       ref_log_prob=mb.get("ref_log_probs"), entropy=entropy,
+                                       is_weights=mb.get("rollout_is_weights"), **normalisers)
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
         zero_grads(self.ddp, self.optimizer)
@@ -296,3 +300,14 @@ class ActorWorker(MegatronWorker):
     def onload(self) -> int:
         """Bring back everything offload freed; returns bytes restored."""
         return self.offloader.onload()
+
+    def save_checkpoint(self, root: str | Path, iteration: int, extra: dict | None = None) -> Path:
+        """A resumable training checkpoint (mindrl/checkpoint/training.py); every rank calls it.
+        `extra` is the caller's state to get back on resume (data position, trainer step, seeds)."""
+        return training.save_actor(self, root, iteration, extra)
+
+    def load_checkpoint(self, root: str | Path, iteration: int | None = None, load_optim: bool = True,
+                        load_rng: bool = True) -> training.Resumed:
+        """Resume from the tracker's (or the given) iteration; `load_optim` / `load_rng` false are
+        Megatron's no_load_optim / no_load_rng. Returns the iteration and the saved extra state."""
+        return training.load_actor(self, root, iteration, load_optim, load_rng)

@@ -1,0 +1,294 @@
+"""Training checkpoints of the actor, in Megatron-LM's layout, written atomically, resumed exactly.
+
+    ROOT/latest_checkpointed_iteration.txt          the last complete iteration (written last)
+    ROOT/iter_0000100/mp_rank_TT[_PPP]/
+        model_optim_rng.pt   model, args, iteration, optimizer (its unsharded part: hyper-parameters,
+                             step), opt_param_scheduler, rng_state (one entry per data-parallel rank),
+                             actor_updates, extra (the caller's: data position, trainer step, ...)
+        distrib_optim.pt     the distributed optimizer's fp32 master weights and Adam moments
+
+One `distrib_optim.pt` per model-parallel rank, as Megatron-LM writes it (megatron-core's
+gathered "dp_zero" format), rather than one file per data-parallel rank: the gathered state is
+the parameter buffer's contents without padding, which does not depend on how many
+data-parallel ranks share it, so a run resumes its optimizer at another DP size; the file set
+is the one Megatron-LM / MindSpeed users know; and the sharding code is megatron-core's own.
+The price is a gather of the stage's optimizer state to data-parallel rank 0 (12 bytes per
+parameter of the stage / TP, in host memory) at every save.
+
+Atomicity: all ranks write into ROOT/.tmp-iter_XXXXXXX; only when every rank reports success
+does rank 0 rename it into place and then rewrite the tracker. A failure or a killed rank
+leaves the previous iteration and the tracker as they were; the next save removes the leftover.
+Every rank must see ROOT (one machine, or a shared file system, as Megatron-LM assumes).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from mindrl.checkpoint import megatron as mg
+from mindrl.checkpoint import rng
+from mindrl.config import ConfigError
+from mindrl.models import arch_fields
+from mindrl.models.gpt import load_stage_weights
+from mindrl.platform import get_platform
+
+if TYPE_CHECKING:
+    from mindrl.workers.megatron_worker import ActorWorker
+
+OPTIM_FILE = "distrib_optim.pt"
+_TMP, _OLD = ".tmp-", ".old-"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a load hands back to the trainer."""
+
+    iteration: int
+    extra: dict[str, Any]
+
+
+def _optimizers(optimizer: Any) -> list[Any]:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _is_sharded(optimizer: Any) -> bool:
+    return any(hasattr(opt, "get_parameter_state_dp_zero") for opt in _optimizers(optimizer))
+
+
+def _write(obj: Any, path: Path) -> None:
+    """torch.save, flushed to the disk before the directory is renamed into place."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_plain(extra: dict[str, Any]) -> None:
+    """Refuse extra state that torch.load(weights_only=True) could not read back, naming the key."""
+    for key, value in extra.items():
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        buffer.seek(0)
+        try:
+            torch.load(buffer, weights_only=True)
+        except pickle.UnpicklingError:
+            raise ValueError(f"extra checkpoint state {key!r} is a {type(value).__name__}; keep extra state to "
+                             f"numbers, strings, None, lists, tuples, dicts and tensors, so it loads without "
+                             f"running code.") from None
+
+
+def _check_onloaded(worker: ActorWorker, action: str) -> None:
+    if worker.offloader.offloaded_bytes:
+        raise RuntimeError(f"the actor's training state is offloaded; call onload() before {action}.")
+
+
+class SaveFailed(RuntimeError):
+    """A step of a save failed on some rank; every rank raises it."""
+
+
+def _together(action: Callable[[], Any], here: bool, what: str) -> None:
+    """Run `action` on the ranks where `here`; then every rank learns whether it failed anywhere
+    and raises if so (a collective, so no rank is left waiting for one that gave up)."""
+    error = None
+    if here:
+        try:
+            action()
+        except Exception as err:
+            error = err
+    flags = torch.zeros(dist.get_world_size(), device=get_platform().device())
+    flags[dist.get_rank()] = float(error is not None)
+    dist.all_reduce(flags)
+    failed = flags.nonzero().flatten().tolist()
+    if failed:
+        raise SaveFailed(f"{what} failed on rank(s) {', '.join(map(str, failed))}; the previous checkpoint "
+                         f"is untouched.") from error
+
+
+def _clear_leftovers(root: Path) -> None:
+    """Remove what interrupted saves left; a set-aside iteration whose replacement never landed
+    is put back, so nothing the tracker may name is lost."""
+    for old in root.glob(f"{_OLD}iter_*"):
+        final = root / old.name[len(_OLD):]
+        if final.exists():
+            shutil.rmtree(old)
+        else:
+            old.rename(final)
+    for tmp in root.glob(f"{_TMP}iter_*"):
+        shutil.rmtree(tmp)
+
+
+def _prepare(root: Path, tmp: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    _clear_leftovers(root)
+    tmp.mkdir()
+
+
+def _publish(root: Path, tmp: Path, iteration: int) -> None:
+    """Rename the finished directory into place (replacing a previous save of this iteration), then the tracker."""
+    final = root / mg.iteration_dir_name(iteration)
+    old = root / f"{_OLD}{final.name}"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    if old.exists():
+        shutil.rmtree(old)
+    mg.write_tracker(root, iteration)
+
+
+def save_actor(worker: ActorWorker, root: str | Path, iteration: int, extra: dict[str, Any] | None = None) -> Path:
+    """Every rank calls this; returns the iteration's directory once the tracker names it."""
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
+    extra = dict(extra or {})
+    check_plain(extra)
+    _check_onloaded(worker, "save_checkpoint")
+    root = Path(root)
+    sharded = _is_sharded(worker.optimizer)
+    dp_group = parallel_state.get_data_parallel_group()
+    rng_states: list[Any] = [None] * worker.dp_size
+    dist.all_gather_object(rng_states, rng.capture(), group=dp_group)
+    param_state = None
+    if sharded:  # a collective over the data-parallel group; data-parallel rank 0 receives it
+        states = [opt.get_parameter_state_dp_zero() for opt in _optimizers(worker.optimizer)]
+        param_state = states[0] if len(states) == 1 else states
+    tmp = root / f"{_TMP}{mg.iteration_dir_name(iteration)}"
+    what = f"saving checkpoint iteration {iteration} to {root}"
+    first = dist.get_rank() == 0
+    try:
+        _together(lambda: _prepare(root, tmp), first, what)
+        _together(lambda: _write_rank(worker, tmp, iteration, rng_states, param_state, extra),
+                  worker.dp_rank == 0, what)
+    except SaveFailed:
+        if first:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _together(lambda: _publish(root, tmp, iteration), first, what)
+    return root / mg.iteration_dir_name(iteration)
+
+
+def _write_rank(worker: ActorWorker, tmp: Path, iteration: int, rng_states: list[Any], param_state: Any,
+                extra: dict[str, Any]) -> None:
+    folder = tmp / mg.rank_dir_name(worker.tp_rank, worker.pp_rank, worker.par.pp)
+    folder.mkdir()
+    if param_state is not None:
+        _write(param_state, folder / OPTIM_FILE)
+    args = mg.checkpoint_args(worker.arch, worker.par, worker.model.config.params_dtype,
+                              data_parallel_size=worker.dp_size, use_distributed_optimizer=param_state is not None)
+    state = {
+        "model": {name: mg.compact(p.detach().cpu()) for name, p in worker.model.named_parameters()},
+        "iteration": iteration,
+        "checkpoint_version": mg.CHECKPOINT_VERSION,
+        "args": args,
+        "optimizer": worker.optimizer.state_dict(),
+        "opt_param_scheduler": worker.scheduler.state_dict(),
+        "rng_state": rng_states,
+        "actor_updates": worker.updates,
+        "extra": extra,
+    }
+    _write(state, folder / mg.RANK_FILE)
+
+
+def load_actor(worker: ActorWorker, root: str | Path, iteration: int | None = None, load_optim: bool = True,
+               load_rng: bool = True) -> Resumed:
+    """Every rank calls this. Restores the weights always, the optimizer and LR scheduler unless
+    `load_optim` is false (a fresh optimizer and schedule on the loaded weights), and the random
+    generators unless `load_rng` is false. Everything is checked before anything is changed."""
+    _check_onloaded(worker, "load_checkpoint")
+    root = Path(root)
+    iteration = mg.read_tracker(root) if iteration is None else iteration
+    if iteration == "release":
+        raise ConfigError(f"{root} holds converted weights (release), not a training checkpoint; start the actor "
+                          f"from it as its initial weights instead of resuming.")
+    _check_layout(worker, root, iteration, mg.load_args(root, iteration))
+    path = mg.existing_rank_file(root, iteration, worker.tp_rank, worker.pp_rank, worker.par.pp)
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    _check_contents(worker, path, state, load_optim, load_rng)
+    load_stage_weights(worker.model, state["model"])
+    if load_optim:
+        _load_optimizer(worker, state, path.with_name(OPTIM_FILE))
+    else:
+        _fresh_optimizer(worker)
+    if load_rng:
+        rng.restore(state["rng_state"][worker.dp_rank])
+    worker.updates = int(state.get("actor_updates", 0))
+    return Resumed(int(state["iteration"]), dict(state.get("extra", {})))
+
+
+def _check_layout(worker: ActorWorker, root: Path, iteration: int, args: Any) -> None:
+    stored, par = mg.parallel_of(args), worker.par
+    if (stored.tp, stored.pp, stored.num_layer_list) != (par.tp, par.pp, par.num_layer_list):
+        layers = f" layers {','.join(map(str, stored.num_layer_list))}" if stored.num_layer_list else ""
+        raise ConfigError(
+            f"checkpoint {root} iteration {iteration} was saved at TP={stored.tp} PP={stored.pp}{layers} but the "
+            f"actor runs TP={par.tp} PP={par.pp}; re-shard it with cli/convert_ckpt.py --load-model-type mg "
+            f"--save-model-type mg --target-tensor-parallel-size {par.tp} --target-pipeline-parallel-size "
+            f"{par.pp} and resume from that with no_load_optim and no_load_rng, or run the actor at "
+            f"TP={stored.tp} PP={stored.pp}.")
+    diffs = arch_fields.arch_differences(mg.arch_of(args, str(root)), worker.arch, stored.tp)
+    if diffs:
+        raise ConfigError(f"checkpoint {root} iteration {iteration} holds a different architecture than model "
+                          f"{worker.arch.name}: " + ", ".join(diffs[:4]) + "; point load at the right checkpoint "
+                          "or fix the model yaml.")
+
+
+def _check_contents(worker: ActorWorker, path: Path, state: dict[str, Any], load_optim: bool,
+                    load_rng: bool) -> None:
+    """What resuming asks for must be there: a converted or re-sharded checkpoint has weights only.
+    Every rank checks the same things, so all of them stop together."""
+    root, iteration = path.parents[2], state.get("iteration")
+    if load_optim and "optimizer" not in state:
+        raise ConfigError(f"checkpoint {root} iteration {iteration} holds no optimizer state (converted or "
+                          f"re-sharded weights); resume from it with no_load_optim and no_load_rng.")
+    if load_rng and "rng_state" not in state:
+        raise ConfigError(f"checkpoint {root} iteration {iteration} holds no RNG state (converted or re-sharded "
+                          f"weights); resume from it with no_load_rng.")
+    saved_dp = len(state["rng_state"]) if load_rng else worker.dp_size
+    if saved_dp != worker.dp_size:
+        raise ConfigError(f"checkpoint {root} iteration {iteration} was saved with {saved_dp} data-parallel ranks "
+                          f"but the actor has {worker.dp_size}; RNG states are kept per data-parallel rank, so "
+                          f"resume with no_load_rng (the optimizer state re-shards) or with {saved_dp} "
+                          f"data-parallel ranks.")
+    optim_file = path.with_name(OPTIM_FILE)
+    if load_optim and _is_sharded(worker.optimizer) and not optim_file.is_file():
+        raise FileNotFoundError(f"checkpoint {root} lacks {optim_file.relative_to(root)}; it is incomplete.")
+
+
+@torch.no_grad()  # the fp32 master weights are views of parameters that require grad
+def _load_optimizer(worker: ActorWorker, state: dict[str, Any], optim_file: Path) -> None:
+    worker.optimizer.load_state_dict(state["optimizer"])
+    if _is_sharded(worker.optimizer):  # a collective: data-parallel rank 0 reads and scatters
+        # Two megatron-core 0.16 slips on torch's Adam, which keeps `step` per parameter: the loader
+        # copies every per-parameter key from the file, which holds no `step` (it came with
+        # `optimizer` above), so set it aside; and load_state_dict gave every parameter the *same*
+        # step tensor, which Adam's in-place `step += 1` would then advance once per parameter.
+        steps = [(opt.optimizer.state, param, kept.pop("step")) for opt in _optimizers(worker.optimizer)
+                 for param, kept in opt.optimizer.state.items() if "step" in kept]
+        try:
+            worker.optimizer.load_parameter_state(str(optim_file))
+        finally:
+            for states, param, step in steps:
+                states[param]["step"] = step.clone()
+    worker.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
+    worker.scheduler.load_state_dict(state["opt_param_scheduler"])
+
+
+@torch.no_grad()
+def _fresh_optimizer(worker: ActorWorker) -> None:
+    """Megatron's --no-load-optim: Adam's moments and the LR schedule start over (so a warm-up
+    protects the fresh moments), and the master weights are taken from the loaded model."""
+    for opt in _optimizers(worker.optimizer):
+        opt.optimizer.state.clear()
+    worker.optimizer.reload_model_params()
+    worker.scheduler.num_steps = 0
+    worker.scheduler.step(increment=0)
