@@ -1,0 +1,1 @@
+"""The GRPO driver: configuration, resource pools, the training loop."""

@@ -1,0 +1,140 @@
+"""Rules that span sections: parallel layouts, batch divisibility, colocation, sequence lengths.
+
+Each is a sentence before Ray starts; the same mistakes would otherwise surface as a hang in a
+collective, a shape error in the update, or a truncated rollout after the cluster has spun up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mindrl.algorithms.group_filter import TOTAL_SCORE
+from mindrl.config import ConfigError, ParallelConfig, validate_parallel
+
+if TYPE_CHECKING:
+    from mindrl.trainer.config import TrainerConfig
+
+GROUP_ESTIMATORS = ("group_norm", "grpo", "group_mean", "dr_grpo", "rloo")
+
+
+def check_colocation(cfg: TrainerConfig) -> None:
+    rl, res = cfg.rl_config, cfg.rl_config.resources
+    actor, ref, reward = res["actor_resource"], res["reference_resource"], res["reward_resource"]
+    if rl.use_integrated_worker:
+        if rl.colocate_actor_ref is False:
+            raise ConfigError("use_integrated_worker: true runs the reference inside the actor, which contradicts "
+                              "colocate_actor_ref: false; drop one of them.")
+        for key, value in (("reference_resource", ref), ("reward_resource", reward)):
+            if value is not None:
+                raise ConfigError(f"rl_config.{key} must be unset with use_integrated_worker: true (that role runs "
+                                  f"inside the actor's processes); remove it or set use_integrated_worker: false.")
+        for key in ("ref_config", "reward_config"):
+            if key in cfg.sections_given:
+                raise ConfigError(f"{key} must be absent with use_integrated_worker: true (the actor's settings "
+                                  f"serve every role); move its keys to actor_config or set use_integrated_worker: "
+                                  f"false.")
+    if rl.colocate_all_models and rl.colocate_actor_ref is False:
+        raise ConfigError("colocate_all_models: true contradicts colocate_actor_ref: false; drop one of them.")
+    if cfg.colocate_actor_ref and ref is not None and ref != actor:
+        raise ConfigError(f"colocate_actor_ref puts the reference on the actor's devices, but reference_resource "
+                          f"({ref}) differs from actor_resource ({actor}); make them equal or remove "
+                          f"reference_resource.")
+    if rl.colocate_all_models and reward is not None and reward != actor:
+        raise ConfigError(f"colocate_all_models puts the reward model on the actor's devices, but reward_resource "
+                          f"({reward}) differs from actor_resource ({actor}); make them equal.")
+    if not rl.use_integrated_worker and not cfg.colocate_actor_ref and rl.uses_reference and ref is None:
+        raise ConfigError("the reference model needs devices: set rl_config.reference_resource, or "
+                          "colocate_actor_ref: true, or init_kl_coef: 0 to train without it.")
+    if not rl.uses_reference and ref is not None:
+        raise ConfigError("rl_config.reference_resource is set but init_kl_coef is 0, so no reference model runs; "
+                          "remove it or set init_kl_coef > 0.")
+    if "reward_config" in cfg.sections_given and reward is None:
+        raise ConfigError("reward_config configures a reward-model worker, which runs only when "
+                          "rl_config.reward_resource is set; set it or remove reward_config.")
+    if not rl.rule_reward and reward is None:
+        raise ConfigError("no reward at all: rule_reward is false and no reward_resource is set; set "
+                          "rule_reward: true (and verifier_function) or a reward model.")
+
+
+def check_layouts(cfg: TrainerConfig) -> None:
+    """Every role's TP/PP against its model and device count, and the rollout engine's TP."""
+    for section, role, resource in cfg.roles():
+        try:
+            validate_parallel(role.arch, role.parallel, world_size=resource.count)
+        except ConfigError as err:
+            raise ConfigError(f"{section}: {err}") from None
+    actor, gen = cfg.actor_config, cfg.generate_config
+    try:
+        validate_parallel(actor.arch, ParallelConfig(gen.infer_tensor_parallel_size),
+                          world_size=cfg.rl_config.resources["actor_resource"].count)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("tensor_model_parallel_size", "generate_config.infer_tensor_parallel_size",
+                                           1)) from None
+
+
+def check_batches(cfg: TrainerConfig) -> None:
+    rl, actor = cfg.rl_config, cfg.actor_config
+    gbs, n = actor.global_batch_size, rl.n_samples_per_prompt
+    if rl.adv_estimator in GROUP_ESTIMATORS and n < 2:
+        raise ConfigError(f"adv_estimator {rl.adv_estimator} compares the responses of one prompt, so "
+                          f"n_samples_per_prompt={n} gives zero advantages; set it to 2 or more.")
+    if gbs % rl.mini_batch_size:
+        raise ConfigError(f"global_batch_size={gbs} is not a multiple of rl_config.mini_batch_size="
+                          f"{rl.mini_batch_size} (both count prompts); make it one.")
+    if rl.filter_groups_enable and rl.filter_groups_train_batch_size is not None:
+        if rl.filter_groups_train_batch_size % rl.mini_batch_size:
+            raise ConfigError(f"filter_groups_train_batch_size={rl.filter_groups_train_batch_size} is not a "
+                              f"multiple of mini_batch_size={rl.mini_batch_size}; make it one.")
+    samples = rl.mini_batch_size * n
+    for section, role, resource in cfg.roles():
+        dp = resource.count // (role.parallel.tp * role.parallel.pp)
+        if section == "actor_config" and samples % (dp * role.micro_batch_size):
+            raise ConfigError(
+                f"a mini-batch of {rl.mini_batch_size}×{n}={samples} samples does not give each of the actor's {dp} "
+                f"data-parallel ranks whole micro-batches of micro_batch_size={role.micro_batch_size}; make "
+                f"mini_batch_size × n_samples_per_prompt a multiple of {dp * role.micro_batch_size}.")
+        if (gbs * n) % dp:
+            raise ConfigError(f"global_batch_size × n_samples_per_prompt = {gbs * n} samples do not split over "
+                              f"{section}'s {dp} data-parallel ranks; make it a multiple of {dp}.")
+    rollout_dp = rl.resources["actor_resource"].count // cfg.generate_config.infer_tensor_parallel_size
+    if gbs % rollout_dp:
+        raise ConfigError(f"global_batch_size={gbs} prompts do not split over the {rollout_dp} rollout engines "
+                          f"(actor devices / infer_tensor_parallel_size); make it a multiple of {rollout_dp}.")
+
+
+def check_lengths(cfg: TrainerConfig) -> None:
+    rl, gen, actor = cfg.rl_config, cfg.generate_config, cfg.actor_config
+    max_tokens = gen.sampling_config.max_tokens
+    need = rl.max_prompt_length + max_tokens
+    if gen.max_model_len < need:
+        raise ConfigError(f"generate_config.max_model_len={gen.max_model_len} is shorter than max_prompt_length + "
+                          f"max_tokens = {rl.max_prompt_length} + {max_tokens}; raise it to at least {need}.")
+    if gen.max_model_len < actor.seq_length:
+        raise ConfigError(f"generate_config.max_model_len={gen.max_model_len} is shorter than seq_length="
+                          f"{actor.seq_length}; raise max_model_len or lower seq_length.")
+    if rl.max_prompt_length > actor.seq_length:
+        raise ConfigError(f"rl_config.max_prompt_length={rl.max_prompt_length} exceeds seq_length="
+                          f"{actor.seq_length}, which truncates prompts; lower it or raise seq_length.")
+    if gen.max_model_len > actor.arch.max_position_embeddings:
+        raise ConfigError(f"generate_config.max_model_len={gen.max_model_len} exceeds max_position_embeddings="
+                          f"{actor.arch.max_position_embeddings} of model {actor.arch.name}; lower it.")
+    reward = rl.reward
+    if reward.overlong_buffer_enable and reward.rollout_max_tokens != max_tokens:
+        raise ConfigError(f"rl_config.rollout_max_tokens={reward.rollout_max_tokens} must equal sampling_config."
+                          f"max_tokens={max_tokens} when overlong_buffer_enable is true; make them equal.")
+
+
+def check_rewards(cfg: TrainerConfig) -> None:
+    rl = cfg.rl_config
+    if rl.rule_reward:
+        from mindrl.rewards import get_verifier  # the verifier modules load only when rewards are checked
+
+        for name in rl.reward.verifier_function:
+            get_verifier(name)
+        if "labels" not in cfg.actor_config.dataset_additional_keys:
+            raise ConfigError("rule rewards grade against each prompt's answer, so megatron_training."
+                              "dataset_additional_keys must contain 'labels'.")
+    if rl.filter_groups_enable and rl.filter_groups_metric not in [*rl.reward.verifier_function, TOTAL_SCORE]:
+        raise ConfigError(f"rl_config.filter_groups_metric={rl.filter_groups_metric!r} is not in verifier_function "
+                          f"{rl.reward.verifier_function}; name one of those verifiers or {TOTAL_SCORE!r} (the "
+                          f"weighted total).")

@@ -1,0 +1,128 @@
+"""Key checks shared by every trainer section: unknown keys, MindSpeed-RL keys mindrl refuses.
+
+A key that would be silently ignored is the worst kind of config bug (the run "works" and
+trains something else), so each one gets a sentence. `Keys` either raises on the first
+problem (mindrl's own configs) or collects every problem (importing a MindSpeed-RL file,
+where a user wants the whole list at once).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mindrl.config.errors import ConfigError
+
+_KERNEL = "picks a fused kernel or memory layout, which megatron-core chooses itself here"
+_NOT_BUILT = "asks for {}, which mindrl does not build"
+_FIXED = "is fixed in mindrl ({})"
+
+# MindSpeed-RL keys that mindrl refuses, with why; any other unknown key is treated as a typo.
+MINDSPEED_REASONS: dict[str, str] = {
+    **dict.fromkeys((
+        "use_fused_rmsnorm", "use_flash_attn", "no_masked_softmax_fusion", "use_fused_swiglu",
+        "use_fused_rotary_pos_emb", "no_bias_dropout_fusion", "gemm_gradient_accumulation_fusion",
+        "use_ascend_coc", "coc_mode", "coc_parallel_num", "coc_fused_kernel", "shape_order", "reuse_fp32_param",
+        "swap_attention", "swap_optimizer", "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
+        "moe_alltoall_overlap_comm", "transformer_impl"), _KERNEL),
+    "sequence_parallel": _NOT_BUILT.format("sequence parallelism"),
+    "context_parallel_size": _NOT_BUILT.format("context parallelism"),
+    "context_parallel_algo": _NOT_BUILT.format("context parallelism"),
+    "expert_model_parallel_size": _NOT_BUILT.format("expert parallelism (MoE)"),
+    "moe_tp_extend_ep": _NOT_BUILT.format("expert parallelism (MoE)"),
+    "num_layers_per_virtual_pipeline_stage": _NOT_BUILT.format("virtual pipeline stages"),
+    "noop_layers": _NOT_BUILT.format("no-op padding layers"),
+    "recompute_granularity": _NOT_BUILT.format("activation recompute"),
+    "recompute_method": _NOT_BUILT.format("activation recompute"),
+    "recompute_num_layers": _NOT_BUILT.format("activation recompute"),
+    "lora_target_modules": _NOT_BUILT.format("LoRA"),
+    "lora_r": _NOT_BUILT.format("LoRA"), "lora_alpha": _NOT_BUILT.format("LoRA"),
+    "lora_fusion": _NOT_BUILT.format("LoRA"), "lora_ckpt_filter": _NOT_BUILT.format("LoRA"),
+    "share_backbone": _NOT_BUILT.format("LoRA"),
+    "use_remove_padding": _NOT_BUILT.format("packed (padding-free) batches"),
+    "use_dynamic_bsz": _NOT_BUILT.format("token-budget micro-batches"),
+    "reset_attention_mask": _NOT_BUILT.format("packed (padding-free) batches"),
+    "no_pad_to_seq_lengths": _NOT_BUILT.format("packed (padding-free) batches"),
+    "attention_dropout": _FIXED.format("no dropout in RL training"),
+    "hidden_dropout": _FIXED.format("no dropout in RL training"),
+    "init_method_std": _FIXED.format("weights always come from a checkpoint or a seeded init"),
+    "distributed_backend": _FIXED.format("the platform picks nccl, hccl or gloo"),
+    "tokenizer_type": _FIXED.format("the tokenizer is always a Hugging Face one"),
+    "split": _FIXED.format("cli/preprocess_data.py writes separate train and test files"),
+    "full_shuffle_instruction_dataset": _FIXED.format("prompts are shuffled per epoch unless no_shuffle"),
+    "no_shared_storage": _FIXED.format("checkpoints go to a shared `save` directory"),
+    "gamma": "is a GAE key and GRPO has no value function",
+    "lam": "is a GAE key and GRPO has no value function",
+    "guarantee_order": _FIXED.format("experience is always consumed in order"),
+    "blocking": _FIXED.format("every stage waits for the previous one"),
+    "log_max_throughput": _FIXED.format("throughput is logged from mean lengths"),
+    "beta": "is never read by MindSpeed-RL's GRPO loss; set init_kl_coef instead",
+    "advantage_whiten": "is never read by MindSpeed-RL; pick the behaviour with adv_estimator",
+    "num_samples_per_step": "is never read by MindSpeed-RL",
+    "tp_split_expert": "is never read by MindSpeed-RL",
+    "hccl_buffersize": _FIXED.format("the platform sets communication buffers"),
+    "runtime_env_path": _FIXED.format("workers inherit the driver's environment"),
+    "num_cpus_for_placement_group": _FIXED.format("each rank gets one CPU"),
+    "async_engine": _NOT_BUILT.format("an asynchronous rollout engine"),
+    "multi_turn_enable": _NOT_BUILT.format("multi-turn tool rollouts"),
+    "partial_rollout_max_split": _NOT_BUILT.format("partial rollouts"),
+    "is_multimodal": _NOT_BUILT.format("multimodal models"),
+    "critic_resource": _NOT_BUILT.format("a PPO critic"),
+    "use_wandb": _NOT_BUILT.format("Weights & Biases logging (TensorBoard only)"),
+    "use_swanlab": _NOT_BUILT.format("SwanLab logging (TensorBoard only)"),
+    "profiler_config": _NOT_BUILT.format("the Ascend profiler"),
+    "msprobe_config": _NOT_BUILT.format("the Ascend msprobe tool"),
+    "critic_config": _NOT_BUILT.format("a PPO critic"),
+    **dict.fromkeys((
+        "actor_rollout_dispatch_size", "actor_logprob_dispatch_size", "ref_dispatch_size", "reward_dispatch_size",
+        "adv_dispatch_size", "actor_update_dispatch_size", "dynamic_sampling_dispatch_size"),
+        _FIXED.format("every stage takes the whole batch, split over its data-parallel ranks")),
+}
+
+
+def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
+    """MindSpeed-RL accepts `min-lr` for `min_lr`; so does mindrl."""
+    return {str(key).replace("-", "_"): value for key, value in values.items()}
+
+
+class Keys:
+    """Where key problems go: raised at once (`notes is None`) or appended to `notes`.
+
+    `only` limits unknown-key reports to those keys (the rest were reported by another section).
+    """
+
+    def __init__(self, notes: list[str] | None = None, only: set[str] | None = None) -> None:
+        self.notes, self.only = notes, only
+
+    def problem(self, message: str) -> None:
+        if self.notes is None:
+            raise ConfigError(message)
+        self.notes.append(message)
+
+    def unknown(self, section: str, key: str, known: Iterable[str]) -> None:
+        if self.only is not None and key not in self.only:
+            return
+        self.problem(unknown_key_message(section, key, known))
+
+    def split(self, section: str, values: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
+        """The known keys of `values`; every other key is a problem."""
+        known = set(known)
+        kept = {}
+        for key, value in normalise(values).items():
+            if key in known:
+                kept[key] = value
+            else:
+                self.unknown(section, key, known)
+        return kept
+
+
+def unknown_key_message(section: str, key: str, known: Iterable[str]) -> str:
+    """One sentence: the reason for a refused MindSpeed-RL key, else the closest valid name."""
+    where = f"{section}.{key}" if section else key
+    if key in MINDSPEED_REASONS:
+        return f"{where} {MINDSPEED_REASONS[key]}; remove it (see docs/config.md)."
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = (f"did you mean {close[0]!r}?" if close
+            else f"docs/config.md lists the keys of {section or 'a trainer config'}.")
+    return f"{section or 'the trainer config'} has unknown key {key!r}; {hint}"

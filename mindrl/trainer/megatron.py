@@ -1,0 +1,139 @@
+"""`megatron_training` and the role sections merged over it (`actor_config`, `ref_config`, `reward_config`).
+
+As in MindSpeed-RL a role section is `{**megatron_training, **role}` and may name its
+architecture with `model:` (an entry of the defaults list) or override architecture keys
+(`num_layers: 96`). Unlike MindSpeed-RL, `bf16: false` is allowed (fp32 training on CPU) and
+kernel or feature keys mindrl does not build are refused by name instead of passed on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.config.parallel import parse_layer_list
+from mindrl.trainer.keys import Keys, normalise
+from mindrl.trainer.values import check_types, positive
+
+if TYPE_CHECKING:
+    from mindrl.workers.megatron_worker import ActorConfig
+
+STAGES = ("ray_grpo",)
+# ActorConfig checks these too, but importing it loads megatron-core (seconds on a small box);
+# a config must be judged before that, so the two value rules are repeated here.
+LR_DECAY_STYLES = ("constant", "cosine", "linear")
+_ARCH_KEYS = frozenset(f.name for f in dataclasses.fields(ModelArch)) - {"name"}
+
+
+@dataclass(frozen=True)
+class MegatronConfig:
+    #: which entry of the defaults list's `model` group this role builds
+    model: str | None = None
+    stage: str = "ray_grpo"
+    tokenizer_name_or_path: str | None = None
+    #: folder of cli/preprocess_data.py output (train.parquet, test.parquet) or one parquet / jsonl file
+    data_path: str | None = None
+    dataset_additional_keys: list[str] = dataclasses.field(default_factory=lambda: ["labels"])
+    no_shuffle: bool = False
+    global_batch_size: int | None = None
+    micro_batch_size: int = 1
+    seq_length: int | None = None
+    train_iters: int | None = None
+    save_interval: int = 0
+    save: str | None = None
+    load: str | None = None
+    finetune: bool = False
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    no_save_optim: bool = False
+    no_save_rng: bool = False
+    seed: int = 1234
+    bf16: bool = False
+    use_distributed_optimizer: bool = True
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"
+    lr_warmup_fraction: float = 0.0
+    lr_decay_iters: int | None = None
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    num_layer_list: str | list[int] | None = None
+    #: the resolved architecture (model yaml entry + this section's architecture keys); not a key
+    arch: ModelArch | None = dataclasses.field(default=None, compare=False)
+
+    def check(self, section: str) -> None:
+        check_types(section, self)
+        positive(section, self, "global_batch_size", "micro_batch_size", "seq_length", "train_iters",
+                 "lr_decay_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size")
+        positive(section, self, "save_interval", allow_zero=True)
+        if self.stage not in STAGES:
+            raise ConfigError(f"{section}.stage={self.stage!r} is not a mindrl trainer; use {' or '.join(STAGES)} "
+                              f"(DAPO runs as ray_grpo with filter_groups_enable and clip-higher).")
+        for key in ("global_batch_size", "seq_length", "train_iters"):
+            if getattr(self, key) is None:
+                raise ConfigError(f"{section}.{key} is required; set it in megatron_training.")
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ConfigError(f"{section}.lr_decay_style must be one of {', '.join(LR_DECAY_STYLES)}, got "
+                              f"{self.lr_decay_style!r}.")
+        if not 0.0 <= self.lr_warmup_fraction < 1.0:
+            raise ConfigError(f"{section}.lr_warmup_fraction must be in [0, 1), got {self.lr_warmup_fraction}.")
+        if self.num_layer_list is not None:
+            object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
+                              self.num_layer_list)
+
+    def actor_config(self, mini_batch_size: int, rl: Any, loss: Any, temperature: float) -> ActorConfig:
+        """The worker's optimiser/update settings (batch sizes in samples); ActorConfig validates them."""
+        from mindrl.workers.megatron_worker import ActorConfig  # megatron-core loads only when a worker needs it
+
+        return ActorConfig(lr=self.lr, min_lr=self.min_lr, lr_decay_style=self.lr_decay_style,
+                           lr_warmup_fraction=self.lr_warmup_fraction,
+                           lr_decay_steps=self.lr_decay_iters or self.train_iters, weight_decay=self.weight_decay,
+                           clip_grad=self.clip_grad, adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2,
+                           mini_batch_size=mini_batch_size, micro_batch_size=self.micro_batch_size,
+                           epochs=rl.epochs, shuffle_mini_batch=rl.shuffle_mini_batch, temperature=temperature,
+                           seed=self.seed, loss=loss)
+
+    @classmethod
+    def from_dict(cls, section: str, values: Mapping[str, Any], models: Mapping[str, Any],
+                  keys: Keys) -> MegatronConfig:
+        values = normalise(values)
+        fields = {f.name for f in dataclasses.fields(cls)} - {"arch"}
+        own = {k: v for k, v in values.items() if k in fields}
+        arch_values = {k: v for k, v in values.items() if k not in fields}
+        name = own.get("model")
+        if name is None and len(models) == 1:
+            name = own["model"] = next(iter(models))
+        if name not in models:
+            known = ", ".join(models) or "none"
+            raise ConfigError(f"{section}.model={name!r} names no entry of the defaults list's model group "
+                              f"(loaded: {known}); add it under `defaults: - model:` or fix the name.")
+        base = dict(models[name])
+        overrides = {}
+        for key, value in arch_values.items():
+            if key in _ARCH_KEYS or _accepted_by_model_yaml(name, base, key, value):
+                overrides[key] = value
+            else:
+                keys.unknown(section, key, fields | _ARCH_KEYS)
+        cfg = cls(**own, arch=ModelArch.from_dict(name, {**base, **overrides}))
+        cfg.check(section)
+        return cfg
+
+
+def _accepted_by_model_yaml(name: str, base: Mapping[str, Any], key: str, value: Any) -> bool:
+    """Model yamls accept a few keys with no effect (e.g. use_mcore_models); so does a role section."""
+    try:
+        ModelArch.from_dict(name, {**base, key: value})
+    except ConfigError:
+        return False
+    return True

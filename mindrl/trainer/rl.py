@@ -1,0 +1,142 @@
+"""`rl_config`: algorithm, rewards, roles' resources and colocation, logging (MindSpeed-RL names).
+
+Batch sizes follow MindSpeed-RL's units: `mini_batch_size` counts prompts (× n_samples_per_prompt
+inside). Deliberate differences: `kl_ctrl_type: adaptive` is refused (MindSpeed-RL's GRPO never
+updates it), clip-higher and token-level loss work in GRPO too (MindSpeed-RL's GRPO ignores them),
+unknown verifier names are errors, and resources may be `num_gpus` or `num_cpus` besides `num_npus`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mindrl.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from mindrl.algorithms.kl import KL_ESTIMATORS
+from mindrl.algorithms.policy_loss import LossConfig
+from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
+from mindrl.config import ConfigError
+from mindrl.config.reward import RewardConfig
+from mindrl.trainer.keys import Keys, normalise
+from mindrl.trainer.resources import RoleResource
+from mindrl.trainer.values import check_types, positive
+
+_REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
+_RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    use_integrated_worker: bool = True
+    #: the reference runs on the actor's devices (implied by use_integrated_worker); null = derived
+    colocate_actor_ref: bool | None = None
+    #: actor, reference and reward model share the same devices; null = false
+    colocate_all_models: bool | None = None
+    actor_resource: dict | None = None
+    reference_resource: dict | None = None
+    reward_resource: dict | None = None
+    n_samples_per_prompt: int = 1
+    mini_batch_size: int = 1
+    epochs: int = 1
+    shuffle_mini_batch: bool = False
+    max_prompt_length: int = 512
+    adv_estimator: str = "group_norm"
+    clip_ratio: float = 0.2
+    clip_higher_enable: bool = False
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float | None = None
+    loss_agg_mode: str | None = None
+    token_level_loss: bool | None = None
+    entropy_coeff: float = 0.0
+    kl_penalty: str = "low_var_kl"
+    kl_ctrl_type: str = "fixed"
+    init_kl_coef: float = 0.01
+    actor_forward_micro_batch_size: int | None = None
+    ref_forward_micro_batch_size: int | None = None
+    rule_reward: bool = True
+    num_cpus_for_local_task: float = 1.0
+    filter_groups_enable: bool = False
+    filter_groups_metric: str = "acc"
+    filter_groups_max_batches: int = 1
+    filter_groups_train_batch_size: int | None = None
+    rollout_is: str = "none"
+    rollout_is_threshold: float = DEFAULT_THRESHOLD
+    test_interval: int = 0
+    use_tensorboard: bool = False
+    tensorboard_dir: str = "runs/tensorboard"
+    #: verifier_function, verifier_weight, … (mindrl.config.reward), validated there
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    resources: dict[str, RoleResource | None] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], keys: Keys) -> RLConfig:
+        values = normalise(values)
+        own_fields = {f.name for f in dataclasses.fields(cls)} - {"reward", "resources"}
+        reward = {k: values.pop(k) for k in _REWARD_KEYS if k in values}
+        own = keys.split("rl_config", values, own_fields | set(_REWARD_KEYS))
+        cfg = cls(**own)
+        cfg._check()
+        try:
+            reward_cfg = RewardConfig(**reward)
+        except ConfigError as err:
+            raise ConfigError(f"rl_config: {err}") from None
+        object.__setattr__(cfg, "reward", reward_cfg)
+        object.__setattr__(cfg, "resources", {
+            key: None if getattr(cfg, key) is None else RoleResource.from_dict(f"rl_config.{key}", getattr(cfg, key))
+            for key in _RESOURCE_KEYS})
+        if cfg.resources["actor_resource"] is None:
+            raise ConfigError("rl_config.actor_resource is required, e.g. {num_gpus: 8} (the total over all nodes).")
+        return cfg
+
+    def _check(self) -> None:
+        check_types("rl_config", self)
+        positive("rl_config", self, "n_samples_per_prompt", "mini_batch_size", "epochs", "max_prompt_length",
+                 "actor_forward_micro_batch_size", "ref_forward_micro_batch_size", "filter_groups_train_batch_size")
+        positive("rl_config", self, "test_interval", allow_zero=True)
+        ADVANTAGE_ESTIMATORS.get(self.adv_estimator)
+        KL_ESTIMATORS.get(self.kl_penalty)
+        if self.kl_ctrl_type != "fixed":
+            raise ConfigError(f"rl_config.kl_ctrl_type={self.kl_ctrl_type!r} is not supported: GRPO's KL weight is "
+                              f"the fixed init_kl_coef (MindSpeed-RL never updates an adaptive one); use fixed.")
+        if self.init_kl_coef < 0:
+            raise ConfigError(f"rl_config.init_kl_coef must be >= 0 (0 turns the KL loss off), got "
+                              f"{self.init_kl_coef}.")
+        try:
+            RolloutISConfig(self.rollout_is, self.rollout_is_threshold)
+        except ConfigError as err:
+            raise ConfigError(f"rl_config: {err}") from None
+        if not self.clip_higher_enable and (self.clip_ratio_low is not None or self.clip_ratio_high is not None):
+            raise ConfigError("rl_config.clip_ratio_low / clip_ratio_high only act with clip_higher_enable: true; "
+                              "set it or remove them.")
+        if self.clip_higher_enable and (self.clip_ratio_low is None or self.clip_ratio_high is None):
+            raise ConfigError("rl_config.clip_higher_enable: true needs both clip_ratio_low and clip_ratio_high.")
+        implied = {True: "token-mean", False: "seq-mean-token-mean"}.get(self.token_level_loss)
+        if implied and self.loss_agg_mode not in (None, implied):
+            raise ConfigError(f"rl_config.token_level_loss={self.token_level_loss} means loss_agg_mode {implied} "
+                              f"but loss_agg_mode is {self.loss_agg_mode}; keep only one of the two keys.")
+        if self.num_cpus_for_local_task <= 0:
+            raise ConfigError(f"rl_config.num_cpus_for_local_task must be positive, got "
+                              f"{self.num_cpus_for_local_task}.")
+
+    @property
+    def rollout_is_config(self) -> RolloutISConfig:
+        return RolloutISConfig(self.rollout_is, self.rollout_is_threshold)
+
+    def loss_config(self, max_tokens: int) -> LossConfig:
+        """The actor loss; Dr. GRPO's constant length is the rollout's max_tokens."""
+        mode = self.loss_agg_mode or {False: "seq-mean-token-mean"}.get(self.token_level_loss, "token-mean")
+        try:
+            return LossConfig(clip_ratio=self.clip_ratio, clip_ratio_low=self.clip_ratio_low,
+                              clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
+                              loss_agg_mode=mode, use_kl_loss=self.init_kl_coef > 0, kl_coef=self.init_kl_coef,
+                              kl_loss_type=self.kl_penalty, entropy_coeff=self.entropy_coeff,
+                              loss_norm_length=max_tokens if mode == "seq-mean-token-sum-norm" else None)
+        except ConfigError as err:
+            raise ConfigError(f"rl_config: {err}") from None
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.init_kl_coef > 0

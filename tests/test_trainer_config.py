@@ -1,0 +1,234 @@
+"""Trainer configs: every shipped one loads, overrides work, each mistake is one quick sentence."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from mindrl.config import ConfigError
+from mindrl.trainer.config import TRAINER_CONFIGS_DIR, check_resources, load_mindspeed_config, load_trainer_config
+from mindrl.trainer.resources import Cluster
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared/reference/mindspeed_rl/configs"
+SHIPPED = sorted(p.stem for p in TRAINER_CONFIGS_DIR.glob("*.yaml"))
+# A cluster big enough for every shipped config (the real-cluster ones cannot fit this machine).
+BIG = {"NPU": 32, "GPU": 8, "CPU": 2}
+
+
+def test_the_expected_configs_ship():
+    assert {"grpo_qwen25_7b", "grpo_qwen25_32b", "grpo_llama3_8b", "grpo_tiny_cpu", "grpo_small_cpu"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_config_loads_and_validates(name):
+    cfg = load_trainer_config(name)
+    assert cfg.actor_config.arch.name == cfg.actor_config.model
+    assert cfg.rl_config.n_samples_per_prompt >= 2
+    check_resources(cfg, Cluster(BIG))
+    rl = cfg.rl_config
+    assert cfg.actor_update_config().mini_batch_size == rl.mini_batch_size * rl.n_samples_per_prompt
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the CPU configs take two cores")
+@pytest.mark.parametrize("name", ["grpo_tiny_cpu", "grpo_small_cpu"])
+def test_cpu_configs_fit_this_machine(name):
+    cfg = load_trainer_config(name)
+    assert cfg.rl_config.resources["actor_resource"].kind == "CPU"
+    check_resources(cfg)
+
+
+def test_small_model_has_the_promised_shape():
+    arch = load_trainer_config("grpo_small_cpu").actor_config.arch
+    per_layer = (arch.hidden_size * (arch.hidden_size + 2 * arch.query_groups * arch.head_dim)  # qkv
+                 + (arch.hidden_size + 2 * arch.query_groups * arch.head_dim)  # qkv bias
+                 + arch.hidden_size * arch.hidden_size  # proj
+                 + 3 * arch.hidden_size * arch.ffn_hidden_size + 2 * arch.hidden_size)
+    total = arch.num_layers * per_layer + arch.padded_vocab_size * arch.hidden_size + arch.hidden_size
+    assert (arch.num_layers, arch.num_attention_heads, arch.query_groups, arch.padded_vocab_size) == (8, 8, 4, 2048)
+    assert arch.tied_embeddings and arch.add_qkv_bias and arch.norm_epsilon == 1e-6 and arch.rotary_base == 1e6
+    assert round(total / 1e6, 1) == 24.7
+
+
+def test_command_line_overrides_change_values():
+    cfg = load_trainer_config("grpo_tiny_cpu", ["rl_config.n_samples_per_prompt=8", "actor_config.lr=3e-5",
+                                                "generate_config.sampling_config.temperature=0.7",
+                                                "+rl_config.rollout_is=token"])
+    assert cfg.rl_config.n_samples_per_prompt == 8
+    assert cfg.actor_config.lr == 3e-5 and cfg.megatron_training.lr == 1e-6
+    assert cfg.generate_config.sampling_config.temperature == 0.7
+    assert cfg.rl_config.rollout_is == "token"
+    assert cfg.actor_update_config().temperature == 0.7
+
+
+def test_model_comes_from_the_defaults_list():
+    cfg = load_trainer_config("grpo_tiny_cpu", ["model=[small_qwen]", "megatron_training.model=small_qwen",
+                                                "actor_config.model=small_qwen"])
+    assert cfg.actor_config.arch.num_layers == 8
+
+
+def test_a_role_section_overrides_architecture_keys():
+    cfg = load_trainer_config("grpo_tiny_cpu", ["+actor_config.num_layers=2"])
+    assert cfg.actor_config.arch.num_layers == 2 and cfg.megatron_training.arch.num_layers == 4
+
+
+# (overrides, words the one-sentence message must contain)
+MISTAKES = {
+    "unknown key": (["+rl_config.n_sample_per_prompt=4"], ["rl_config", "n_sample_per_prompt", "n_samples_per_prompt"]),
+    "unknown megatron key": (["+actor_config.lr_decay_stile=cosine"], ["actor_config", "lr_decay_style"]),
+    "unknown sampling key": (["+generate_config.sampling_config.temprature=1.0"], ["temperature"]),
+    "unknown generate key": (["+generate_config.max_modle_len=1024"], ["generate_config", "max_model_len"]),
+    "unknown section": (["+critic_config.lr=1e-6"], ["critic_config"]),
+    "refused MindSpeed key": (["+megatron_training.use_flash_attn=true"], ["use_flash_attn", "kernel"]),
+    "tp vs heads": (["actor_config.tensor_model_parallel_size=8"],
+                    ["tensor_model_parallel_size", "num_attention_heads"]),
+    "pp vs layers": (["actor_config.pipeline_model_parallel_size=3", "rl_config.actor_resource.num_cpus=3"],
+                     ["num_layers", "pipeline_model_parallel_size"]),
+    "tp vs world": (["actor_config.tensor_model_parallel_size=2", "rl_config.actor_resource.num_cpus=3"],
+                    ["world size 3"]),
+    "infer tp": (["generate_config.infer_tensor_parallel_size=3"], ["generate_config", "num_attention_heads"]),
+    "gbs vs mini": (["rl_config.mini_batch_size=3"], ["global_batch_size=4", "mini_batch_size=3"]),
+    "micro batch": (["actor_config.micro_batch_size=3"], ["micro_batch_size=3"]),
+    "reference dp split": (["rl_config.use_integrated_worker=false", "+rl_config.reference_resource={num_cpus: 3}"],
+                           ["16 samples", "ref_config's 3 data-parallel ranks"]),
+    "rollout split": (["megatron_training.global_batch_size=3", "rl_config.mini_batch_size=1",
+                       "rl_config.n_samples_per_prompt=2", "actor_config.micro_batch_size=1"], ["2 rollout engines"]),
+    "group of one": (["rl_config.n_samples_per_prompt=1"], ["n_samples_per_prompt=1"]),
+    "colocation": (["+rl_config.colocate_actor_ref=false"], ["colocate_actor_ref", "use_integrated_worker"]),
+    "colocation all": (["rl_config.use_integrated_worker=false", "+rl_config.colocate_all_models=true",
+                        "+rl_config.colocate_actor_ref=false"], ["colocate_all_models", "colocate_actor_ref"]),
+    "integrated ref resource": (["+rl_config.reference_resource={num_cpus: 2}"], ["reference_resource"]),
+    "missing ref devices": (["rl_config.use_integrated_worker=false"], ["reference_resource"]),
+    "max_model_len": (["generate_config.max_model_len=600"], ["max_model_len=600", "768"]),
+    "beyond positions": (["generate_config.max_model_len=2048", "megatron_training.seq_length=2048"],
+                         ["max_position_embeddings"]),
+    "resource key": (["~rl_config.actor_resource", "+rl_config.actor_resource={num_tpus: 2}"],
+                     ["num_npus", "num_gpus", "num_cpus"]),
+    "verifier": (["rl_config.verifier_function=[acc, nope]"], ["nope"]),
+    "weights": (["rl_config.verifier_weight=[1.0]"], ["verifier_weight"]),
+    "kl estimator": (["rl_config.kl_penalty=k9"], ["k9", "kl_penalty"]),
+    "adv estimator": (["rl_config.adv_estimator=gae"], ["gae", "adv_estimator"]),
+    "rollout_is": (["+rl_config.rollout_is=batch"], ["rollout_is"]),
+    "type": (["rl_config.epochs=two"], ["rl_config.epochs", "integer"]),
+    "lr schedule": (["actor_config.lr_decay_style=exp"], ["actor_config.lr_decay_style", "cosine"]),
+    "filter metric": (["+rl_config.filter_groups_enable=true", "+rl_config.filter_groups_metric=strict_format"],
+                      ["filter_groups_metric"]),
+    "hydra override": (["rl_config.no_such_key=1"], ["no_such_key"]),
+    "missing config": None,
+}
+
+
+def _one_sentence(message: str) -> None:
+    assert "\n" not in message and message.endswith((".", "?")), message
+    assert message.count(". ") == 0 or "e.g." in message or "etc." in message, message
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+def test_each_mistake_is_one_quick_sentence(case):
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        if MISTAKES[case] is None:
+            load_trainer_config("grpo_tiny_gpu")
+        else:
+            load_trainer_config("grpo_tiny_cpu", MISTAKES[case][0])
+    elapsed = time.perf_counter() - start
+    message = str(err.value)
+    _one_sentence(message)
+    for word in (MISTAKES[case] or ([], ["grpo_tiny_gpu", "grpo_tiny_cpu"]))[1]:
+        assert word in message, (word, message)
+    assert elapsed < 5.0, elapsed
+
+
+@pytest.mark.parametrize("cluster, words", [
+    (Cluster({"CPU": 1}), ["2 CPU", "offers 1 CPU"]),
+    (Cluster({"GPU": 8}), ["offers 8 GPU", "num_cpus"]),
+])
+def test_resources_the_cluster_cannot_give(cluster, words):
+    cfg = load_trainer_config("grpo_tiny_cpu")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        check_resources(cfg, cluster)
+    _one_sentence(str(err.value))
+    assert all(w in str(err.value) for w in words), str(err.value)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_integrated_reference_shares_the_actor_layout():
+    cfg = load_trainer_config("grpo_qwen25_7b")
+    assert cfg.ref_config is cfg.actor_config and cfg.ref_config.parallel.tp == 2
+    assert cfg.megatron_training.parallel.tp == 1
+
+
+def test_separate_reference_counts_its_own_devices():
+    cfg = load_trainer_config("grpo_tiny_cpu", ["rl_config.use_integrated_worker=false",
+                                                "+rl_config.reference_resource={num_cpus: 2}"])
+    assert [g for g, _ in cfg.device_groups()] == ["actor", "reference"]
+    with pytest.raises(ConfigError, match="2 \\(actor\\) \\+ 2 \\(reference\\) = 4 CPU"):
+        check_resources(cfg, Cluster({"CPU": 2}))
+    colocated = load_trainer_config("grpo_tiny_cpu", ["rl_config.use_integrated_worker=false",
+                                                      "+rl_config.colocate_actor_ref=true"])
+    assert [g for g, _ in colocated.device_groups()] == ["actor+reference"]
+    check_resources(colocated, Cluster({"CPU": 2}))
+
+
+def test_rule_reward_batch_must_split_over_nodes():
+    cfg = load_trainer_config("grpo_qwen25_7b")
+    with pytest.raises(ConfigError, match="3 nodes"):
+        check_resources(cfg, Cluster({"NPU": 48, "CPU": 600}, nodes=3))
+
+
+def test_ray_cluster_description():
+    cluster = Cluster.from_ray({"CPU": 384.0, "NPU": 32.0, "memory": 1e12, "node:10.0.0.1": 1.0,
+                                "node:10.0.0.2": 1.0, "node:__internal_head__": 1.0})
+    assert cluster.nodes == 2 and cluster.offers("NPU") == 32
+    check_resources(load_trainer_config("grpo_qwen25_32b"), cluster)
+
+
+def _reference(name: str) -> Path:
+    path = REFERENCE / f"{name}.yaml"
+    if not path.is_file():
+        pytest.skip(f"MindSpeed-RL reference configs not found at {REFERENCE}")
+    return path
+
+
+# Paths point somewhere harmless; verifiers mindrl lacks are swapped for ones it has.
+REFERENCE_OVERRIDES = {
+    "grpo_qwen25_7b_A3": [],
+    "grpo_qwen25_32b_A3": ["rl_config.verifier_function=[base_acc]"],
+    "dapo_qwen3_32b_A3": ["megatron_training.stage=ray_grpo", "rl_config.verifier_function=[acc]",
+                          "rl_config.filter_groups_metric=acc"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_OVERRIDES))
+def test_mindspeed_reference_configs_load_and_name_unsupported_keys(name):
+    overrides = ["megatron_training.tokenizer_name_or_path=data/tok", "megatron_training.data_path=data/prompts",
+                 *REFERENCE_OVERRIDES[name]]
+    start = time.perf_counter()
+    cfg, notes = load_mindspeed_config(_reference(name), overrides)
+    assert time.perf_counter() - start < 5.0
+    assert cfg.megatron_training.tokenizer_name_or_path == "data/tok"
+    assert cfg.rl_config.resources["actor_resource"].kind == "NPU"
+    for note in notes:
+        _one_sentence(note)
+    named = " ".join(notes)
+    for key in ("use_flash_attn", "use_fused_rmsnorm", "sequence_parallel", "tokenizer_type", "split", "gamma",
+                "distributed_backend"):
+        assert f".{key} " in named, key
+    assert sum("megatron_training.use_flash_attn " in n for n in notes) == 1  # once, where it was written
+    assert "init_kl_coef" not in named and "n_samples_per_prompt" not in named
+
+
+def test_dapo_reference_keys_map_onto_the_grpo_trainer():
+    overrides = REFERENCE_OVERRIDES["dapo_qwen3_32b_A3"]
+    cfg, _ = load_mindspeed_config(_reference("dapo_qwen3_32b_A3"), overrides)
+    assert (cfg.loss.low, cfg.loss.high) == (0.2, 0.28)
+    assert cfg.loss.loss_agg_mode == "token-mean" and not cfg.loss.use_kl_loss
+    assert cfg.rl_config.filter_groups_enable and cfg.rl_config.reward.overlong_buffer_enable
+
+
+def test_mindspeed_values_still_raise():
+    with pytest.raises(ConfigError, match="ray_dapo"):
+        load_mindspeed_config(_reference("dapo_qwen3_32b_A3"), REFERENCE_OVERRIDES["dapo_qwen3_32b_A3"][1:])
