@@ -19,6 +19,11 @@ class Platform(ABC):
     #: Ray resource that counts this kind's devices; None where Ray's num_cpus is the measure.
     ray_resource: str | None
 
+    @staticmethod
+    def device_count() -> int:
+        """Devices of this kind on this machine (0 where the host's cores are the measure)."""
+        return 0
+
     @abstractmethod
     def device(self, local_rank: int = 0) -> torch.device:
         """The device a process with this local rank computes on."""

@@ -16,6 +16,10 @@ class CudaPlatform(Platform):
     def available() -> bool:
         return torch.cuda.is_available()
 
+    @staticmethod
+    def device_count() -> int:
+        return torch.cuda.device_count()
+
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
 

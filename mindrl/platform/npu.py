@@ -66,6 +66,11 @@ class NpuPlatform(Platform):
             torch.Tensor.type = _reporting_cuda_names(torch.Tensor.type)
             _type_names_patched = True
 
+    @staticmethod
+    def device_count() -> int:
+        NpuPlatform._import_torch_npu()
+        return torch.npu.device_count()
+
     def device(self, local_rank: int = 0) -> torch.device:
         self._import_torch_npu()
         return torch.device("npu", local_rank % max(torch.npu.device_count(), 1))

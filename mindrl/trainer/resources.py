@@ -71,10 +71,7 @@ class Cluster:
         platform = PLATFORMS[detect()]
         resources: dict[str, float] = {"CPU": os.cpu_count() or 1}
         if platform.ray_resource:
-            import torch
-
-            # torch.cuda / torch.npu (registered by torch_npu, which detect() imported) share this API.
-            resources[platform.ray_resource] = getattr(torch, platform.name).device_count()
+            resources[platform.ray_resource] = platform.device_count()
         return cls(resources)
 
     @classmethod
