@@ -11,6 +11,7 @@ from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.rollout.config import SamplingConfig
 from mindrl.rollout.megatron_sampling import processed_logits, sample
+from mindrl.trainer.experience import rollout_batch
 
 TEMPERATURE = 0.7
 MAX_MODEL_LEN = 64
@@ -46,18 +47,6 @@ def _actor(checkpoint: str):
     return ActorWorker(mg.arch_of(args), mg.parallel_of(args), cfg, weights=checkpoint)
 
 
-def _scoring_batch(prompts: list[list[int]], responses: list[list[int]], n: int) -> dict:
-    """Right-padded prompt + response rows, as the trainer builds them."""
-    rows = [prompts[i // n] + response for i, response in enumerate(responses)]
-    width = max(len(r) for r in rows)
-    tokens = torch.zeros(len(rows), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        tokens[i, :len(row)] = torch.tensor(row)
-        loss_mask[i, len(prompts[i // n]) - 1:len(row) - 1] = 1
-    return {"tokens": tokens, "loss_mask": loss_mask}
-
-
 def _rollouts(rank: int, checkpoint: str, others: dict[str, str], state_checks: bool) -> dict:
     """Greedy and sampled rollouts of one layout and the actor's log-probs of the sampled ones; the greedy
     rollouts of `others` (name: checkpoint) in the same layout; optionally the seed / state / input checks."""
@@ -70,7 +59,7 @@ def _rollouts(rank: int, checkpoint: str, others: dict[str, str], state_checks: 
     eos = sorted({response[3] for response in out["greedy"].responses})
     sampled = _engine(actor, eos).generate(PROMPTS, SamplingConfig(temperature=TEMPERATURE, max_tokens=NEW_TOKENS,
                                                                    seed=11), n=2)
-    scored = actor.compute_log_prob(_scoring_batch(PROMPTS, sampled.responses, n=2))
+    scored = actor.compute_log_prob(rollout_batch(PROMPTS, sampled, n=2))
     out.update(eos=eos, sampled=sampled, actor_log_probs=None if scored is None else scored["log_probs"],
                actor_rows=actor.local_rows(len(sampled.responses)))
     for name, other in others.items():
@@ -97,11 +86,8 @@ def _seeds_and_state(actor, engine, checkpoint: str) -> dict:
     rollout = engine.generate(PROMPTS, SamplingConfig(temperature=TEMPERATURE, max_tokens=6, seed=5), n=2)
     out["flags_kept"] = flags == [m.training for m in actor.model.modules()]
     out["rng_kept"] = torch.equal(rng, torch.get_rng_state())
-    batch = _scoring_batch(PROMPTS, rollout.responses, n=2)
-    batch["old_log_probs"] = torch.zeros_like(batch["loss_mask"])
-    for i, log_probs in enumerate(rollout.log_probs):  # the engine's log-probs, as the trainer may use them
-        start = len(PROMPTS[i // 2]) - 1
-        batch["old_log_probs"][i, start:start + len(log_probs)] = torch.tensor(log_probs)
+    batch = rollout_batch(PROMPTS, rollout, n=2)
+    batch["old_log_probs"] = batch["engine_log_probs"]  # the engine's log-probs, as the trainer may use them
     batch["advantages"] = torch.linspace(-1, 1, 8).unsqueeze(1).expand_as(batch["loss_mask"]) * batch["loss_mask"]
     fresh = ActorWorker(actor.arch, actor.par, actor.cfg, weights=checkpoint)
     initial = [p.detach().clone() for p in fresh.model.parameters()]
@@ -294,7 +280,7 @@ def _colocated_megatron(rank: int, checkpoint: str) -> dict:
     engine = make_engine(actor, cfg, eos_token_ids=[])
     rollout = ColocatedRollout(actor, engine, cfg)
     first, _ = rollout.generate(PROMPTS, n=2)
-    batch = _scoring_batch(PROMPTS, first.responses, n=2)
+    batch = rollout_batch(PROMPTS, first, n=2)
     actor.update({**batch, "old_log_probs": torch.zeros_like(batch["loss_mask"]),
                   "advantages": torch.linspace(-1, 1, 8).unsqueeze(1) * batch["loss_mask"]})
     optimizer = [t.detach().clone() for t in actor._optimizer_tensors()]

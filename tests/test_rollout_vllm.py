@@ -12,6 +12,7 @@ from mindrl.launch import run_ranks
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.trainer.experience import rollout_batch
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
 pytest.importorskip("vllm")
@@ -41,27 +42,13 @@ def _colocated(actor: ActorWorker, cfg: GenerateConfig = GENERATE):
     return ColocatedRollout(actor, VllmEngine(actor.arch, cfg), cfg)
 
 
-def _as_batch(prompts: list[list[int]], result, n: int) -> dict:
-    """Prompt + response rows, right-padded, with the engine's log-probs where the actor scores them."""
-    rows, width = len(result.responses), max(len(p) for p in prompts) + MAX_TOKENS
-    tokens = torch.zeros(rows, width, dtype=torch.long)
-    mask, engine = torch.zeros(rows, width), torch.zeros(rows, width)
-    for row, (response, log_probs) in enumerate(zip(result.responses, result.log_probs, strict=True)):
-        prompt = prompts[row // n]
-        sequence = prompt + response
-        tokens[row, :len(sequence)] = torch.tensor(sequence)
-        mask[row, len(prompt) - 1:len(sequence) - 1] = 1
-        engine[row, len(prompt) - 1:len(sequence) - 1] = torch.tensor(log_probs)
-    return {"tokens": tokens, "loss_mask": mask, "engine_log_probs": engine}
-
-
 def _engine_vs_actor(rank: int) -> dict:
     out = {}
     for tied in (True, False):  # one engine after the other in the same ranks: closing keeps the actor's groups
         actor = _actor(_arch(tied), ParallelConfig(2, 2))
         rollout = _colocated(actor)
         result, metrics = rollout.generate(PROMPTS, n=2)
-        batch = _as_batch(PROMPTS, result, 2)
+        batch = rollout_batch(PROMPTS, result, 2)
         scored = actor.compute_log_prob({"tokens": batch["tokens"]})
         rollout.engine.close()
         diff = None
@@ -109,7 +96,7 @@ def _three_rounds(rank: int) -> list[dict]:
     rounds = []
     for _ in range(3):
         result, _ = rollout.generate(PROMPTS, n=1, sampling=GREEDY)
-        batch = _as_batch(PROMPTS, result, 1)
+        batch = rollout_batch(PROMPTS, result, 1)
         rounds.append({"responses": result.responses, "stage": {n: p.detach().clone()
                                                                 for n, p in actor.model.named_parameters()}})
         advantages = torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1) * batch["loss_mask"]
@@ -221,7 +208,7 @@ def _offload_round_trip(rank: int) -> dict:
                               offload_train_optimizer=True, check_weight_sync=False)
     rollout = _colocated(actor, cfg)
     first, _ = rollout.generate(PROMPTS, n=2)
-    batch = _as_batch(PROMPTS, first, 2)
+    batch = rollout_batch(PROMPTS, first, 2)
     actor.update({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"],
                   "old_log_probs": batch["engine_log_probs"], "advantages": batch["loss_mask"] * 0.5})
     before = [t.detach().clone() for t in actor._optimizer_tensors()]

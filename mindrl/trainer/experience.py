@@ -1,0 +1,35 @@
+"""Rollouts as the rows the Megatron workers score and train on.
+
+The workers' log-probs are shifted: position t holds log p(token t+1 | tokens ≤ t). So the
+loss mask marks the positions *before* each response token, and the engine's log-prob of a
+response token goes to the same position; then engine, old, reference and new log-probs of
+one token sit in one column and can be compared or combined without re-indexing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mindrl.rollout.base import RolloutResult
+
+
+def rollout_batch(prompts: list[list[int]], result: RolloutResult, n: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Row i·n + j is prompt i then its j-th response, right-padded with `pad_id` to the longest row:
+    `tokens` [rows, width], `loss_mask` and `engine_log_probs` [rows, width] (float, zero off the mask),
+    `prompt_lengths` and `response_lengths` [rows]."""
+    rows = len(result.responses)
+    if rows != len(prompts) * n:
+        raise ValueError(f"{rows} responses do not make {n} samples for each of {len(prompts)} prompts; "
+                         f"pass the n the rollout was generated with.")
+    sequences = [prompts[row // n] + response for row, response in enumerate(result.responses)]
+    width = max(len(sequence) for sequence in sequences)
+    tokens = torch.full((rows, width), pad_id, dtype=torch.long)
+    loss_mask, engine = torch.zeros(rows, width), torch.zeros(rows, width)
+    for row, (sequence, log_probs) in enumerate(zip(sequences, result.log_probs, strict=True)):
+        start = len(prompts[row // n]) - 1
+        tokens[row, :len(sequence)] = torch.tensor(sequence)
+        loss_mask[row, start:len(sequence) - 1] = 1
+        engine[row, start:len(sequence) - 1] = torch.tensor(log_probs, dtype=torch.float32)
+    return {"tokens": tokens, "loss_mask": loss_mask, "engine_log_probs": engine,
+            "prompt_lengths": torch.tensor([len(prompts[row // n]) for row in range(rows)]),
+            "response_lengths": torch.tensor([len(response) for response in result.responses])}
