@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindrl.config.errors import ConfigError
+from mindrl.config.keys import Keys, normalise
 
 BACKENDS = ("auto", "vllm", "megatron")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -65,8 +66,9 @@ class SamplingConfig:
             raise ConfigError(f"sampling_config.seed must be an integer or null, got {self.seed!r}.")
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> SamplingConfig:
-        return cls(**_known(cls, values, "sampling_config"))
+    def from_dict(cls, values: Mapping[str, Any], keys: Keys | None = None) -> SamplingConfig:
+        """`keys` decides whether a key problem raises (the default) or is collected."""
+        return cls(**(keys or Keys()).split("generate_config.sampling_config", values, _field_names(cls)))
 
 
 @dataclass(frozen=True)
@@ -115,28 +117,28 @@ class GenerateConfig:
                               f"prompt in max_model_len={self.max_model_len}; raise max_model_len.")
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> GenerateConfig:
-        values = dict(values)
+    def from_dict(cls, values: Mapping[str, Any], keys: Keys | None = None) -> GenerateConfig:
+        """`keys` decides whether a key problem raises (the default) or is collected."""
+        keys = keys or Keys()
+        values = normalise(values)
         for key, feature in _UNSUPPORTED.items():
-            if values.get(key) not in (None, False, 1, 0, "./"):
-                raise ConfigError(f"generate_config.{key}={values[key]!r} asks for {feature}, which mindrl's "
-                                  f"rollout does not do; remove it.")
-            values.pop(key, None)
+            value = values.pop(key, None)
+            if value not in (None, False, 1, 0, "./"):
+                keys.problem(f"generate_config.{key}={value!r} asks for {feature}, which mindrl's rollout does "
+                             f"not do; remove it.")
         for key in _NO_EFFECT:
             values.pop(key, None)
         sampling = values.pop("sampling_config", None)
-        kwargs = _known(cls, values, "generate_config")
+        kwargs = keys.split("generate_config", values, _field_names(cls))
         if sampling is not None:
-            kwargs["sampling_config"] = SamplingConfig.from_dict(sampling)
+            if not isinstance(sampling, Mapping):
+                raise ConfigError(f"generate_config.sampling_config must be a mapping of keys, got {sampling!r}.")
+            kwargs["sampling_config"] = SamplingConfig.from_dict(sampling, keys)
         return cls(**kwargs)
 
     def offloads_anything(self) -> bool:
         return self.offload_train_param or self.offload_train_grad or self.offload_train_optimizer
 
 
-def _known(cls: type, values: Mapping[str, Any], section: str) -> dict[str, Any]:
-    fields = {f.name for f in dataclasses.fields(cls)} - {"sampling_config"}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ConfigError(f"{section} has unknown key {unknown[0]!r}; known keys are {', '.join(sorted(fields))}.")
-    return dict(values)
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +23,10 @@ from omegaconf import OmegaConf
 
 from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.config import ConfigError
+from mindrl.config.keys import Keys, normalise
 from mindrl.config.paths import CONFIGS_DIR
-from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.rollout.config import GenerateConfig
 from mindrl.trainer import checks, resources
-from mindrl.trainer.keys import Keys, normalise, unknown_key_message
 from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.resources import Cluster, RoleResource
 from mindrl.trainer.rl import RLConfig
@@ -117,7 +117,7 @@ class TrainerConfig:
         if rl.use_integrated_worker:
             role["ref_config"] = role["actor_config"]  # the reference lives in the actor's processes, in its layout
         reward = role.get("reward_config")
-        gen = _generate_config(data.get("generate_config") or {}, keys)
+        gen = GenerateConfig.from_dict(data.get("generate_config") or {}, keys)
         loss = rl.loss_config(gen.sampling_config.max_tokens)
         cfg = cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss,
                   frozenset(k for k in data if data[k] is not None))
@@ -127,25 +127,6 @@ class TrainerConfig:
         checks.check_lengths(cfg)
         checks.check_rewards(cfg)
         return cfg
-
-
-def _generate_config(values: Mapping[str, Any], keys: Keys) -> GenerateConfig:
-    """GenerateConfig validates its own keys; mindrl adds the closest-name hint and lenient collection."""
-    values = dict(normalise(values))
-    known = {f.name for f in fields(GenerateConfig)}
-    for key in [k for k in values if k not in known]:
-        try:
-            GenerateConfig.from_dict({key: values[key]})
-        except ConfigError as err:
-            values.pop(key)
-            # GenerateConfig's own sentence when it refuses the key for a reason, a hint when it is merely unknown
-            keys.problem(unknown_key_message("generate_config", key, known) if "unknown key" in str(err)
-                         else str(err))
-    sampling = values.get("sampling_config")
-    if isinstance(sampling, Mapping):
-        values["sampling_config"] = keys.split("generate_config.sampling_config", sampling,
-                                               {f.name for f in fields(SamplingConfig)})
-    return GenerateConfig.from_dict(values)
 
 
 def check_resources(cfg: TrainerConfig, cluster: Cluster | None = None) -> None:

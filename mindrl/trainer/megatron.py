@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.config.keys import Keys, normalise
 from mindrl.config.parallel import parse_layer_list
-from mindrl.trainer.keys import Keys, normalise
 from mindrl.trainer.values import check_types, positive
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ from mindrl.algorithms.kl import KL_ESTIMATORS
 from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
 from mindrl.config import ConfigError
+from mindrl.config.keys import Keys, normalise
 from mindrl.config.reward import RewardConfig
-from mindrl.trainer.keys import Keys, normalise
 from mindrl.trainer.resources import RoleResource
 from mindrl.trainer.values import check_types, positive
 

@@ -1,4 +1,4 @@
-"""Key checks shared by every trainer section: unknown keys, MindSpeed-RL keys mindrl refuses.
+"""Key checks shared by every config section: unknown keys, MindSpeed-RL keys mindrl refuses.
 
 A key that would be silently ignored is the worst kind of config bug (the run "works" and
 trains something else), so each one gets a sentence. `Keys` either raises on the first
