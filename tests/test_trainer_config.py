@@ -80,6 +80,8 @@ MISTAKES = {
     "unknown megatron key": (["+actor_config.lr_decay_stile=cosine"], ["actor_config", "lr_decay_style"]),
     "unknown sampling key": (["+generate_config.sampling_config.temprature=1.0"], ["temperature"]),
     "unknown generate key": (["+generate_config.max_modle_len=1024"], ["generate_config", "max_model_len"]),
+    "refused generate key": (["+generate_config.torchair_graph=true"], ["generate_config.torchair_graph",
+                                                                         "TorchAir"]),
     "sampling not a mapping": (["generate_config.sampling_config=7"], ["generate_config.sampling_config", "mapping"]),
     "unknown section": (["+critic_config.lr=1e-6"], ["critic_config"]),
     "refused MindSpeed key": (["+megatron_training.use_flash_attn=true"], ["use_flash_attn", "kernel"]),

@@ -123,7 +123,7 @@ class GenerateConfig:
         values = normalise(values)
         for key, feature in _UNSUPPORTED.items():
             value = values.pop(key, None)
-            if value not in (None, False, 1, 0, "./"):
+            if not _is_off(value):
                 keys.problem(f"generate_config.{key}={value!r} asks for {feature}, which mindrl's rollout does "
                              f"not do; remove it.")
         for key in _NO_EFFECT:
@@ -138,6 +138,14 @@ class GenerateConfig:
 
     def offloads_anything(self) -> bool:
         return self.offload_train_param or self.offload_train_grad or self.offload_train_optimizer
+
+
+def _is_off(value: Any) -> bool:
+    """MindSpeed-RL files carry these keys at their defaults: null, false, 0 / 1 sizes, "./" paths.
+    `true == 1` in Python, so booleans are told apart from sizes here."""
+    if isinstance(value, bool):
+        return not value
+    return value is None or value == "./" or (isinstance(value, int) and value in (0, 1))
 
 
 def _field_names(cls: type) -> set[str]:
