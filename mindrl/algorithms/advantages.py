@@ -86,6 +86,11 @@ def reinforce_plus_plus_baseline(scores: torch.Tensor, mask: torch.Tensor, group
     return _masked_whiten(_per_token(centred, mask), mask)
 
 
+#: the estimators that compare the responses of one prompt: a group of one gives zero advantages
+GROUP_ESTIMATORS = frozenset(name for name in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(name) in
+                             (group_norm, group_mean, rloo, reinforce_plus_plus_baseline))
+
+
 def compute_advantages(name: str, scores: torch.Tensor, mask: torch.Tensor, group_size: int,
                        **kwargs: object) -> torch.Tensor:
     """[batch, tokens] advantages, zero outside `mask`."""

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mindrl.algorithms.advantages import GROUP_ESTIMATORS
 from mindrl.algorithms.group_filter import TOTAL_SCORE
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 
 if TYPE_CHECKING:
     from mindrl.trainer.config import TrainerConfig
-
-GROUP_ESTIMATORS = ("group_norm", "grpo", "group_mean", "dr_grpo", "rloo")
 
 
 def check_colocation(cfg: TrainerConfig) -> None:
