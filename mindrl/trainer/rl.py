@@ -25,6 +25,8 @@ from mindrl.trainer.values import check_types, positive
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
 _RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource")
+# MindSpeed-RL's token_level_loss is a coarser name for two loss_agg_modes.
+_AGG_OF_TOKEN_LEVEL = {True: "token-mean", False: "seq-mean-token-mean"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class RLConfig:
                               "set it or remove them.")
         if self.clip_higher_enable and (self.clip_ratio_low is None or self.clip_ratio_high is None):
             raise ConfigError("rl_config.clip_higher_enable: true needs both clip_ratio_low and clip_ratio_high.")
-        implied = {True: "token-mean", False: "seq-mean-token-mean"}.get(self.token_level_loss)
+        implied = _AGG_OF_TOKEN_LEVEL.get(self.token_level_loss)
         if implied and self.loss_agg_mode not in (None, implied):
             raise ConfigError(f"rl_config.token_level_loss={self.token_level_loss} means loss_agg_mode {implied} "
                               f"but loss_agg_mode is {self.loss_agg_mode}; keep only one of the two keys.")
@@ -127,7 +129,7 @@ class RLConfig:
 
     def loss_config(self, max_tokens: int) -> LossConfig:
         """The actor loss; Dr. GRPO's constant length is the rollout's max_tokens."""
-        mode = self.loss_agg_mode or {False: "seq-mean-token-mean"}.get(self.token_level_loss, "token-mean")
+        mode = self.loss_agg_mode or _AGG_OF_TOKEN_LEVEL.get(self.token_level_loss, "token-mean")
         try:
             return LossConfig(clip_ratio=self.clip_ratio, clip_ratio_low=self.clip_ratio_low,
                               clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
