@@ -274,3 +274,32 @@ def test_offload_onload_leaves_training_bit_identical():
 def test_actor_config_mistakes_are_one_sentence(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ActorConfig(**kwargs)
+
+
+def _on_policy_grads(rank: int) -> dict:
+    arch = load_model_arch("tiny_qwen")
+    worker = ActorWorker(arch, ParallelConfig(1, 1), ACTOR, weights=sharding.random_full_state_dict(arch, seed=4))
+    batch = _update_batch(arch.padded_vocab_size)
+    del batch["old_log_probs"]
+    rows = torch.arange(8)
+    worker._backward(batch, rows)
+    without = reduced_grads(worker)
+    own = dict(batch, old_log_probs=worker.compute_log_prob(batch)["log_probs"])
+    worker._backward(own, rows)
+    errors = []
+    try:
+        worker.update({k: v.repeat(2, 1) for k, v in batch.items()})
+    except ConfigError as err:
+        errors.append(str(err))
+    return {"without": without, "with_own": reduced_grads(worker), "errors": errors}
+
+
+def test_update_without_old_log_probs_has_the_gradient_of_the_policys_own_log_probs():
+    """One optimizer step per batch: the update's forward gives the old log-probs (ratio 1), so
+    the separate pass can be skipped; several steps without them are refused."""
+    out = run_ranks(_on_policy_grads, 1)[0]
+    for name, grad in out["with_own"].items():
+        assert torch.equal(out["without"][name], grad), name
+    assert any(g.abs().max() > 0 for g in out["with_own"].values())
+    assert out["errors"] == ["this update takes 2 optimizer steps (epochs=1, 2 mini-batches), so the batch needs "
+                             "old_log_probs from a pass before the update."]

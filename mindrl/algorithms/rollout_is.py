@@ -113,3 +113,17 @@ def mismatch_metrics(old_log_prob: torch.Tensor, engine_log_prob: torch.Tensor, 
         "rollout_is/truncated_frac": (((log_weight > cap).float() * mask).sum() / tokens).item(),
         "rollout_is/weight_mean": (weights.sum() / tokens).item(),
     }
+
+
+@torch.no_grad()
+def mismatch_shares(actor_log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor,
+                    num_tokens: float) -> dict[str, float]:
+    """One micro-batch's share of `mismatch_metrics`' two means over a batch of `num_tokens`
+    response tokens: summed over micro-batches and ranks they are the batch's means. Used when
+    the update's own forward pass stands in for the old log-prob pass, where a max cannot be summed."""
+    mask = mask.float()
+    log_ratio = _log_ratio(actor_log_prob, engine_log_prob, mask)
+    kl = k3(-log_ratio, torch.zeros_like(log_ratio)) * mask
+    tokens = max(num_tokens, 1.0)
+    return {"rollout_is/abs_log_prob_diff_mean": (log_ratio.abs().sum() / tokens).item(),
+            "rollout_is/k3_kl": (kl.sum() / tokens).item()}

@@ -21,6 +21,7 @@ from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
+from mindrl.algorithms.rollout_is import mismatch_shares
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint import training
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
@@ -192,17 +193,25 @@ class ActorWorker(MegatronWorker):
     def update(self, batch: dict) -> dict[str, float]:
         """`epochs` passes over the batch in mini-batches; one optimizer step per mini-batch.
 
+        Without `old_log_probs` the update must be a single optimizer step: the policy that
+        sampled the batch is then the one being updated, and the forward pass of the update
+        gives the old log-probs itself (ratio 1, no separate pass). With `engine_log_probs`
+        it also reports the engine-vs-actor gap, which the skipped pass would have shown.
         Metrics are the global values (over every data-parallel rank), the same on every
         rank, averaged over the optimizer steps.
         """
         cfg = self.cfg
-        keys = ("loss_mask", "old_log_probs", "advantages") + (("ref_log_probs",) if cfg.loss.use_kl_loss else ())
-        keys += ("rollout_is_weights",) if "rollout_is_weights" in batch else ()
-        check_batch(batch, keys)
+        optional = ("old_log_probs", "rollout_is_weights", "engine_log_probs")
+        keys = ("loss_mask", "advantages") + (("ref_log_probs",) if cfg.loss.use_kl_loss else ())
+        check_batch(batch, keys + tuple(key for key in optional if key in batch))
         rows_total = batch["tokens"].shape[0]
         if rows_total % cfg.mini_batch_size:
             raise ConfigError(f"batch of {rows_total} rows is not a whole number of mini-batches of "
                               f"mini_batch_size={cfg.mini_batch_size}; make the rows a multiple of it.")
+        if "old_log_probs" not in batch and (cfg.epochs > 1 or rows_total > cfg.mini_batch_size):
+            minis = rows_total // cfg.mini_batch_size
+            raise ConfigError(f"this update takes {cfg.epochs * minis} optimizer steps (epochs={cfg.epochs}, {minis} "
+                              f"mini-batches), so the batch needs old_log_probs from a pass before the update.")
         rows = self.local_rows(rows_total)
         n_local = rows.stop - rows.start
         mini = cfg.mini_batch_size // self.dp_size
@@ -238,9 +247,13 @@ class ActorWorker(MegatronWorker):
         def loss_fn(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
             log_probs = vocab_parallel_log_probs(logits, mb["labels"], cfg.temperature, self.vocab_size)
             entropy = vocab_parallel_entropy(logits, cfg.temperature, self.vocab_size) if need_entropy else None
-            loss, metrics = actor_loss(log_probs, mb["old_log_probs"], mb["advantages"], mb["loss_mask"], cfg.loss,
-                                       ref_log_prob=mb.get("ref_log_probs"), entropy=entropy,
-                                       is_weights=mb.get("rollout_is_weights"), **normalisers)
+            old = mb.get("old_log_probs")
+            loss, metrics = actor_loss(log_probs, log_probs.detach() if old is None else old, mb["advantages"],
+                                       mb["loss_mask"], cfg.loss, ref_log_prob=mb.get("ref_log_probs"),
+                                       entropy=entropy, is_weights=mb.get("rollout_is_weights"), **normalisers)
+            if old is None and "engine_log_probs" in mb:
+                metrics.update(mismatch_shares(log_probs, mb["engine_log_probs"], mb["loss_mask"],
+                                               normalisers["num_tokens"]))
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
         zero_grads(self.ddp, self.optimizer)
