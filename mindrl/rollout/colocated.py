@@ -14,6 +14,7 @@ One `generate` call, on every actor rank:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -59,6 +60,7 @@ class ColocatedRollout:
         sampling = sampling or self.cfg.sampling_config
         cfg, actor = self.cfg, self.actor
         metrics: dict[str, float] = {}
+        start = time.perf_counter()
         actor.offload(params=False, grads=cfg.offload_train_grad, optimizer=cfg.offload_train_optimizer)
         try:
             self.engine.resume_memory()
@@ -66,13 +68,16 @@ class ColocatedRollout:
                 metrics.update(self.sync())
             if cfg.offload_train_param and not self.engine.shares_actor_weights:
                 actor.offload(params=True, grads=False, optimizer=False)
-            start = time.perf_counter()
+            generate_start = time.perf_counter()
+            metrics["timing/resharding_to_infer"] = generate_start - start
             result = self._generate_share(prompts, n, sampling)
-            metrics["rollout/generate_seconds"] = time.perf_counter() - start
+            metrics["rollout/generate_seconds"] = time.perf_counter() - generate_start
             metrics["rollout/response_tokens"] = float(sum(len(r) for r in result.responses))
+            start = time.perf_counter()
             self.engine.release_memory()
         finally:
             actor.onload()
+        metrics["timing/resharding_to_train"] = time.perf_counter() - start
         return result, metrics
 
     def sync(self) -> dict[str, float]:
@@ -88,6 +93,8 @@ class ColocatedRollout:
     def _generate_share(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> RolloutResult:
         group, groups = self._rollout_group()
         bounds = [len(prompts) * g // groups for g in range(groups + 1)]
+        if sampling.seed is not None:  # sample r of the whole batch draws with seed + r, whichever engine has it
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + bounds[group] * n)
         share = self.engine.generate(prompts[bounds[group]:bounds[group + 1]], sampling, n)
         shares: list[tuple[int, RolloutResult] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(shares, (group, share))
