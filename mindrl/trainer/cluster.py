@@ -1,0 +1,30 @@
+"""Joining a Ray cluster, or starting one on this machine, and checking it can give the roles.
+
+`RAY_ADDRESS` (set by `ray start` scripts or by the user) means a running cluster; without
+it the driver starts a private one-node cluster with this machine's cores and devices, no
+dashboard, reachable on this machine only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mindrl.trainer.config import TrainerConfig, check_resources
+from mindrl.trainer.resources import Cluster
+
+
+def connect(cfg: TrainerConfig) -> Cluster:
+    import ray
+
+    # Quieter worker logs unless the user chose otherwise; the workers inherit the driver's environment.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=True)
+    cluster = Cluster.from_ray(ray.cluster_resources())
+    check_resources(cfg, cluster)
+    return cluster

@@ -1,0 +1,274 @@
+"""The GRPO driver: Ray worker groups, and the loop of `train_step`.
+
+One step: prompts → rollout (the actor's weights synced into the engine, training state
+offloaded meanwhile) → rule rewards on Ray CPU actors, scored while the reference and old
+log-prob passes run → advantages → optional truncated IS weights for the engine/actor
+mismatch → actor update → metrics → checkpoint. With DAPO dynamic sampling the rollout
+repeats on fresh prompts until the batch holds enough informative groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mindrl.algorithms.advantages import compute_advantages
+from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_values
+from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
+from mindrl.config import ConfigError
+from mindrl.rollout.config import SamplingConfig
+from mindrl.trainer.config import TrainerConfig
+from mindrl.trainer.experience import rollout_batch
+from mindrl.trainer.metrics import MetricsSink, StepTimer, actor_metrics, rollout_metrics, throughput_metrics
+from mindrl.trainer.prompts import PromptLoader, read_prompts, split_path
+from mindrl.trainer.start import StartPoint, start_point
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"
+#: seconds a collective or the rendezvous may wait before the run fails instead of hanging
+COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class Experience:
+    batch: dict[str, torch.Tensor]
+    scores: torch.Tensor
+    verifier_scores: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+
+
+def check_runnable(cfg: TrainerConfig) -> None:
+    """What the driver cannot run yet, refused in one sentence before Ray starts."""
+    rl = cfg.rl_config
+    if cfg.reward_config is not None or rl.resources["reward_resource"] is not None:
+        raise ConfigError("mindrl has no reward-model worker yet: remove reward_config and rl_config.reward_resource "
+                          "and score with rule rewards (rule_reward: true).")
+    if not rl.use_integrated_worker:
+        raise ConfigError("the driver runs the reference inside the actor's processes only; set "
+                          "use_integrated_worker: true (a reference on its own resource is not supported yet).")
+    if cfg.actor_config.data_path is None or cfg.actor_config.tokenizer_name_or_path is None:
+        raise ConfigError("megatron_training.data_path and tokenizer_name_or_path are required to train; point them "
+                          "at cli/preprocess_data.py's output and the tokenizer it used.")
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: TrainerConfig) -> None:
+        from mindrl.data.tokenizer import load_tokenizer
+
+        check_runnable(cfg)
+        self.cfg = cfg
+        actor = cfg.actor_config
+        rl, self.n = cfg.rl_config, cfg.rl_config.n_samples_per_prompt
+        self.tokenizer = load_tokenizer(actor.tokenizer_name_or_path)
+        self.loader = PromptLoader(read_prompts(split_path(actor.data_path, "train")), actor.global_batch_size,
+                                   actor.seed, shuffle=not actor.no_shuffle)
+        test_path = split_path(actor.data_path, "test")
+        self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
+        self.start: StartPoint = start_point(actor)
+        if self.start.iteration > actor.train_iters:
+            raise ConfigError(f"actor_config.load is at iteration {self.start.iteration}, past train_iters="
+                              f"{actor.train_iters}; raise train_iters to train further.")
+        # One optimizer step per batch, one epoch, no IS correction: the update's own forward pass
+        # gives the old log-probs, so the separate pass is skipped.
+        self.on_policy = rl.epochs == 1 and rl.mini_batch_size == actor.global_batch_size and rl.rollout_is == "none"
+        self.sampling: SamplingConfig = cfg.generate_config.sampling_config
+        self.group = self.rewards = self.sink = None
+
+    # ---------------------------------------------------------------- set-up and tear-down
+    def _spec(self) -> Any:
+        from mindrl.workers.policy_rank import PolicySpec
+
+        cfg, actor, rl = self.cfg, self.cfg.actor_config, self.cfg.rl_config
+        eos = {self.tokenizer.eos_token_id}
+        eos.update(i for i in self.tokenizer.convert_tokens_to_ids(["<|endoftext|>"]) if i is not None
+                   and i != self.tokenizer.unk_token_id)
+        return PolicySpec(
+            arch=actor.arch, par=actor.parallel, actor=cfg.actor_update_config(), generate=cfg.generate_config,
+            params_dtype="bf16" if actor.bf16 else "fp32", eos_token_ids=tuple(sorted(eos)),
+            initial_weights=self.start.initial_weights, with_reference=rl.uses_reference,
+            ref_micro_batch_size=rl.ref_forward_micro_batch_size or actor.micro_batch_size,
+            actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
+            resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
+            load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng)
+
+    def setup(self) -> None:
+        from mindrl.trainer.cluster import connect
+        from mindrl.trainer.rewards import RuleRewards
+        from mindrl.workers.group import WorkerGroup
+        from mindrl.workers.policy_rank import PolicyRank
+
+        cfg, rl = self.cfg, self.cfg.rl_config
+        resource = rl.resources["actor_resource"]
+        connect(cfg)
+        print(f"[mindrl] starting {resource.count} actor ranks ({resource}); "
+              f"old log-probs: {'the update’s own forward (on-policy)' if self.on_policy else 'a separate pass'}",
+              flush=True)
+        self.group = WorkerGroup("actor", PolicyRank, resource)
+        host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
+        self.ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
+        self.dp_size = self.ranks[0]["dp_size"]
+        if self.start.resume:
+            self.loader.load_state_dict(self.ranks[0]["extra"]["data"])
+            print(f"[mindrl] resumed from {self.start.resume} at iteration {self.start.iteration} "
+                  f"(epoch {self.loader.epoch}, prompt {self.loader.position})", flush=True)
+        cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
+        self.rewards = RuleRewards(rl.reward, cpus)
+        save = cfg.actor_config.save
+        self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
+                                rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+        if self.rewards is not None:
+            self.rewards.close()
+        if self.group is not None:
+            self.group.kill()
+
+    # ---------------------------------------------------------------- the loop
+    def fit(self) -> Path | None:
+        """Train to train_iters; returns the final actor exported to HF (None without `save`)."""
+        actor = self.cfg.actor_config
+        self.setup()
+        try:
+            step = self.start.iteration
+            while step < actor.train_iters:
+                step += 1
+                metrics = self.train_step(step)
+                if self.test_prompts and step % self.cfg.rl_config.test_interval == 0:
+                    metrics.update(self.validate(step))
+                self.sink.log(step, metrics)
+                if actor.save and (step == actor.train_iters or
+                                   (actor.save_interval and step % actor.save_interval == 0)):
+                    self.save(step)
+            return self.export() if actor.save else None
+        finally:
+            self.close()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        rl, timer = self.cfg.rl_config, StepTimer()
+        with timer("all"):
+            exp = self.experience(step, timer)
+            batch = exp.batch
+            with timer("adv"):
+                batch["advantages"] = compute_advantages(rl.adv_estimator, exp.scores, batch["loss_mask"], self.n)
+            if "old_log_probs" in batch:
+                exp.metrics.update(mismatch_metrics(batch["old_log_probs"], batch["engine_log_probs"],
+                                                    batch["loss_mask"], rl.rollout_is_config))
+                if rl.rollout_is != "none":
+                    batch["rollout_is_weights"] = rollout_is_weights(batch["old_log_probs"], batch["engine_log_probs"],
+                                                                     batch["loss_mask"], rl.rollout_is_config)
+                del batch["engine_log_probs"]
+            with timer("update"):
+                update = self.group.call("update", batch)[0]
+        metrics = {**exp.metrics, **timer.metrics(), **actor_metrics(update)}
+        metrics["old_log_p/from_update"] = float("old_log_probs" not in batch)
+        metrics["prompt_length/mean"] = batch["prompt_lengths"].double().mean().item()
+        metrics.update(rollout_metrics(batch["response_lengths"], self.sampling.max_tokens, exp.scores,
+                                       exp.verifier_scores))
+        metrics.update(throughput_metrics(batch["prompt_lengths"], batch["response_lengths"],
+                                          self.group.world_size, timer.seconds))
+        return metrics
+
+    def experience(self, step: int, timer: StepTimer) -> Experience:
+        """A scored batch with the log-probs the update needs (several rollout rounds under DAPO)."""
+        rl, actor = self.cfg.rl_config, self.cfg.actor_config
+        groups = rl.filter_groups_train_batch_size or actor.global_batch_size
+        accumulator = GroupAccumulator(groups, self.n, rl.filter_groups_max_batches, rl.filter_groups_metric) \
+            if rl.filter_groups_enable else None
+        metrics: dict[str, float] = {}
+        for attempt in itertools.count():
+            prompts = self.loader.next_batch()
+            with timer("rollout"):
+                result, generated = self.group.call("generate", [p.ids for p in prompts], self.n,
+                                                    sampling_for_step(self.sampling, step, attempt))[0]
+            metrics.update(generated)
+            batch = rollout_batch([p.ids for p in prompts], result, self.n, self.pad_id)
+            labels = [p.label for p in prompts for _ in range(self.n)]
+            pending = self.rewards.submit(self.texts(result.responses), labels, batch["response_lengths"].tolist())
+            if accumulator is None:
+                break
+            with timer("rule_reward"):
+                scored = self.rewards.collect(pending)
+            scores = torch.tensor(scored.rewards)
+            verifier = {k: torch.tensor(v) for k, v in scored.scores.items()}
+            batch.update(scores=scores, **{f"verifier/{k}": v for k, v in verifier.items()})
+            batch["prompt_index"] = torch.arange(len(prompts)).repeat_interleave(self.n) + attempt * len(prompts)
+            metrics.update(scored.metrics)
+            if accumulator.add(batch, select_filter_values(rl.filter_groups_metric, scores, verifier)):
+                break
+        if accumulator is not None:
+            batch = accumulator.batch({"tokens": self.pad_id})
+            metrics.update(accumulator.metrics())
+        self.log_prob_passes(batch, timer)
+        if accumulator is None:
+            with timer("rule_reward"):
+                scored = self.rewards.collect(pending)
+            metrics.update(scored.metrics)
+            scores = torch.tensor(scored.rewards)
+            verifier = {k: torch.tensor(v) for k, v in scored.scores.items()}
+        else:
+            scores = batch.pop("scores")
+            verifier = {k.removeprefix("verifier/"): batch.pop(k) for k in list(batch) if k.startswith("verifier/")}
+            batch.pop("prompt_index")
+        return Experience(batch, scores, verifier, metrics)
+
+    def log_prob_passes(self, batch: dict[str, torch.Tensor], timer: StepTimer) -> None:
+        from mindrl.workers.group import gather_rows
+
+        rows = {"tokens": batch["tokens"]}
+        if self.cfg.rl_config.uses_reference:
+            with timer("reference_model"):
+                batch["ref_log_probs"] = gather_rows(self.group.call("log_probs", rows, "reference"), self.dp_size)
+        if not self.on_policy:
+            with timer("old_log_p"):
+                batch["old_log_probs"] = gather_rows(self.group.call("log_probs", rows, "actor"), self.dp_size)
+
+    def texts(self, responses: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return self.tokenizer.eos_token_id if pad is None else pad
+
+    # ---------------------------------------------------------------- validation, checkpoints, export
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy answers to the test split, scored like training rewards."""
+        greedy = SamplingConfig(max_tokens=self.sampling.max_tokens, top_k=1, logprobs=0, seed=0)
+        result, _ = self.group.call("generate", [p.ids for p in self.test_prompts], 1, greedy)[0]
+        scored = self.rewards.collect(self.rewards.submit(self.texts(result.responses),
+                                                          [p.label for p in self.test_prompts],
+                                                          [len(r) for r in result.responses]))
+        summary = rollout_metrics([len(r) for r in result.responses], self.sampling.max_tokens, scored.rewards,
+                                  scored.scores)
+        return {f"validation/{key}": value for key, value in summary.items()}
+
+    def save(self, step: int) -> None:
+        extra = {"data": self.loader.state_dict(), "initial_weights": self.start.initial_weights, "step": step}
+        self.group.call("save", self.cfg.actor_config.save, step, extra)
+
+    def export(self) -> Path:
+        """The final actor as an HF model (safetensors, config, tokenizer) beside the checkpoints."""
+        from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
+
+        save = Path(self.cfg.actor_config.save)
+        target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False,
+                             tokenizer_model=self.cfg.actor_config.tokenizer_name_or_path)
+        print(f"[mindrl] final actor exported to {target} (HF format)", flush=True)
+        return target
+
+
+def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:
+    """Each rollout round samples with its own seeds (a fixed seed would repeat the same draws every
+    step), derived from the configured one so that a resumed run draws what an uninterrupted one did."""
+    import dataclasses
+
+    if sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + 1_000_003 * step + 7_919 * attempt)

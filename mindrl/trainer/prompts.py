@@ -1,0 +1,80 @@
+"""Prompt batches from the preprocessed parquet, in an order a checkpoint can resume exactly.
+
+Each epoch is a permutation of the rows seeded by (seed, epoch) — or file order with
+`no_shuffle` — cut into batches of `global_batch_size` prompts; a last batch too short to
+fill is left out of that epoch. The position (epoch, next row) is all the state there is, so
+a run resumed from a checkpoint taken at the end of an epoch goes on into the next one
+rather than finding nothing left (a failure other trainers have had).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+from mindrl.config import ConfigError
+
+COLUMNS = ("prompt_ids", "answer", "data_source")
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    label: str
+    data_source: str
+
+
+def split_path(data_path: str | Path, split: str) -> Path:
+    """`data_path` as a cli/preprocess_data.py folder (its <split>.parquet) or a parquet file."""
+    path = Path(data_path)
+    if path.is_dir():
+        path = path / f"{split}.parquet"
+    return path
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no prompt file at {path}; run cli/preprocess_data.py for this dataset or point "
+                          f"megatron_training.data_path at its output folder.")
+    table = pq.read_table(path)
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise ConfigError(f"{path} lacks the columns {missing}; it must be the output of cli/preprocess_data.py.")
+    columns = {c: table.column(c).to_pylist() for c in COLUMNS}
+    rows = zip(columns["prompt_ids"], columns["answer"], columns["data_source"], strict=True)
+    return [Prompt(list(ids), str(label), str(source)) for ids, label, source in rows]
+
+
+class PromptLoader:
+    def __init__(self, prompts: list[Prompt], batch_size: int, seed: int, shuffle: bool = True) -> None:
+        if len(prompts) < batch_size:
+            raise ConfigError(f"the training split has {len(prompts)} prompts, fewer than one batch of "
+                              f"global_batch_size={batch_size}; lower global_batch_size or add data.")
+        self.prompts, self.batch_size, self.seed, self.shuffle = prompts, batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.prompts)))
+        generator = torch.Generator().manual_seed(self.seed + 7919 * self.epoch)
+        return torch.randperm(len(self.prompts), generator=generator).tolist()
+
+    def next_batch(self) -> list[Prompt]:
+        if self.position + self.batch_size > len(self.prompts):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._permutation()
+        rows = self._order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return [self.prompts[i] for i in rows]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._permutation()

@@ -1,0 +1,60 @@
+"""Where a run starts: fresh weights, converted weights, or a training checkpoint to resume.
+
+`actor_config.load` (MindSpeed-RL / Megatron-LM's `load`) names a Megatron checkpoint root:
+- a `release` checkpoint (cli/convert_ckpt.py's output) or any checkpoint with `finetune: true`:
+  the run starts from its weights at step 0;
+- a training checkpoint written by this trainer: the run resumes at its iteration — weights,
+  optimizer and scheduler (unless no_load_optim), random generators (unless no_load_rng), the
+  data position and the step — and the reference is built from the weights the run first
+  started from, which the checkpoint records, not from `load`;
+- nothing: random initialisation from `seed` (the CPU demo's tiny model).
+It is decided here, in the driver, before any worker starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mindrl.checkpoint import megatron as mg
+from mindrl.config import ConfigError
+from mindrl.trainer.megatron import MegatronConfig
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    #: the step the run has completed (0: a fresh start)
+    iteration: int
+    #: Megatron checkpoint root of the weights the run started from (None: random initialisation)
+    initial_weights: str | None
+    #: training checkpoint root the actor resumes from
+    resume: str | None = None
+    #: the trainer's state saved with that checkpoint (data position)
+    extra: dict[str, Any] | None = None
+
+
+def start_point(actor: MegatronConfig) -> StartPoint:
+    if actor.load is None:
+        return StartPoint(0, None)
+    root = Path(actor.load)
+    if not (root / mg.TRACKER).is_file():
+        raise ConfigError(f"actor_config.load={actor.load} holds no {mg.TRACKER}; point it at a checkpoint from "
+                          f"cli/convert_ckpt.py (hf → mg) or from a previous run's `save`.")
+    iteration = mg.read_tracker(root)
+    if iteration == "release" or actor.finetune:
+        return StartPoint(0, str(root))
+    extra = saved_extra(root, iteration)
+    if "data" not in extra:
+        raise ConfigError(f"{root} iteration {iteration} is not a training checkpoint of this trainer (it records no "
+                          f"data position); set finetune: true to start from its weights at step 0.")
+    return StartPoint(iteration, extra.get("initial_weights"), str(root), extra)
+
+
+def saved_extra(root: Path, iteration: int) -> dict[str, Any]:
+    """The trainer state every rank file of a checkpoint carries (the same on each); read from the first."""
+    folder = root / mg.iteration_dir_name(iteration)
+    files = sorted(folder.glob(f"mp_rank_*/{mg.RANK_FILE}"))
+    if not files:
+        raise ConfigError(f"{folder} holds no {mg.RANK_FILE}; the checkpoint is incomplete — point load at another.")
+    return dict(mg.load_rank_file(files[0]).get("extra") or {})

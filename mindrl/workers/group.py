@@ -1,0 +1,96 @@
+"""A role's Ray actors: one per device, placed together, forming one torch.distributed world.
+
+The group reserves its devices with a placement group (one bundle per rank), starts one
+actor per bundle, has rank 0 publish the rendezvous (a store on a port the OS picks; on
+loopback when every rank is on one node) and hands it to the others. Methods are then
+called on every rank at once, since Megatron's are collectives.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from mindrl.trainer.resources import RoleResource
+
+log = logging.getLogger(__name__)
+
+
+class PlacementTimeout(RuntimeError):
+    """The cluster did not offer a role's devices in time."""
+
+
+def actor_options(resource: RoleResource) -> tuple[dict[str, float], dict[str, Any]]:
+    """(one rank's placement bundle, the Ray actor options that claim it)."""
+    if resource.kind == "CPU":
+        return {"CPU": 1}, {"num_cpus": 1}
+    if resource.kind == "GPU":
+        return {"GPU": 1}, {"num_cpus": 0, "num_gpus": 1}
+    return {resource.kind: 1}, {"num_cpus": 0, "resources": {resource.kind: 1}}
+
+
+class WorkerGroup:
+    def __init__(self, role: str, cls: type, resource: RoleResource, placement_timeout_s: float = 300.0) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.role, self.world_size = role, resource.count
+        bundle, options = actor_options(resource)
+        self.placement = placement_group([bundle] * self.world_size, strategy="PACK", name=f"mindrl-{role}")
+        ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
+        if not ready:
+            ray.util.remove_placement_group(self.placement)
+            raise PlacementTimeout(
+                f"{role} asks for {resource} but the cluster ({_describe(ray.available_resources())} free) did not "
+                f"offer them within {placement_timeout_s:.0f} s; free devices, add nodes or lower the resource.")
+        remote = ray.remote(cls)
+        self.actors = []
+        for rank in range(self.world_size):
+            strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank)
+            self.actors.append(remote.options(scheduling_strategy=strategy, name=f"mindrl-{role}-{rank}",
+                                              **options).remote(rank, self.world_size))
+
+    def rendezvous(self, timeout_s: float) -> tuple[str, int]:
+        import ray
+
+        nodes = set(ray.get([actor.node_id.remote() for actor in self.actors]))
+        return ray.get(self.actors[0].rendezvous.remote(len(nodes) == 1, timeout_s))
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every rank; the results by rank. Large arguments go in one object-store put."""
+        import ray
+
+        return ray.get(self.call_async(method, *args))
+
+    def call_async(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        refs = [ray.put(a) if isinstance(a, dict) else a for a in args]
+        return [getattr(actor, method).remote(*refs) for actor in self.actors]
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        ray.util.remove_placement_group(self.placement)
+
+
+def gather_rows(results: list[tuple[int, torch.Tensor] | None], dp_size: int) -> torch.Tensor:
+    """The whole batch's rows from the (data-parallel rank, rows) parts the result-holding ranks returned."""
+    parts = {}
+    for item in results:
+        if item is not None:
+            parts.setdefault(item[0], item[1])
+    if sorted(parts) != list(range(dp_size)):
+        raise RuntimeError(f"results came from data-parallel ranks {sorted(parts)} of {dp_size}; every "
+                           f"data-parallel rank's last pipeline stage must return its rows.")
+    return torch.cat([parts[rank] for rank in range(dp_size)])
+
+
+def _describe(resources: dict[str, float]) -> str:
+    kinds = [f"{resources[k]:g} {k}" for k in ("NPU", "GPU", "CPU") if resources.get(k)]
+    return ", ".join(kinds) or "nothing"

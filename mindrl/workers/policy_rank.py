@@ -1,0 +1,120 @@
+"""One rank of the actor's worker group, as a Ray actor hosts it (MindSpeed-RL's integrated worker).
+
+The rank holds the Megatron actor, the reference beside it when the KL loss needs one, and
+the rollout engine the actor's weights are synced into. The driver calls every method on
+every rank of the group at once (they are collectives); a method's result is the same on
+every rank unless it says otherwise.
+
+The reference is the weights the run started from, whatever the actor has become: built
+from the initial checkpoint, or copied from the actor's random initialisation before any
+checkpoint is loaded into the actor — never reloaded from a path the run has since written.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from mindrl.config import ModelArch, ParallelConfig
+from mindrl.distributed import destroy, init_distributed
+from mindrl.models.dtypes import DTYPES
+from mindrl.models.gpt import load_stage_weights
+from mindrl.rollout.base import RolloutResult
+from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.workers.megatron_worker import ActorConfig
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    arch: ModelArch
+    par: ParallelConfig
+    actor: ActorConfig
+    generate: GenerateConfig
+    params_dtype: str
+    eos_token_ids: tuple[int, ...]
+    #: Megatron checkpoint root of the weights the run starts from; None: random initialisation from the seed
+    initial_weights: str | None
+    with_reference: bool
+    ref_micro_batch_size: int
+    actor_micro_batch_size: int
+    #: training checkpoint root to resume the actor from (None: a fresh start)
+    resume: str | None = None
+    resume_iteration: int | None = None
+    load_optim: bool = True
+    load_rng: bool = True
+
+
+class PolicyRank:
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._store: dist.TCPStore | None = None
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def rendezvous(self, loopback: bool, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 serves the group's store on a port the OS picks; the driver hands it to the others."""
+        import ray
+
+        host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(host, 0, self.world_size, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=timeout_s))
+        return host, self._store.port
+
+    def setup(self, host: str, port: int, spec: PolicySpec, timeout_s: float) -> dict:
+        """Join the group, build the models and the engine, and resume if asked; returns where this rank sits."""
+        from mindrl.platform import get_platform
+        from mindrl.rollout.colocated import ColocatedRollout
+        from mindrl.rollout.engines import make_engine
+        from mindrl.workers.megatron_worker import ActorWorker, MegatronWorker
+
+        # Ray shows each actor only its own device(s), so the device index inside the process is 0.
+        init_distributed(self.rank, self.world_size, host, port, local_rank=0, platform=get_platform(),
+                         timeout_s=timeout_s, store_is_served=True)
+        dtype = DTYPES[spec.params_dtype]
+        self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, dtype)
+        self.actor.micro_batch_size = spec.actor_micro_batch_size  # its log-prob passes; updates use cfg's
+        self.reference = None
+        if spec.with_reference:
+            self.reference = MegatronWorker(spec.arch, spec.par, None, dtype, spec.actor.temperature,
+                                            spec.ref_micro_batch_size, spec.actor.seed)
+            load_stage_weights(self.reference.model,
+                               {name: p.detach() for name, p in self.actor.model.named_parameters()})
+        resumed = None
+        if spec.resume is not None:
+            resumed = self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng)
+        self.engine = make_engine(self.actor, spec.generate, spec.eos_token_ids)
+        self.rollout = ColocatedRollout(self.actor, self.engine, spec.generate)
+        return {"rank": self.rank, "host": socket.gethostname(), "dp_rank": self.actor.dp_rank,
+                "dp_size": self.actor.dp_size, "tp_rank": self.actor.tp_rank, "pp_rank": self.actor.pp_rank,
+                "holds_results": self.actor.is_last_stage and self.actor.tp_rank == 0,
+                "resumed_iteration": None if resumed is None else resumed.iteration,
+                "extra": None if resumed is None else resumed.extra, "engine": self.engine.name}
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
+        return self.rollout.generate(prompts, n, sampling)
+
+    def log_probs(self, batch: dict, role: str) -> tuple[int, torch.Tensor] | None:
+        """(data-parallel rank, log-probs of its rows) on the ranks that hold results, else None."""
+        worker = self.actor if role == "actor" else self.reference
+        out = worker.compute_log_prob(batch)
+        if out is None or worker.tp_rank != 0:
+            return None
+        return worker.dp_rank, out["log_probs"]
+
+    def update(self, batch: dict) -> dict[str, float]:
+        return self.actor.update(batch)
+
+    def save(self, root: str, iteration: int, extra: dict) -> str:
+        return str(self.actor.save_checkpoint(root, iteration, extra))
+
+    def close(self) -> None:
+        self.engine.close()
+        destroy()
+

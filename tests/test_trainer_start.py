@@ -1,0 +1,96 @@
+"""The trainer's prompt order and start point: what a resume depends on, checked without Ray."""
+
+import argparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from mindrl.checkpoint import megatron as mg
+from mindrl.config import ConfigError
+from mindrl.trainer.config import load_trainer_config
+from mindrl.trainer.grpo import check_runnable, sampling_for_step
+from mindrl.trainer.prompts import Prompt, PromptLoader, read_prompts
+from mindrl.trainer.start import start_point
+
+
+def _prompts(count: int) -> list[Prompt]:
+    return [Prompt([i, i + 1], str(i), "s") for i in range(count)]
+
+
+def test_epochs_are_seeded_permutations_without_a_short_last_batch():
+    loader = PromptLoader(_prompts(10), batch_size=4, seed=3)
+    epoch0 = [p.label for _ in range(2) for p in loader.next_batch()]
+    assert loader.state_dict() == {"epoch": 0, "position": 8}
+    epoch1 = [p.label for _ in range(2) for p in loader.next_batch()]
+    assert loader.state_dict() == {"epoch": 1, "position": 8}
+    assert len(set(epoch0)) == len(set(epoch1)) == 8 and epoch0 != epoch1  # two prompts left out per epoch
+    fixed = PromptLoader(_prompts(10), batch_size=4, seed=3, shuffle=False)
+    assert [p.label for p in fixed.next_batch()] == ["0", "1", "2", "3"]
+
+
+def test_a_loader_restored_at_the_end_of_an_epoch_continues_into_the_next():
+    whole = PromptLoader(_prompts(8), batch_size=4, seed=1)
+    batches = [[p.label for p in whole.next_batch()] for _ in range(5)]
+    resumed = PromptLoader(_prompts(8), batch_size=4, seed=1)
+    resumed.load_state_dict({"epoch": 0, "position": 8})
+    assert [[p.label for p in resumed.next_batch()] for _ in range(3)] == batches[2:]
+
+
+def test_too_few_prompts_and_a_missing_file_are_one_sentence(tmp_path):
+    with pytest.raises(ConfigError, match="has 3 prompts, fewer than one batch of global_batch_size=4"):
+        PromptLoader(_prompts(3), batch_size=4, seed=0)
+    with pytest.raises(ConfigError, match=r"no prompt file at .*run cli/preprocess_data\.py"):
+        read_prompts(tmp_path / "train.parquet")
+    pq.write_table(pa.table({"prompt": ["x"]}), tmp_path / "bad.parquet")
+    with pytest.raises(ConfigError, match=r"lacks the columns \['prompt_ids', 'answer', 'data_source'\]"):
+        read_prompts(tmp_path / "bad.parquet")
+
+
+def _save_rank(root, iteration, extra=None):
+    args = argparse.Namespace(pipeline_model_parallel_size=1)
+    mg.save_rank(root, iteration, 0, 0, {"w": torch.zeros(1)}, args, extra=extra or {})
+    mg.write_tracker(root, iteration)
+
+
+def test_start_point_tells_converted_weights_from_a_run_to_resume(tmp_path):
+    cfg = load_trainer_config("grpo_tiny_cpu").actor_config
+    assert start_point(cfg).initial_weights is None and start_point(cfg).iteration == 0
+    release, run = tmp_path / "release", tmp_path / "run"
+    _save_rank(release, "release")
+    _save_rank(run, 6, {"data": {"epoch": 1, "position": 4}, "initial_weights": str(release)})
+    from_release = start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={release}"]).actor_config)
+    assert (from_release.iteration, from_release.initial_weights, from_release.resume) == (0, str(release), None)
+    resume = start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={run}"]).actor_config)
+    # the reference is rebuilt from the run's first weights, not from the checkpoint being resumed
+    assert (resume.iteration, resume.initial_weights, resume.resume) == (6, str(release), str(run))
+    finetune = start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={run}",
+                                                                 "+actor_config.finetune=true"]).actor_config)
+    assert (finetune.iteration, finetune.initial_weights) == (0, str(run))
+
+
+def test_start_point_mistakes(tmp_path):
+    with pytest.raises(ConfigError, match=r"holds no latest_checkpointed_iteration\.txt; point it at a checkpoint"):
+        start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={tmp_path}"]).actor_config)
+    _save_rank(tmp_path / "foreign", 10)
+    with pytest.raises(ConfigError, match="records no data position\\); set finetune: true"):
+        start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={tmp_path / 'foreign'}"]).actor_config)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+rl_config.reward_resource={num_cpus: 1}", "rl_config.use_integrated_worker=false",
+      "+rl_config.colocate_actor_ref=true"],
+     "mindrl has no reward-model worker yet"),
+    (["rl_config.use_integrated_worker=false", "+rl_config.colocate_actor_ref=true"],
+     "the driver runs the reference inside the actor's processes only"),
+])
+def test_what_the_driver_cannot_run_is_refused_before_ray(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_runnable(load_trainer_config("grpo_tiny_cpu", overrides))
+
+
+def test_each_step_and_round_samples_with_its_own_seed():
+    sampling = load_trainer_config("grpo_tiny_cpu").generate_config.sampling_config
+    seeds = {sampling_for_step(sampling, step, attempt).seed for step in range(1, 50) for attempt in range(4)}
+    assert len(seeds) == 49 * 4 and sampling_for_step(sampling, 3, 1).seed == sampling_for_step(sampling, 3, 1).seed
