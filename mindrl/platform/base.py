@@ -18,6 +18,9 @@ class Platform(ABC):
     dist_backend: str
     #: Ray resource that counts this kind's devices; None where Ray's num_cpus is the measure.
     ray_resource: str | None
+    #: whether vLLM may split a seeded request's prefill over engine steps here (it rewinds the
+    #: request's generator, which a CPU generator cannot do: the step crashes)
+    vllm_chunks_seeded_prefill: bool = True
 
     @staticmethod
     def device_count() -> int:

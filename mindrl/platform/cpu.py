@@ -12,6 +12,7 @@ class CpuPlatform(Platform):
     name = "cpu"
     dist_backend = "gloo"
     ray_resource = None
+    vllm_chunks_seeded_prefill = False
 
     @staticmethod
     def available() -> bool:
