@@ -174,3 +174,33 @@ def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted
     expected, got = _metrics(whole / "metrics.jsonl"), _metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3, 4]
     assert _run_values(got) == _run_values(expected)
+
+
+def test_a_reference_on_its_own_devices_starts_from_the_converted_weights(data, tmp_path):
+    """Actor and reference on one CPU each (use_integrated_worker: false), both from a converted HF
+    model: the first step's KL is zero (the reference is the actor's start, not a random model), the
+    second's is not, and the exported actor is the converted model moved by two small updates."""
+    from safetensors.torch import load_file
+
+    from mindrl.ckpt_convert import hf_to_mcore
+    from tests.hf_models import build_hf_model, save_hf_model
+
+    tokenizer, root = data
+    model = build_hf_model("qwen2", seed=5, vocab_size=1024, hidden_size=128, intermediate_size=352,
+                           max_position_embeddings=1024, rope_theta=1e6)
+    release = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", "qwen2", 1, 1,
+                          params_dtype=torch.float32, progress=False)
+    save, log = tmp_path / "run", tmp_path / "log"
+    _run(_overrides(tokenizer, root / "math", save, **{
+        "megatron_training.train_iters": 2, "megatron_training.save_interval": 0, "rl_config.test_interval": 0,
+        "actor_config.load": release, "actor_config.lr": 1e-3, "rl_config.init_kl_coef": 0.5,
+        "rl_config.mini_batch_size": 4,  # one optimizer step per batch: step 1 updates from the start weights
+        "rl_config.use_integrated_worker": "false", "rl_config.actor_resource": "{num_cpus: 1}",
+        "+rl_config.reference_resource": "{num_cpus: 1}"}), log)
+    assert f"reference on its own 1 ranks, weights from {release}" in log.read_text()
+    first, second = _metrics(save / "metrics.jsonl")
+    assert abs(first["actor/kl_loss"]) < 1e-9 < second["actor/kl_loss"]
+    assert first["rollout_is/abs_log_prob_diff_mean"] < 1e-4 and "timing/reference_model" in first
+    start = model.state_dict()["model.embed_tokens.weight"]
+    end = load_file(save / "hf" / "model-00001-of-00001.safetensors")["model.embed_tokens.weight"]
+    assert 0 < (end - start).norm() < 0.05 * start.norm()

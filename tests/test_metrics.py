@@ -47,10 +47,10 @@ def test_rollout_metrics_by_hand():
 
 def test_actor_metrics_use_mindspeed_names():
     update = {"pg_loss": 0.1, "kl_loss": 0.2, "entropy": 1.5, "clip_fraction": 0.05, "approx_kl_old": 0.01,
-              "lr": 1e-6, "grad_norm": 3.0, "skipped": 0.0}
+              "lr": 1e-6, "grad_norm": 3.0, "skipped": 0.0, "rollout_is/k3_kl": 1e-7}
     assert actor_metrics(update) == {"actor/pg_loss": 0.1, "actor/kl_loss": 0.2, "actor/entropy": 1.5,
                                      "actor/pg_clipfrac": 0.05, "actor/ppo_kl": 0.01, "actor/lr": 1e-6,
-                                     "grad_norm": 3.0, "actor/skipped": 0.0}
+                                     "grad_norm": 3.0, "actor/skipped": 0.0, "rollout_is/k3_kl": 1e-7}
 
 
 def test_step_timer_accumulates():

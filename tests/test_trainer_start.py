@@ -82,8 +82,9 @@ def test_start_point_mistakes(tmp_path):
     (["+rl_config.reward_resource={num_cpus: 1}", "rl_config.use_integrated_worker=false",
       "+rl_config.colocate_actor_ref=true"],
      "mindrl has no reward-model worker yet"),
+    (["+actor_config.no_save_optim=true"], "actor_config.no_save_optim: True is not supported by the trainer"),
     (["rl_config.use_integrated_worker=false", "+rl_config.colocate_actor_ref=true"],
-     "the driver runs the reference inside the actor's processes only"),
+     "a reference sharing the actor's devices runs inside the actor's processes"),
 ])
 def test_what_the_driver_cannot_run_is_refused_before_ray(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -94,3 +95,13 @@ def test_each_step_and_round_samples_with_its_own_seed():
     sampling = load_trainer_config("grpo_tiny_cpu").generate_config.sampling_config
     seeds = {sampling_for_step(sampling, step, attempt).seed for step in range(1, 50) for attempt in range(4)}
     assert len(seeds) == 49 * 4 and sampling_for_step(sampling, 3, 1).seed == sampling_for_step(sampling, 3, 1).seed
+
+
+def test_a_reference_on_its_own_devices_needs_checkpointed_initial_weights():
+    from mindrl.trainer.grpo import GRPOTrainer
+
+    cfg = load_trainer_config("grpo_tiny_cpu", ["rl_config.use_integrated_worker=false",
+                                                "rl_config.actor_resource={num_cpus: 1}",
+                                                "+rl_config.reference_resource={num_cpus: 1}"])
+    with pytest.raises(ConfigError, match="a reference on its own devices needs the run's initial weights"):
+        GRPOTrainer(cfg)

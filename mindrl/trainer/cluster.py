@@ -17,7 +17,7 @@ def connect(cfg: TrainerConfig) -> Cluster:
     import ray
 
     # Quieter worker logs unless the user chose otherwise; the workers inherit the driver's environment.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,15 @@ def check_runnable(cfg: TrainerConfig) -> None:
     if cfg.reward_config is not None or rl.resources["reward_resource"] is not None:
         raise ConfigError("mindrl has no reward-model worker yet: remove reward_config and rl_config.reward_resource "
                           "and score with rule rewards (rule_reward: true).")
-    if not rl.use_integrated_worker:
-        raise ConfigError("the driver runs the reference inside the actor's processes only; set "
-                          "use_integrated_worker: true (a reference on its own resource is not supported yet).")
-    if cfg.actor_config.data_path is None or cfg.actor_config.tokenizer_name_or_path is None:
+    if not rl.use_integrated_worker and cfg.colocate_actor_ref and rl.uses_reference:
+        raise ConfigError("a reference sharing the actor's devices runs inside the actor's processes; set "
+                          "use_integrated_worker: true, or give the reference its own reference_resource.")
+    actor = cfg.actor_config
+    for key, wanted in (("no_save_optim", False), ("no_save_rng", False), ("use_distributed_optimizer", True)):
+        if getattr(actor, key) != wanted:
+            raise ConfigError(f"actor_config.{key}: {getattr(actor, key)} is not supported by the trainer (its "
+                              f"checkpoints always hold the distributed optimizer and RNG state); set it to {wanted}.")
+    if actor.data_path is None or actor.tokenizer_name_or_path is None:
         raise ConfigError("megatron_training.data_path and tokenizer_name_or_path are required to train; point them "
                           "at cli/preprocess_data.py's output and the tokenizer it used.")
 
@@ -64,24 +70,32 @@ class GRPOTrainer:
         self.cfg = cfg
         actor = cfg.actor_config
         rl, self.n = cfg.rl_config, cfg.rl_config.n_samples_per_prompt
+        self.start: StartPoint = start_point(actor)
+        if self.start.iteration > actor.train_iters:
+            raise ConfigError(f"actor_config.load is at iteration {self.start.iteration}, past train_iters="
+                              f"{actor.train_iters}; raise train_iters to train further.")
+        #: a reference on its own devices loads the run's first weights in its own layout
+        self.ref_weights = None
+        if rl.uses_reference and not rl.use_integrated_worker:
+            self.ref_weights = cfg.ref_config.load or self.start.initial_weights
+            if self.ref_weights is None:
+                raise ConfigError("a reference on its own devices needs the run's initial weights as a checkpoint; "
+                                  "set ref_config.load (or actor_config.load), or keep the reference in the actor "
+                                  "with use_integrated_worker: true.")
+        # One optimizer step per batch, one epoch, no IS correction: the update's own forward pass
+        # gives the old log-probs, so the separate pass is skipped.
+        self.on_policy = rl.epochs == 1 and rl.mini_batch_size == actor.global_batch_size and rl.rollout_is == "none"
+        self.sampling: SamplingConfig = cfg.generate_config.sampling_config
         self.tokenizer = load_tokenizer(actor.tokenizer_name_or_path)
         self.loader = PromptLoader(read_prompts(split_path(actor.data_path, "train")), actor.global_batch_size,
                                    actor.seed, shuffle=not actor.no_shuffle)
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
-        self.start: StartPoint = start_point(actor)
-        if self.start.iteration > actor.train_iters:
-            raise ConfigError(f"actor_config.load is at iteration {self.start.iteration}, past train_iters="
-                              f"{actor.train_iters}; raise train_iters to train further.")
-        # One optimizer step per batch, one epoch, no IS correction: the update's own forward pass
-        # gives the old log-probs, so the separate pass is skipped.
-        self.on_policy = rl.epochs == 1 and rl.mini_batch_size == actor.global_batch_size and rl.rollout_is == "none"
-        self.sampling: SamplingConfig = cfg.generate_config.sampling_config
-        self.group = self.rewards = self.sink = None
+        self.group = self.ref_group = self.rewards = self.sink = None
 
     # ---------------------------------------------------------------- set-up and tear-down
     def _spec(self) -> Any:
-        from mindrl.workers.policy_rank import PolicySpec
+        from mindrl.workers.ray_ranks import PolicySpec
 
         cfg, actor, rl = self.cfg, self.cfg.actor_config, self.cfg.rl_config
         eos = {self.tokenizer.eos_token_id}
@@ -90,7 +104,7 @@ class GRPOTrainer:
         return PolicySpec(
             arch=actor.arch, par=actor.parallel, actor=cfg.actor_update_config(), generate=cfg.generate_config,
             params_dtype="bf16" if actor.bf16 else "fp32", eos_token_ids=tuple(sorted(eos)),
-            initial_weights=self.start.initial_weights, with_reference=rl.uses_reference,
+            initial_weights=self.start.initial_weights, with_reference=rl.uses_reference and self.ref_weights is None,
             ref_micro_batch_size=rl.ref_forward_micro_batch_size or actor.micro_batch_size,
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
             resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
@@ -100,7 +114,7 @@ class GRPOTrainer:
         from mindrl.trainer.cluster import connect
         from mindrl.trainer.rewards import RuleRewards
         from mindrl.workers.group import WorkerGroup
-        from mindrl.workers.policy_rank import PolicyRank
+        from mindrl.workers.ray_ranks import PolicyRank
 
         cfg, rl = self.cfg, self.cfg.rl_config
         resource = rl.resources["actor_resource"]
@@ -112,6 +126,8 @@ class GRPOTrainer:
         host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
         self.ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
         self.dp_size = self.ranks[0]["dp_size"]
+        if self.ref_weights is not None:
+            self.ref_group = self._reference_group()
         if self.start.resume:
             self.loader.load_state_dict(self.ranks[0]["extra"]["data"])
             print(f"[mindrl] resumed from {self.start.resume} at iteration {self.start.iteration} "
@@ -122,13 +138,28 @@ class GRPOTrainer:
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
 
+    def _reference_group(self) -> Any:
+        from mindrl.workers.group import WorkerGroup
+        from mindrl.workers.ray_ranks import ReferenceRank, ReferenceSpec
+
+        ref, rl = self.cfg.ref_config, self.cfg.rl_config
+        group = WorkerGroup("reference", ReferenceRank, rl.resources["reference_resource"])
+        host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
+        spec = ReferenceSpec(ref.arch, ref.parallel, "bf16" if ref.bf16 else "fp32", self.ref_weights,
+                             self.sampling.temperature, rl.ref_forward_micro_batch_size or ref.micro_batch_size,
+                             ref.seed)
+        self.ref_dp_size = group.call("setup", host, port, spec, COLLECTIVE_TIMEOUT_S)[0]["dp_size"]
+        print(f"[mindrl] reference on its own {group.world_size} ranks, weights from {self.ref_weights}", flush=True)
+        return group
+
     def close(self) -> None:
         if self.sink is not None:
             self.sink.close()
         if self.rewards is not None:
             self.rewards.close()
-        if self.group is not None:
-            self.group.kill()
+        for group in (self.group, self.ref_group):
+            if group is not None:
+                group.kill()
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> Path | None:
@@ -219,15 +250,22 @@ class GRPOTrainer:
         return Experience(batch, scores, verifier, metrics)
 
     def log_prob_passes(self, batch: dict[str, torch.Tensor], timer: StepTimer) -> None:
+        import ray
+
         from mindrl.workers.group import gather_rows
 
         rows = {"tokens": batch["tokens"]}
-        if self.cfg.rl_config.uses_reference:
+        if self.ref_group is not None:  # on its own devices it runs while the actor does the old pass
+            start, pending = time.perf_counter(), self.ref_group.call_async("log_probs", rows)
+        elif self.cfg.rl_config.uses_reference:
             with timer("reference_model"):
                 batch["ref_log_probs"] = gather_rows(self.group.call("log_probs", rows, "reference"), self.dp_size)
         if not self.on_policy:
             with timer("old_log_p"):
                 batch["old_log_probs"] = gather_rows(self.group.call("log_probs", rows, "actor"), self.dp_size)
+        if self.ref_group is not None:
+            batch["ref_log_probs"] = gather_rows(ray.get(pending), self.ref_dp_size)
+            timer.seconds["reference_model"] = time.perf_counter() - start
 
     def texts(self, responses: list[list[int]]) -> list[str]:
         return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]

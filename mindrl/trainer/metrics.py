@@ -128,8 +128,9 @@ def rollout_metrics(response_lengths: torch.Tensor | Sequence[int], max_response
 
 
 def actor_metrics(update: Mapping[str, float]) -> dict[str, float]:
-    """The actor's update metrics renamed to MindSpeed-RL's; unknown ones go under actor/."""
-    return {ACTOR_NAMES.get(key, f"actor/{key}"): float(value) for key, value in update.items()}
+    """The actor's update metrics renamed to MindSpeed-RL's; unknown ones go under actor/, except
+    those already named in their own group (the engine gap the update measures, rollout_is/...)."""
+    return {ACTOR_NAMES.get(key, key if "/" in key else f"actor/{key}"): float(value) for key, value in update.items()}
 
 
 def _json_value(value: float) -> float | None:

@@ -1,9 +1,10 @@
-"""One rank of the actor's worker group, as a Ray actor hosts it (MindSpeed-RL's integrated worker).
+"""The ranks Ray actors host: a policy rank (actor + reference + rollout engine) or a reference rank.
 
-The rank holds the Megatron actor, the reference beside it when the KL loss needs one, and
-the rollout engine the actor's weights are synced into. The driver calls every method on
-every rank of the group at once (they are collectives); a method's result is the same on
-every rank unless it says otherwise.
+A policy rank is MindSpeed-RL's integrated worker: the Megatron actor, the reference beside it
+when the KL loss needs one, and the rollout engine the actor's weights are synced into. A
+reference rank serves a reference on devices of its own, in its own layout. The driver calls
+every method on every rank of a group at once (they are collectives); a method's result is
+the same on every rank unless it says otherwise.
 
 The reference is the weights the run started from, whatever the actor has become: built
 from the initial checkpoint, or copied from the actor's random initialisation before any
@@ -25,7 +26,7 @@ from mindrl.models.dtypes import DTYPES
 from mindrl.models.gpt import load_stage_weights
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
-from mindrl.workers.megatron_worker import ActorConfig
+from mindrl.workers.megatron_worker import ActorConfig, MegatronWorker
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,9 @@ class PolicySpec:
     load_rng: bool = True
 
 
-class PolicyRank:
+class RankProcess:
+    """What every rank of a group does: say where it runs, publish or join the rendezvous."""
+
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
         self._store: dist.TCPStore | None = None
@@ -67,16 +70,22 @@ class PolicyRank:
                                     timeout=timedelta(seconds=timeout_s))
         return host, self._store.port
 
-    def setup(self, host: str, port: int, spec: PolicySpec, timeout_s: float) -> dict:
-        """Join the group, build the models and the engine, and resume if asked; returns where this rank sits."""
+    def join(self, host: str, port: int, timeout_s: float) -> None:
         from mindrl.platform import get_platform
-        from mindrl.rollout.colocated import ColocatedRollout
-        from mindrl.rollout.engines import make_engine
-        from mindrl.workers.megatron_worker import ActorWorker, MegatronWorker
 
         # Ray shows each actor only its own device(s), so the device index inside the process is 0.
         init_distributed(self.rank, self.world_size, host, port, local_rank=0, platform=get_platform(),
                          timeout_s=timeout_s, store_is_served=True)
+
+
+class PolicyRank(RankProcess):
+    def setup(self, host: str, port: int, spec: PolicySpec, timeout_s: float) -> dict:
+        """Join the group, build the models and the engine, and resume if asked; returns where this rank sits."""
+        from mindrl.rollout.colocated import ColocatedRollout
+        from mindrl.rollout.engines import make_engine
+        from mindrl.workers.megatron_worker import ActorWorker
+
+        self.join(host, port, timeout_s)
         dtype = DTYPES[spec.params_dtype]
         self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, dtype)
         self.actor.micro_batch_size = spec.actor_micro_batch_size  # its log-prob passes; updates use cfg's
@@ -93,7 +102,6 @@ class PolicyRank:
         self.rollout = ColocatedRollout(self.actor, self.engine, spec.generate)
         return {"rank": self.rank, "host": socket.gethostname(), "dp_rank": self.actor.dp_rank,
                 "dp_size": self.actor.dp_size, "tp_rank": self.actor.tp_rank, "pp_rank": self.actor.pp_rank,
-                "holds_results": self.actor.is_last_stage and self.actor.tp_rank == 0,
                 "resumed_iteration": None if resumed is None else resumed.iteration,
                 "extra": None if resumed is None else resumed.extra, "engine": self.engine.name}
 
@@ -101,12 +109,7 @@ class PolicyRank:
         return self.rollout.generate(prompts, n, sampling)
 
     def log_probs(self, batch: dict, role: str) -> tuple[int, torch.Tensor] | None:
-        """(data-parallel rank, log-probs of its rows) on the ranks that hold results, else None."""
-        worker = self.actor if role == "actor" else self.reference
-        out = worker.compute_log_prob(batch)
-        if out is None or worker.tp_rank != 0:
-            return None
-        return worker.dp_rank, out["log_probs"]
+        return _rows_of(self.actor if role == "actor" else self.reference, batch)
 
     def update(self, batch: dict) -> dict[str, float]:
         return self.actor.update(batch)
@@ -118,3 +121,39 @@ class PolicyRank:
         self.engine.close()
         destroy()
 
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    arch: ModelArch
+    par: ParallelConfig
+    params_dtype: str
+    #: Megatron checkpoint root of the run's initial weights, in this role's layout
+    weights: str
+    temperature: float
+    micro_batch_size: int
+    seed: int
+
+
+class ReferenceRank(RankProcess):
+    """A reference on devices of its own (use_integrated_worker: false)."""
+
+    def setup(self, host: str, port: int, spec: ReferenceSpec, timeout_s: float) -> dict:
+        self.join(host, port, timeout_s)
+        self.reference = MegatronWorker(spec.arch, spec.par, spec.weights, DTYPES[spec.params_dtype],
+                                        spec.temperature, spec.micro_batch_size, spec.seed)
+        return {"rank": self.rank, "host": socket.gethostname(), "dp_size": self.reference.dp_size}
+
+    def log_probs(self, batch: dict, role: str = "reference") -> tuple[int, torch.Tensor] | None:
+        return _rows_of(self.reference, batch)
+
+    def close(self) -> None:
+        destroy()
+
+
+def _rows_of(worker: MegatronWorker, batch: dict) -> tuple[int, torch.Tensor] | None:
+    """(data-parallel rank, log-probs of its rows) on the ranks that hold results (last stage, TP rank 0)."""
+    out = worker.compute_log_prob(batch)
+    if out is None or worker.tp_rank != 0:
+        return None
+    return worker.dp_rank, out["log_probs"]
