@@ -1,0 +1,154 @@
+"""Whole GRPO steps of cli/train_grpo.py against the machine's own matmul rate and against TRL.
+
+    python bench/grpo_e2e.py [--steps 3] [--models tiny,small] [--dtypes fp32,bf16] [--no-trl]
+
+For grpo_tiny_cpu and grpo_small_cpu at 16 prompts × 8 samples, 64 (tiny) / 128 (small) new
+tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
+precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/s (prompt +
+response tokens of every sample over the step's seconds, whole machine), seconds per stage,
+and achieved GFLOP/s — the matmul FLOPs of the rollout, the reference pass, the old-log-prob
+pass when it runs, and the update's forward and backward — beside a plain matmul's GFLOP/s in
+the same precision on the same two cores, measured in the same run. Each configuration runs
+the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
+Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
+(bench/trl_grpo.py; TRL is installed into .bench-trl/ on first use, not into the project's
+environment), and the ratio of the two e2e rates. Updates run in micro-batches of 16 samples
+(the forward passes too). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from rollout import DTYPES, _matmul, flops_per_request  # noqa: E402  (the sibling benchmark's FLOP model)
+
+from mindrl.config import load_model_arch  # noqa: E402
+from mindrl.launch import run_ranks  # noqa: E402
+
+NEW_TOKENS = {"tiny": 64, "small": 128}
+MICRO_BATCH = 16
+TRL_DIR = ROOT / ".bench-trl"
+TRL_PACKAGES = ("trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0", "multiprocess==0.70.19", "dill==0.4.1",
+                "pandas==3.1.1", "python-dateutil==4.0.0", "tzdata==2026.6", "xxhash==4.1.0")
+STAGES = ("rollout", "reference_model", "old_log_p", "rule_reward", "adv", "update", "resharding_to_infer",
+          "resharding_to_train")
+
+
+def _data(folder: Path) -> tuple[Path, Path]:
+    tokenizer, data = folder / "tokenizer", folder / "math"
+    python = sys.executable
+    subprocess.run([python, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(tokenizer)], check=True,
+                   capture_output=True)
+    subprocess.run([python, str(ROOT / "cli" / "preprocess_data.py"), "--config-name", "synthetic_math",
+                    f"output_dir={data}", f"tokenizer_name_or_path={tokenizer}"], check=True, capture_output=True)
+    return tokenizer, data
+
+
+def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path) -> list[dict]:
+    bf16 = dtype == "bf16"
+    overrides = {
+        "megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
+        "megatron_training.global_batch_size": 16, "megatron_training.train_iters": steps,
+        "megatron_training.save": out, "megatron_training.save_interval": 0, "megatron_training.bf16": bf16,
+        "actor_config.lr": 1e-5, "rl_config.n_samples_per_prompt": 8, "rl_config.mini_batch_size": 16,
+        "rl_config.init_kl_coef": 0.04, "rl_config.test_interval": 0, "rl_config.use_tensorboard": False,
+        "rl_config.overlong_buffer_enable": False, "rl_config.rollout_max_tokens": NEW_TOKENS[model],
+        "generate_config.dtype": "bfloat16" if bf16 else "float32", "generate_config.max_num_seqs": 128,
+        "actor_config.micro_batch_size": MICRO_BATCH, "rl_config.ref_forward_micro_batch_size": MICRO_BATCH,
+        "generate_config.sampling_config.max_tokens": NEW_TOKENS[model]}
+    args = [f"{'' if key in _FILE_KEYS[model] else '+'}{key}={value}" for key, value in overrides.items()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+    run = subprocess.run([sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", f"grpo_{model}_cpu",
+                          *args], env=env, capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"grpo_{model}_cpu {dtype} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _file_keys(model: str) -> set[str]:
+    """Dotted keys the config file has (the rest need Hydra's leading +)."""
+    import yaml
+
+    def walk(prefix: str, node: object) -> set[str]:
+        if not isinstance(node, dict):
+            return {prefix}
+        return {k for key, value in node.items() for k in walk(f"{prefix}.{key}" if prefix else key, value)}
+
+    return walk("", yaml.safe_load((ROOT / "configs" / "rlxf" / f"grpo_{model}_cpu.yaml").read_text()))
+
+
+_FILE_KEYS = {model: _file_keys(model) for model in NEW_TOKENS}
+
+
+def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path) -> dict:
+    """TRL's e2e tokens/s on the same work, from its second step."""
+    if not (TRL_DIR / "trl").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(TRL_DIR),
+                        *TRL_PACKAGES], check=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(TRL_DIR)}
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "trl_grpo.py"), "--model", model, "--dtype", dtype,
+                          "--data", str(data), "--tokenizer", str(tokenizer), "--steps", str(steps)],
+                         env=env, capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"TRL {model} {dtype} failed:\n{run.stderr[-3000:]}")
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    seconds = sum(out["step_s"][1:]) / (len(out["step_s"]) - 1)
+    response = sum(out["completion_len"][1:]) / (len(out["completion_len"]) - 1)
+    return {"e2e_tokens_per_s": round(16 * 8 * (out["prompt_len"] + response) / seconds, 1),
+            "step_s": round(seconds, 2), "response_len": round(response, 1)}
+
+
+def _summary(model: str, lines: list[dict]) -> dict:
+    arch = load_model_arch(f"{model}_qwen")
+    timed = lines[1:] or lines
+    mean = {key: sum(line.get(key) or 0.0 for line in timed) / len(timed) for key in timed[0]}
+    samples = 16 * 8
+    prompt, response = mean["prompt_length/mean"], mean["response_length/mean"]
+    rollout = samples * flops_per_request(arch, round(prompt), round(response))
+    passes = 1 + (1 - mean["old_log_p/from_update"]) + 3  # reference, old (if run), update forward + backward
+    # one forward over a whole sequence costs what the engine's prefill of it does
+    flops = rollout + passes * samples * flops_per_request(arch, round(prompt + response), 0)
+    seconds = mean["timing/all"]
+    return {"e2e_tokens_per_s": round(samples * (prompt + response) / seconds, 1),
+            "e2e_tps_per_rank": round(mean["e2e_tps"], 1), "step_s": round(seconds, 2),
+            "stage_s": {stage: round(mean.get(f"timing/{stage}", 0.0), 3) for stage in STAGES},
+            "gflops": round(flops / seconds / 1e9, 1), "prompt_len": round(prompt, 1),
+            "response_len": round(response, 1), "old_log_p_skipped": bool(mean["old_log_p/from_update"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--no-trl", action="store_true", help="leave out TRL's side")
+    args = parser.parse_args()
+    result: dict = {"bench": "grpo_e2e", "prompts": 16, "samples": 8, "threads": 2,
+                    "matmul_gflops": {d: round(run_ranks(_matmul, 1, d, 2)[0], 1) for d in DTYPES}}
+    with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
+        tokenizer, data = _data(Path(tmp))
+        for model in args.models.split(","):
+            for dtype in args.dtypes.split(","):
+                lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}")
+                measured = _summary(model, lines)
+                measured["share_of_matmul"] = round(measured["gflops"] / result["matmul_gflops"][dtype], 2)
+                if not args.no_trl:
+                    trl = _trl(model, dtype, 2, tokenizer, data)  # no warm-up to leave out: 2 steps
+                    measured["trl"] = trl
+                    measured["vs_trl"] = round(measured["e2e_tokens_per_s"] / trl["e2e_tokens_per_s"], 2)
+                result[f"{model}_{dtype}"] = measured
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
