@@ -10,7 +10,6 @@ repeats on fresh prompts until the batch holds enough informative groups.
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ from mindrl.trainer.metrics import MetricsSink, StepTimer, actor_metrics, rollou
 from mindrl.trainer.prompts import PromptLoader, read_prompts, split_path
 from mindrl.trainer.start import StartPoint, start_point
 
-log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 #: seconds a collective or the rendezvous may wait before the run fails instead of hanging
 COLLECTIVE_TIMEOUT_S = 1800.0
@@ -82,9 +80,12 @@ class GRPOTrainer:
                 raise ConfigError("a reference on its own devices needs the run's initial weights as a checkpoint; "
                                   "set ref_config.load (or actor_config.load), or keep the reference in the actor "
                                   "with use_integrated_worker: true.")
+        #: prompts per update: DAPO fills its batch to filter_groups_train_batch_size informative groups
+        self.train_groups = (rl.filter_groups_train_batch_size if rl.filter_groups_enable else None) or \
+            actor.global_batch_size
         # One optimizer step per batch, one epoch, no IS correction: the update's own forward pass
         # gives the old log-probs, so the separate pass is skipped.
-        self.on_policy = rl.epochs == 1 and rl.mini_batch_size == actor.global_batch_size and rl.rollout_is == "none"
+        self.on_policy = rl.epochs == 1 and rl.mini_batch_size == self.train_groups and rl.rollout_is == "none"
         self.sampling: SamplingConfig = cfg.generate_config.sampling_config
         self.tokenizer = load_tokenizer(actor.tokenizer_name_or_path)
         self.loader = PromptLoader(read_prompts(split_path(actor.data_path, "train")), actor.global_batch_size,
@@ -165,14 +166,14 @@ class GRPOTrainer:
     def fit(self) -> Path | None:
         """Train to train_iters; returns the final actor exported to HF (None without `save`)."""
         actor = self.cfg.actor_config
-        self.setup()
         try:
+            self.setup()
             step = self.start.iteration
             while step < actor.train_iters:
                 step += 1
                 metrics = self.train_step(step)
                 if self.test_prompts and step % self.cfg.rl_config.test_interval == 0:
-                    metrics.update(self.validate(step))
+                    metrics.update(self.validate())
                 self.sink.log(step, metrics)
                 if actor.save and (step == actor.train_iters or
                                    (actor.save_interval and step % actor.save_interval == 0)):
@@ -208,10 +209,9 @@ class GRPOTrainer:
 
     def experience(self, step: int, timer: StepTimer) -> Experience:
         """A scored batch with the log-probs the update needs (several rollout rounds under DAPO)."""
-        rl, actor = self.cfg.rl_config, self.cfg.actor_config
-        groups = rl.filter_groups_train_batch_size or actor.global_batch_size
-        accumulator = GroupAccumulator(groups, self.n, rl.filter_groups_max_batches, rl.filter_groups_metric) \
-            if rl.filter_groups_enable else None
+        rl = self.cfg.rl_config
+        accumulator = GroupAccumulator(self.train_groups, self.n, rl.filter_groups_max_batches,
+                                       rl.filter_groups_metric) if rl.filter_groups_enable else None
         metrics: dict[str, float] = {}
         for attempt in itertools.count():
             prompts = self.loader.next_batch()
@@ -229,7 +229,6 @@ class GRPOTrainer:
             scores = torch.tensor(scored.rewards)
             verifier = {k: torch.tensor(v) for k, v in scored.scores.items()}
             batch.update(scores=scores, **{f"verifier/{k}": v for k, v in verifier.items()})
-            batch["prompt_index"] = torch.arange(len(prompts)).repeat_interleave(self.n) + attempt * len(prompts)
             metrics.update(scored.metrics)
             if accumulator.add(batch, select_filter_values(rl.filter_groups_metric, scores, verifier)):
                 break
@@ -246,7 +245,6 @@ class GRPOTrainer:
         else:
             scores = batch.pop("scores")
             verifier = {k.removeprefix("verifier/"): batch.pop(k) for k in list(batch) if k.startswith("verifier/")}
-            batch.pop("prompt_index")
         return Experience(batch, scores, verifier, metrics)
 
     def log_prob_passes(self, batch: dict[str, torch.Tensor], timer: StepTimer) -> None:
@@ -276,7 +274,7 @@ class GRPOTrainer:
         return self.tokenizer.eos_token_id if pad is None else pad
 
     # ---------------------------------------------------------------- validation, checkpoints, export
-    def validate(self, step: int) -> dict[str, float]:
+    def validate(self) -> dict[str, float]:
         """Greedy answers to the test split, scored like training rewards."""
         greedy = SamplingConfig(max_tokens=self.sampling.max_tokens, top_k=1, logprobs=0, seed=0)
         result, _ = self.group.call("generate", [p.ids for p in self.test_prompts], 1, greedy)[0]
