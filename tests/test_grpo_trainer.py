@@ -204,3 +204,20 @@ def test_a_reference_on_its_own_devices_starts_from_the_converted_weights(data, 
     start = model.state_dict()["model.embed_tokens.weight"]
     end = load_file(save / "hf" / "model-00001-of-00001.safetensors")["model.embed_tokens.weight"]
     assert 0 < (end - start).norm() < 0.05 * start.norm()
+
+
+def test_dapo_dynamic_sampling_drops_flat_groups_and_generates_until_the_batch_is_full(data, tmp_path):
+    """16 new tokens with the overlong penalty past 8: most responses run to 16 and score alike, so most
+    groups are flat; the driver keeps generating on fresh prompts until 4 informative groups are in."""
+    tokenizer, root = data
+    save = tmp_path / "run"
+    _run(_overrides(tokenizer, root / "math", save, **{
+        "megatron_training.train_iters": 1, "rl_config.test_interval": 0, "rl_config.use_tensorboard": False,
+        "generate_config.sampling_config.max_tokens": 16, "rl_config.rollout_max_tokens": 16,
+        "rl_config.overlong_buffer": 8, "+rl_config.filter_groups_enable": True,
+        "+rl_config.filter_groups_metric": "score", "+rl_config.filter_groups_max_batches": 40}), tmp_path / "log")
+    (line,) = _metrics(save / "metrics.jsonl")
+    assert line["filter_groups/kept_groups"] >= 4 and line["filter_groups/dropped_groups"] > 0
+    assert line["filter_groups/num_gen_batches"] == (line["filter_groups/kept_groups"] +
+                                                     line["filter_groups/dropped_groups"]) / 4
+    assert line["grpo/score/max"] > line["grpo/score/min"] and line["response_length/max"] <= 16
