@@ -21,13 +21,13 @@ import torch.distributed as dist
 from mindrl.distributed import destroy, init_distributed
 
 
-def rendezvous_store(world_size: int, timeout_s: float = 600.0) -> dist.TCPStore:
-    """A rendezvous store served from this process on a loopback port the OS picks.
+def rendezvous_store(world_size: int, timeout_s: float = 600.0, host: str = "127.0.0.1") -> dist.TCPStore:
+    """A rendezvous store served from this process on a port the OS picks (on loopback by default).
 
     The port is bound from the moment it is chosen until the store is dropped, so parallel
     launches cannot race for it (picking a free port and binding it later can).
     """
-    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
                          timeout=timedelta(seconds=timeout_s))
 
 

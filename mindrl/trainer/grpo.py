@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ class GRPOTrainer:
                    and i != self.tokenizer.unk_token_id)
         return PolicySpec(
             arch=actor.arch, par=actor.parallel, actor=cfg.actor_update_config(), generate=cfg.generate_config,
-            params_dtype="bf16" if actor.bf16 else "fp32", eos_token_ids=tuple(sorted(eos)),
+            params_dtype=actor.params_dtype, eos_token_ids=tuple(sorted(eos)),
             initial_weights=self.start.initial_weights, with_reference=rl.uses_reference and self.ref_weights is None,
             ref_micro_batch_size=rl.ref_forward_micro_batch_size or actor.micro_batch_size,
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
@@ -125,12 +125,12 @@ class GRPOTrainer:
               flush=True)
         self.group = WorkerGroup("actor", PolicyRank, resource)
         host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
-        self.ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
-        self.dp_size = self.ranks[0]["dp_size"]
+        ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
+        self.dp_size = ranks[0]["dp_size"]
         if self.ref_weights is not None:
             self.ref_group = self._reference_group()
         if self.start.resume:
-            self.loader.load_state_dict(self.ranks[0]["extra"]["data"])
+            self.loader.load_state_dict(ranks[0]["extra"]["data"])
             print(f"[mindrl] resumed from {self.start.resume} at iteration {self.start.iteration} "
                   f"(epoch {self.loader.epoch}, prompt {self.loader.position})", flush=True)
         cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
@@ -146,7 +146,7 @@ class GRPOTrainer:
         ref, rl = self.cfg.ref_config, self.cfg.rl_config
         group = WorkerGroup("reference", ReferenceRank, rl.resources["reference_resource"])
         host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
-        spec = ReferenceSpec(ref.arch, ref.parallel, "bf16" if ref.bf16 else "fp32", self.ref_weights,
+        spec = ReferenceSpec(ref.arch, ref.parallel, ref.params_dtype, self.ref_weights,
                              self.sampling.temperature, rl.ref_forward_micro_batch_size or ref.micro_batch_size,
                              ref.seed)
         self.ref_dp_size = group.call("setup", host, port, spec, COLLECTIVE_TIMEOUT_S)[0]["dp_size"]
@@ -303,8 +303,6 @@ class GRPOTrainer:
 def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:
     """Each rollout round samples with its own seeds (a fixed seed would repeat the same draws every
     step), derived from the configured one so that a resumed run draws what an uninterrupted one did."""
-    import dataclasses
-
     if sampling.seed is None:
         return sampling
-    return dataclasses.replace(sampling, seed=sampling.seed + 1_000_003 * step + 7_919 * attempt)
+    return replace(sampling, seed=sampling.seed + 1_000_003 * step + 7_919 * attempt)

@@ -88,6 +88,11 @@ class MegatronConfig:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
 
     @property
+    def params_dtype(self) -> str:
+        """The workers' weight dtype (mindrl.models.dtypes): bf16 keeps fp32 main params in the optimizer."""
+        return "bf16" if self.bf16 else "fp32"
+
+    @property
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
                               self.num_layer_list)

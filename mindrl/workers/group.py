@@ -71,9 +71,14 @@ class WorkerGroup:
         refs = [ray.put(a) if isinstance(a, dict) else a for a in args]
         return [getattr(actor, method).remote(*refs) for actor in self.actors]
 
-    def kill(self) -> None:
+    def kill(self, close_timeout_s: float = 60.0) -> None:
+        """Let every rank close (engines remove their temporary model folders), then end the actors.
+
+        Closing is bounded: a rank that failed or hangs in a collective is ended all the same."""
         import ray
 
+        ray.wait([actor.close.remote() for actor in self.actors], num_returns=len(self.actors),
+                 timeout=close_timeout_s)
         for actor in self.actors:
             ray.kill(actor)
         ray.util.remove_placement_group(self.placement)

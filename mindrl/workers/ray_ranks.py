@@ -13,15 +13,14 @@ checkpoint is loaded into the actor — never reloaded from a path the run has s
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.distributed import destroy, init_distributed
+from mindrl.launch import rendezvous_store
 from mindrl.models.dtypes import DTYPES
 from mindrl.models.gpt import load_stage_weights
 from mindrl.rollout.base import RolloutResult
@@ -66,8 +65,7 @@ class RankProcess:
         import ray
 
         host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-        self._store = dist.TCPStore(host, 0, self.world_size, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=timeout_s))
+        self._store = rendezvous_store(self.world_size, timeout_s, host)
         return host, self._store.port
 
     def join(self, host: str, port: int, timeout_s: float) -> None:
@@ -80,7 +78,8 @@ class RankProcess:
 
 class PolicyRank(RankProcess):
     def setup(self, host: str, port: int, spec: PolicySpec, timeout_s: float) -> dict:
-        """Join the group, build the models and the engine, and resume if asked; returns where this rank sits."""
+        """Join the group, build the models and the engine, and resume if asked; returns the data-parallel
+        size and, on a resume, the trainer state saved with the checkpoint."""
         from mindrl.rollout.colocated import ColocatedRollout
         from mindrl.rollout.engines import make_engine
         from mindrl.workers.megatron_worker import ActorWorker
@@ -100,10 +99,7 @@ class PolicyRank(RankProcess):
             resumed = self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng)
         self.engine = make_engine(self.actor, spec.generate, spec.eos_token_ids)
         self.rollout = ColocatedRollout(self.actor, self.engine, spec.generate)
-        return {"rank": self.rank, "host": socket.gethostname(), "dp_rank": self.actor.dp_rank,
-                "dp_size": self.actor.dp_size, "tp_rank": self.actor.tp_rank, "pp_rank": self.actor.pp_rank,
-                "resumed_iteration": None if resumed is None else resumed.iteration,
-                "extra": None if resumed is None else resumed.extra, "engine": self.engine.name}
+        return {"dp_size": self.actor.dp_size, "extra": None if resumed is None else resumed.extra}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
         return self.rollout.generate(prompts, n, sampling)
@@ -120,7 +116,6 @@ class PolicyRank(RankProcess):
     def close(self) -> None:
         self.engine.close()
         destroy()
-
 
 
 @dataclass(frozen=True)
@@ -142,9 +137,9 @@ class ReferenceRank(RankProcess):
         self.join(host, port, timeout_s)
         self.reference = MegatronWorker(spec.arch, spec.par, spec.weights, DTYPES[spec.params_dtype],
                                         spec.temperature, spec.micro_batch_size, spec.seed)
-        return {"rank": self.rank, "host": socket.gethostname(), "dp_size": self.reference.dp_size}
+        return {"dp_size": self.reference.dp_size}
 
-    def log_probs(self, batch: dict, role: str = "reference") -> tuple[int, torch.Tensor] | None:
+    def log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:
         return _rows_of(self.reference, batch)
 
     def close(self) -> None:
