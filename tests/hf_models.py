@@ -48,3 +48,17 @@ def save_hf_model(model: transformers.PreTrainedModel, folder: Path, dtype: torc
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128, "tag": str(folder)}))
     model.to(torch.float32)
     return folder
+
+
+def mcore_to_hf_state(full: dict[str, torch.Tensor], arch) -> dict[str, torch.Tensor]:
+    """A full (merged) Megatron state dict — weights or gradients — under HF's names, by the converter's mapping."""
+    from mindrl.models import hf_mapping as hfm
+    from mindrl.models import sharding
+
+    state = {hfm.EMBEDDING[0]: full[hfm.EMBEDDING[1]], hfm.FINAL_NORM[0]: full[hfm.FINAL_NORM[1]]}
+    if not arch.tied_embeddings:
+        state[hfm.OUTPUT[0]] = full[hfm.OUTPUT[1]]
+    for i in range(arch.num_layers):
+        layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}
+        state.update({hfm.hf_layer_prefix(i) + n: t for n, t in hfm.mcore_to_hf_layer(layer, arch).items()})
+    return state

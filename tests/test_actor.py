@@ -282,10 +282,10 @@ def _on_policy_grads(rank: int) -> dict:
     batch = _update_batch(arch.padded_vocab_size)
     del batch["old_log_probs"]
     rows = torch.arange(8)
-    worker._backward(batch, rows)
+    worker._backward(batch, rows, worker._policy_loss)
     without = reduced_grads(worker)
     own = dict(batch, old_log_probs=worker.compute_log_prob(batch)["log_probs"])
-    worker._backward(own, rows)
+    worker._backward(own, rows, worker._policy_loss)
     errors = []
     try:
         worker.update({k: v.repeat(2, 1) for k, v in batch.items()})

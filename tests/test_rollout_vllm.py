@@ -9,11 +9,11 @@ import torch.distributed as dist
 
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch
 from mindrl.launch import run_ranks
-from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.trainer.experience import rollout_batch
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
+from tests.hf_models import mcore_to_hf_state
 
 pytest.importorskip("vllm")
 
@@ -79,14 +79,7 @@ def test_engine_log_probs_equal_the_actor_after_a_sync_from_tp2_pp2(engine_vs_ac
 
 def _hf_state(stages: dict, arch, par: ParallelConfig) -> dict[str, torch.Tensor]:
     """The actor's weights as HF tensors, by the converter's path (not the sync's)."""
-    full = sharding.merge_state_dicts(stages, arch, par)
-    state = {hfm.EMBEDDING[0]: full[hfm.EMBEDDING[1]], hfm.FINAL_NORM[0]: full[hfm.FINAL_NORM[1]]}
-    if not arch.tied_embeddings:
-        state[hfm.OUTPUT[0]] = full[hfm.OUTPUT[1]]
-    for i in range(arch.num_layers):
-        layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}
-        state.update({hfm.hf_layer_prefix(i) + n: t for n, t in hfm.mcore_to_hf_layer(layer, arch).items()})
-    return state
+    return mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)
 
 
 def _three_rounds(rank: int) -> list[dict]:

@@ -24,9 +24,9 @@ from mindrl.ckpt_convert import mcore_to_hf, mcore_to_mcore
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch
 from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
-from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
+from tests.hf_models import mcore_to_hf_state
 
 ROWS, SEQ, BEFORE, AFTER = 8, 16, 2, 2
 # A warm-up over all 8 optimizer steps, weight decay, clipping and a shuffle seeded by the update count:
@@ -195,11 +195,7 @@ def test_a_training_checkpoint_converts_to_the_actors_hf_weights(saved, roots, t
     arch, par = load_model_arch("tiny_qwen"), LAYOUTS["pp2"]
     snapshots = [r["pp2"]["at_save"] for r in saved]
     stages = {s["stage"]: s["params"] for s in snapshots if s["dp"] == 0}
-    full = sharding.merge_state_dicts(stages, arch, par)
-    expected = {hfm.EMBEDDING[0]: full[hfm.EMBEDDING[1]], hfm.FINAL_NORM[0]: full[hfm.FINAL_NORM[1]]}
-    for i in range(arch.num_layers):
-        layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}
-        expected.update({hfm.hf_layer_prefix(i) + n: t for n, t in hfm.mcore_to_hf_layer(layer, arch).items()})
+    expected = mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)
     out = mcore_to_hf(roots["pp2"], tmp_path / "hf", progress=False)
     got = {}
     for shard in sorted(Path(out).glob("*.safetensors")):

@@ -1,5 +1,6 @@
 """Rows of a raw dataset: jsonl, json (a list or {"data": [...]}) , parquet, or an HF dataset
-saved with `save_to_disk` (read from its Arrow files, so the `datasets` package is not needed)."""
+saved with `save_to_disk` (read from its Arrow files, so the `datasets` package is not needed);
+and the columns of a preprocessed prompt parquet, for the trainers."""
 
 from __future__ import annotations
 
@@ -55,3 +56,16 @@ def _read_saved_dataset(folder: Path) -> Iterator[dict[str, Any]]:
     for entry in json.loads(state.read_text())["_data_files"]:
         with pa.memory_map(str(folder / entry["filename"])) as source:
             yield from pa.ipc.open_stream(source).read_all().to_pylist()
+
+
+def read_columns(path: str | Path, columns: tuple[str, ...]) -> dict[str, list]:
+    """The named columns of a cli/preprocess_data.py parquet, each a list; one sentence if it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no prompt file at {path}; run cli/preprocess_data.py for this dataset or point "
+                          f"megatron_training.data_path at its output folder.")
+    table = pq.read_table(path)
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise ConfigError(f"{path} lacks the columns {missing}; it must be the output of cli/preprocess_data.py.")
+    return {c: table.column(c).to_pylist() for c in columns}

@@ -1,4 +1,4 @@
-"""Joining a Ray cluster, or starting one on this machine, and checking it can give the roles.
+"""Joining a Ray cluster, or starting one on this machine.
 
 `RAY_ADDRESS` (set by `ray start` scripts or by the user) means a running cluster; without
 it the driver starts a private one-node cluster with this machine's cores and devices, no
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
-from mindrl.trainer.config import TrainerConfig, check_resources
 from mindrl.trainer.resources import Cluster
 
 
-def connect(cfg: TrainerConfig) -> Cluster:
+def connect() -> Cluster:
+    """What the cluster offers, for the caller to check its roles against."""
     import ray
 
     # Quieter worker logs unless the user chose otherwise; the workers inherit the driver's environment.
@@ -25,6 +25,4 @@ def connect(cfg: TrainerConfig) -> Cluster:
             ray.init(address=address, log_to_driver=True)
         else:
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=True)
-    cluster = Cluster.from_ray(ray.cluster_resources())
-    check_resources(cfg, cluster)
-    return cluster
+    return Cluster.from_ray(ray.cluster_resources())

@@ -22,15 +22,19 @@ from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_value
 from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
 from mindrl.config import ConfigError
 from mindrl.rollout.config import SamplingConfig
-from mindrl.trainer.config import TrainerConfig
+from mindrl.trainer.config import TrainerConfig, check_resources
 from mindrl.trainer.experience import rollout_batch
-from mindrl.trainer.metrics import MetricsSink, StepTimer, actor_metrics, rollout_metrics, throughput_metrics
+from mindrl.trainer.export import export_hf
+from mindrl.trainer.metrics import (
+    METRICS_FILE,
+    MetricsSink,
+    StepTimer,
+    actor_metrics,
+    rollout_metrics,
+    throughput_metrics,
+)
 from mindrl.trainer.prompts import PromptLoader, read_prompts, split_path
-from mindrl.trainer.start import StartPoint, start_point
-
-METRICS_FILE = "metrics.jsonl"
-#: seconds a collective or the rendezvous may wait before the run fails instead of hanging
-COLLECTIVE_TIMEOUT_S = 1800.0
+from mindrl.trainer.start import JOB_GRPO, StartPoint, start_point
 
 
 @dataclass
@@ -114,12 +118,12 @@ class GRPOTrainer:
     def setup(self) -> None:
         from mindrl.trainer.cluster import connect
         from mindrl.trainer.rewards import RuleRewards
-        from mindrl.workers.group import WorkerGroup
+        from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
         from mindrl.workers.ray_ranks import PolicyRank
 
         cfg, rl = self.cfg, self.cfg.rl_config
         resource = rl.resources["actor_resource"]
-        connect(cfg)
+        check_resources(cfg, connect())
         print(f"[mindrl] starting {resource.count} actor ranks ({resource}); "
               f"old log-probs: {'the update’s own forward (on-policy)' if self.on_policy else 'a separate pass'}",
               flush=True)
@@ -140,7 +144,7 @@ class GRPOTrainer:
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
 
     def _reference_group(self) -> Any:
-        from mindrl.workers.group import WorkerGroup
+        from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
         from mindrl.workers.ray_ranks import ReferenceRank, ReferenceSpec
 
         ref, rl = self.cfg.ref_config, self.cfg.rl_config
@@ -286,18 +290,12 @@ class GRPOTrainer:
         return {f"validation/{key}": value for key, value in summary.items()}
 
     def save(self, step: int) -> None:
-        extra = {"data": self.loader.state_dict(), "initial_weights": self.start.initial_weights, "step": step}
+        extra = {"job": JOB_GRPO, "data": self.loader.state_dict(), "initial_weights": self.start.initial_weights,
+                 "step": step}
         self.group.call("save", self.cfg.actor_config.save, step, extra)
 
     def export(self) -> Path:
-        """The final actor as an HF model (safetensors, config, tokenizer) beside the checkpoints."""
-        from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
-
-        save = Path(self.cfg.actor_config.save)
-        target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False,
-                             tokenizer_model=self.cfg.actor_config.tokenizer_name_or_path)
-        print(f"[mindrl] final actor exported to {target} (HF format)", flush=True)
-        return target
+        return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)
 
 
 def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:

@@ -21,7 +21,8 @@ from mindrl.trainer.values import check_types, positive
 if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorConfig
 
-STAGES = ("ray_grpo",)
+#: `stage` → the command that trains it
+STAGES = {"ray_grpo": "cli/train_grpo.py", "sft": "cli/train_sft.py"}
 # ActorConfig checks these too, but importing it loads megatron-core (seconds on a small box);
 # a config must be judged before that, so the two value rules are repeated here.
 LR_DECAY_STYLES = ("constant", "cosine", "linear")
@@ -32,7 +33,8 @@ _ARCH_KEYS = frozenset(f.name for f in dataclasses.fields(ModelArch)) - {"name"}
 class MegatronConfig:
     #: which entry of the defaults list's `model` group this role builds
     model: str | None = None
-    stage: str = "ray_grpo"
+    #: which trainer the file is for (ray_grpo or sft); unset means the one loading it
+    stage: str | None = None
     tokenizer_name_or_path: str | None = None
     #: folder of cli/preprocess_data.py output (train.parquet, test.parquet) or one parquet / jsonl file
     data_path: str | None = None
@@ -68,14 +70,15 @@ class MegatronConfig:
     #: the resolved architecture (model yaml entry + this section's architecture keys); not a key
     arch: ModelArch | None = dataclasses.field(default=None, compare=False)
 
-    def check(self, section: str) -> None:
+    def check(self, section: str, stage: str = "ray_grpo") -> None:
         check_types(section, self)
         positive(section, self, "global_batch_size", "micro_batch_size", "seq_length", "train_iters",
                  "lr_decay_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size")
         positive(section, self, "save_interval", allow_zero=True)
-        if self.stage not in STAGES:
-            raise ConfigError(f"{section}.stage={self.stage!r} is not a mindrl trainer; use {' or '.join(STAGES)} "
-                              f"(DAPO runs as ray_grpo with filter_groups_enable and clip-higher).")
+        if self.stage is not None and self.stage != stage:
+            known = f"; {self.stage} runs with {STAGES[self.stage]}" if self.stage in STAGES else \
+                " (DAPO runs as ray_grpo with filter_groups_enable and clip-higher)" if stage == "ray_grpo" else ""
+            raise ConfigError(f"{section}.stage={self.stage!r} is not what {STAGES[stage]} trains; use {stage}{known}.")
         for key in ("global_batch_size", "seq_length", "train_iters"):
             if getattr(self, key) is None:
                 raise ConfigError(f"{section}.{key} is required; set it in megatron_training.")
@@ -111,7 +114,7 @@ class MegatronConfig:
 
     @classmethod
     def from_dict(cls, section: str, values: Mapping[str, Any], models: Mapping[str, Any],
-                  keys: Keys) -> MegatronConfig:
+                  keys: Keys, stage: str = "ray_grpo") -> MegatronConfig:
         values = normalise(values)
         fields = {f.name for f in dataclasses.fields(cls)} - {"arch"}
         own = {k: v for k, v in values.items() if k in fields}
@@ -131,7 +134,7 @@ class MegatronConfig:
             else:
                 keys.unknown(section, key, fields | _ARCH_KEYS)
         cfg = cls(**own, arch=ModelArch.from_dict(name, {**base, **overrides}))
-        cfg.check(section)
+        cfg.check(section, stage)
         return cfg
 
 

@@ -35,9 +35,11 @@ ACTOR_NAMES = {"pg_loss": "actor/pg_loss", "kl_loss": "actor/kl_loss", "entropy"
 ACCURACY_VERIFIERS = ("base_acc", "acc", "math_17k_acc", "acc_for_ppo", "acc_for_dapo", "math_verify_reward",
                       "retool_reward")
 
+#: the per-step metrics file a run writes under its `save` folder
+METRICS_FILE = "metrics.jsonl"
 #: console postfix: metric → short label
 POSTFIX = {"grpo/score/mean": "score", "accuracy": "acc", "response_length/mean": "len",
-           "actor/pg_loss": "pg", "actor/kl_loss": "kl", "timing/all": "step_s"}
+           "actor/pg_loss": "pg", "actor/kl_loss": "kl", "sft/loss": "loss", "timing/all": "step_s"}
 
 
 class StepTimer:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
-import pyarrow.parquet as pq
 import torch
 
 from mindrl.config import ConfigError
+from mindrl.data.readers import read_columns
 
 COLUMNS = ("prompt_ids", "answer", "data_source")
+Row = TypeVar("Row")
 
 
 @dataclass
@@ -36,21 +38,15 @@ def split_path(data_path: str | Path, split: str) -> Path:
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"no prompt file at {path}; run cli/preprocess_data.py for this dataset or point "
-                          f"megatron_training.data_path at its output folder.")
-    table = pq.read_table(path)
-    missing = [c for c in COLUMNS if c not in table.column_names]
-    if missing:
-        raise ConfigError(f"{path} lacks the columns {missing}; it must be the output of cli/preprocess_data.py.")
-    columns = {c: table.column(c).to_pylist() for c in COLUMNS}
+    columns = read_columns(path, COLUMNS)
     rows = zip(columns["prompt_ids"], columns["answer"], columns["data_source"], strict=True)
     return [Prompt(list(ids), str(label), str(source)) for ids, label, source in rows]
 
 
-class PromptLoader:
-    def __init__(self, prompts: list[Prompt], batch_size: int, seed: int, shuffle: bool = True) -> None:
+class PromptLoader(Generic[Row]):
+    """Batches of rows — GRPO's prompts, or the SFT trainer's examples — in a resumable order."""
+
+    def __init__(self, prompts: list[Row], batch_size: int, seed: int, shuffle: bool = True) -> None:
         if len(prompts) < batch_size:
             raise ConfigError(f"the training split has {len(prompts)} prompts, fewer than one batch of "
                               f"global_batch_size={batch_size}; lower global_batch_size or add data.")
@@ -64,7 +60,7 @@ class PromptLoader:
         generator = torch.Generator().manual_seed(self.seed + 7919 * self.epoch)
         return torch.randperm(len(self.prompts), generator=generator).tolist()
 
-    def next_batch(self) -> list[Prompt]:
+    def next_batch(self) -> list[Row]:
         if self.position + self.batch_size > len(self.prompts):
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self._permutation()

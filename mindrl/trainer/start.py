@@ -1,9 +1,10 @@
 """Where a run starts: fresh weights, converted weights, or a training checkpoint to resume.
 
 `actor_config.load` (MindSpeed-RL / Megatron-LM's `load`) names a Megatron checkpoint root:
-- a `release` checkpoint (cli/convert_ckpt.py's output) or any checkpoint with `finetune: true`:
-  the run starts from its weights at step 0;
-- a training checkpoint written by this trainer: the run resumes at its iteration — weights,
+- a `release` checkpoint (cli/convert_ckpt.py's output), a checkpoint of another job (GRPO
+  loading the SFT stage's output: the R1 recipe's SFT → RL) or any checkpoint with
+  `finetune: true`: the run starts from its weights at step 0;
+- a training checkpoint written by the same job: the run resumes at its iteration — weights,
   optimizer and scheduler (unless no_load_optim), random generators (unless no_load_rng), the
   data position and the step — and the reference is built from the weights the run first
   started from, which the checkpoint records, not from `load`;
@@ -21,6 +22,9 @@ from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
 from mindrl.trainer.megatron import MegatronConfig
 
+#: what a training checkpoint's `job` says wrote it (checkpoints without one are GRPO's)
+JOB_GRPO, JOB_SFT = "grpo", "sft"
+
 
 @dataclass(frozen=True)
 class StartPoint:
@@ -34,7 +38,8 @@ class StartPoint:
     extra: dict[str, Any] | None = None
 
 
-def start_point(actor: MegatronConfig) -> StartPoint:
+def start_point(actor: MegatronConfig, job: str = JOB_GRPO) -> StartPoint:
+    """`job` is the trainer asking (JOB_GRPO or JOB_SFT): only its own checkpoints resume."""
     if actor.load is None:
         return StartPoint(0, None)
     root = Path(actor.load)
@@ -45,6 +50,8 @@ def start_point(actor: MegatronConfig) -> StartPoint:
     if iteration == "release" or actor.finetune:
         return StartPoint(0, str(root))
     extra = saved_extra(root, iteration)
+    if extra.get("job", JOB_GRPO) != job:
+        return StartPoint(0, str(root))
     if "data" not in extra:
         raise ConfigError(f"{root} iteration {iteration} is not a training checkpoint of this trainer (it records no "
                           f"data position); set finetune: true to start from its weights at step 0.")

@@ -17,6 +17,9 @@ from mindrl.trainer.resources import RoleResource
 
 log = logging.getLogger(__name__)
 
+#: seconds a collective or the rendezvous may wait before the run fails instead of hanging
+COLLECTIVE_TIMEOUT_S = 1800.0
+
 
 class PlacementTimeout(RuntimeError):
     """The cluster did not offer a role's devices in time."""

@@ -1,4 +1,4 @@
-"""Megatron policy workers: the reference (forward only) and the actor (log-probs + updates).
+"""Megatron policy workers: the reference (forward only) and the actor (log-probs, RL updates, SFT steps).
 
 They run inside a rank whose process group is up (mindrl.distributed); the Ray actor that
 hosts them is a thin shell. A batch is a dict of host tensors over the *whole* batch:
@@ -12,6 +12,7 @@ entropy) come back on the last pipeline stage for that rank's rows; other stages
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
 from mindrl.algorithms.rollout_is import mismatch_shares
+from mindrl.algorithms.sft_loss import sft_loss
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint import training
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
@@ -70,6 +72,15 @@ class ActorConfig:
                               f"micro_batch_size={self.micro_batch_size}.")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be positive, got {self.temperature}.")
+
+
+#: (logits, log-probs of the labels, micro-batch, whole-batch normalisers) → (loss share, metric shares)
+LossOf = Callable[[torch.Tensor, torch.Tensor, dict, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
+
+
+def _sft_loss(logits: torch.Tensor, log_probs: torch.Tensor, mb: dict,
+              normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+    return sft_loss(log_probs, mb["loss_mask"], normalisers["num_tokens"])
 
 
 class MegatronWorker:
@@ -223,13 +234,13 @@ class ActorWorker(MegatronWorker):
                 gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
                 order = rows.start + torch.randperm(n_local, generator=gen)
             for start in range(0, n_local, mini):
-                metrics = self._step(batch, order[start:start + mini])
+                metrics = self._step(batch, order[start:start + mini], self._policy_loss)
                 for key, value in metrics.items():
                     history.setdefault(key, []).append(value)
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _backward(self, batch: dict, rows: torch.Tensor) -> list[dict]:
+    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> list[dict]:
         """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced
         over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares."""
         cfg = self.cfg
@@ -242,25 +253,30 @@ class ActorWorker(MegatronWorker):
         dist.all_reduce(totals, group=parallel_state.get_data_parallel_group())
         normalisers = {"num_tokens": totals[0].item(), "num_seqs": totals[1].item()}
         scale = len(micro) * self.dp_size
-        need_entropy = cfg.loss.entropy_coeff != 0
 
         def loss_fn(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
             log_probs = vocab_parallel_log_probs(logits, mb["labels"], cfg.temperature, self.vocab_size)
-            entropy = vocab_parallel_entropy(logits, cfg.temperature, self.vocab_size) if need_entropy else None
-            old = mb.get("old_log_probs")
-            loss, metrics = actor_loss(log_probs, log_probs.detach() if old is None else old, mb["advantages"],
-                                       mb["loss_mask"], cfg.loss, ref_log_prob=mb.get("ref_log_probs"),
-                                       entropy=entropy, is_weights=mb.get("rollout_is_weights"), **normalisers)
-            if old is None and "engine_log_probs" in mb:
-                metrics.update(mismatch_shares(log_probs, mb["engine_log_probs"], mb["loss_mask"],
-                                               normalisers["num_tokens"]))
+            loss, metrics = loss_of(logits, log_probs, mb, normalisers)
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
         zero_grads(self.ddp, self.optimizer)
         return run_microbatches(self.ddp, micro, loss_fn)
 
-    def _step(self, batch: dict, rows: torch.Tensor) -> dict[str, float]:
-        outputs = self._backward(batch, rows)
+    def _policy_loss(self, logits: torch.Tensor, log_probs: torch.Tensor, mb: dict,
+                     normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        entropy = vocab_parallel_entropy(logits, cfg.temperature, self.vocab_size) if cfg.loss.entropy_coeff else None
+        old = mb.get("old_log_probs")
+        loss, metrics = actor_loss(log_probs, log_probs.detach() if old is None else old, mb["advantages"],
+                                   mb["loss_mask"], cfg.loss, ref_log_prob=mb.get("ref_log_probs"),
+                                   entropy=entropy, is_weights=mb.get("rollout_is_weights"), **normalisers)
+        if old is None and "engine_log_probs" in mb:
+            metrics.update(mismatch_shares(log_probs, mb["engine_log_probs"], mb["loss_mask"],
+                                           normalisers["num_tokens"]))
+        return loss, metrics
+
+    def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> dict[str, float]:
+        outputs = self._backward(batch, rows, loss_of)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
@@ -268,6 +284,19 @@ class ActorWorker(MegatronWorker):
         metrics = self._global_metrics(outputs)
         metrics.update({"grad_norm": float(grad_norm) if grad_norm is not None else math.nan, "lr": lr,
                         "skipped": float(not updated)})
+        return metrics
+
+    def sft_step(self, batch: dict) -> dict[str, float]:
+        """One optimizer step of supervised fine-tuning on the whole batch (`tokens`, `loss_mask`:
+        1 where the next token is a response token); metrics as `update`'s, with `sft_loss`."""
+        check_batch(batch, ("loss_mask",))
+        if self.cfg.temperature != 1.0:
+            raise ConfigError(f"supervised fine-tuning scores tokens at temperature 1, but this actor's is "
+                              f"{self.cfg.temperature}; build it with temperature=1.0.")
+        rows = self.local_rows(batch["tokens"].shape[0])
+        self.model.train()
+        metrics = self._step(batch, torch.arange(rows.start, rows.stop), _sft_loss)
+        self.updates += 1
         return metrics
 
     def _global_metrics(self, outputs: list[dict]) -> dict[str, float]:

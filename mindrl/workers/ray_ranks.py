@@ -1,4 +1,5 @@
-"""The ranks Ray actors host: a policy rank (actor + reference + rollout engine) or a reference rank.
+"""The ranks Ray actors host: a policy rank (actor + reference + rollout engine), a reference rank,
+or an SFT rank (the actor alone, taught responses).
 
 A policy rank is MindSpeed-RL's integrated worker: the Megatron actor, the reference beside it
 when the KL loss needs one, and the rollout engine the actor's weights are synced into. A
@@ -141,6 +142,43 @@ class ReferenceRank(RankProcess):
 
     def log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:
         return _rows_of(self.reference, batch)
+
+    def close(self) -> None:
+        destroy()
+
+
+@dataclass(frozen=True)
+class SFTSpec:
+    arch: ModelArch
+    par: ParallelConfig
+    actor: ActorConfig
+    params_dtype: str
+    #: Megatron checkpoint root of the start weights; None: random initialisation from the seed
+    initial_weights: str | None
+    resume: str | None = None
+    resume_iteration: int | None = None
+    load_optim: bool = True
+    load_rng: bool = True
+
+
+class SFTRank(RankProcess):
+    """The Megatron actor under supervised fine-tuning; it writes the checkpoints GRPO starts from."""
+
+    def setup(self, host: str, port: int, spec: SFTSpec, timeout_s: float) -> dict:
+        from mindrl.workers.megatron_worker import ActorWorker
+
+        self.join(host, port, timeout_s)
+        self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, DTYPES[spec.params_dtype])
+        resumed = None
+        if spec.resume is not None:
+            resumed = self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng)
+        return {"dp_size": self.actor.dp_size, "extra": None if resumed is None else resumed.extra}
+
+    def step(self, batch: dict) -> dict[str, float]:
+        return self.actor.sft_step(batch)
+
+    def save(self, root: str, iteration: int, extra: dict) -> str:
+        return str(self.actor.save_checkpoint(root, iteration, extra))
 
     def close(self) -> None:
         destroy()

@@ -1,0 +1,108 @@
+"""The SFT driver: the Megatron actor's ranks on Ray, taught prompt → response pairs.
+
+The R1 recipe's first stage (SFT → RL) and the GRPO demo's warm start. Each step is one
+optimizer step on `global_batch_size` examples (loss on the response tokens only,
+algorithms/sft_loss.py); checkpoints are the trainer's Megatron layout, so GRPO's
+`actor_config.load` starts from them (at step 0, with them as its KL reference) and
+this trainer resumes from them (weights, optimizer, RNG, data position).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mindrl.config import ConfigError
+from mindrl.data.sft import read_sft_examples, sft_batch
+from mindrl.trainer.export import export_hf
+from mindrl.trainer.metrics import METRICS_FILE, MetricsSink, StepTimer
+from mindrl.trainer.prompts import PromptLoader, split_path
+from mindrl.trainer.sft_config import SFTConfig, check_resources
+from mindrl.trainer.start import JOB_SFT, StartPoint, start_point
+
+
+class SFTTrainer:
+    def __init__(self, cfg: SFTConfig) -> None:
+        from mindrl.data.tokenizer import load_tokenizer
+
+        self.cfg, t = cfg, cfg.training
+        self.start: StartPoint = start_point(t, JOB_SFT)
+        if self.start.iteration > t.train_iters:
+            raise ConfigError(f"megatron_training.load is at iteration {self.start.iteration}, past train_iters="
+                              f"{t.train_iters}; raise train_iters to train further.")
+        self.tokenizer = load_tokenizer(t.tokenizer_name_or_path)
+        path = split_path(t.data_path, "train")
+        examples, too_long = read_sft_examples(path, self.tokenizer, cfg.sft.response_format, t.seq_length)
+        print(f"[mindrl] {len(examples)} SFT examples from {path}"
+              f"{f', {too_long} longer than seq_length={t.seq_length} left out' if too_long else ''}", flush=True)
+        self.loader = PromptLoader(examples, t.global_batch_size, t.seed, shuffle=not t.no_shuffle)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = self.tokenizer.eos_token_id if pad is None else pad
+        self.group = self.sink = None
+
+    def _spec(self) -> Any:
+        from mindrl.workers.megatron_worker import ActorConfig
+        from mindrl.workers.ray_ranks import SFTSpec
+
+        t = self.cfg.training
+        actor = ActorConfig(lr=t.lr, min_lr=t.min_lr, lr_decay_style=t.lr_decay_style,
+                            lr_warmup_fraction=t.lr_warmup_fraction, lr_decay_steps=t.lr_decay_iters or t.train_iters,
+                            weight_decay=t.weight_decay, clip_grad=t.clip_grad, adam_beta1=t.adam_beta1,
+                            adam_beta2=t.adam_beta2, mini_batch_size=t.global_batch_size,
+                            micro_batch_size=t.micro_batch_size, seed=t.seed)
+        return SFTSpec(t.arch, t.parallel, actor, t.params_dtype, self.start.initial_weights, self.start.resume,
+                       self.start.iteration if self.start.resume else None, not t.no_load_optim, not t.no_load_rng)
+
+    def setup(self) -> None:
+        from mindrl.trainer.cluster import connect
+        from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
+        from mindrl.workers.ray_ranks import SFTRank
+
+        t, resource = self.cfg.training, self.cfg.sft.resource
+        check_resources(self.cfg, connect())
+        weights = self.start.initial_weights or f"random (seed {t.seed})"
+        print(f"[mindrl] starting {resource.count} SFT ranks ({resource}), "
+              f"{'resuming ' + self.start.resume if self.start.resume else 'weights ' + weights}", flush=True)
+        self.group = WorkerGroup("sft", SFTRank, resource)
+        host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
+        ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
+        if self.start.resume:
+            self.loader.load_state_dict(ranks[0]["extra"]["data"])
+            print(f"[mindrl] resumed from {self.start.resume} at iteration {self.start.iteration} "
+                  f"(epoch {self.loader.epoch}, example {self.loader.position})", flush=True)
+        self.sink = MetricsSink(t.train_iters, Path(t.save) / METRICS_FILE if t.save else None,
+                                self.cfg.sft.tensorboard_dir if self.cfg.sft.use_tensorboard else None,
+                                self.start.iteration)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+        if self.group is not None:
+            self.group.kill()
+
+    def fit(self) -> Path | None:
+        """Train to train_iters; returns the final weights exported to HF (None without `save`)."""
+        t = self.cfg.training
+        try:
+            self.setup()
+            for step in range(self.start.iteration + 1, t.train_iters + 1):
+                self.sink.log(step, self.train_step())
+                if t.save and (step == t.train_iters or (t.save_interval and step % t.save_interval == 0)):
+                    extra = {"job": JOB_SFT, "data": self.loader.state_dict(),
+                             "initial_weights": self.start.initial_weights, "step": step}
+                    self.group.call("save", t.save, step, extra)
+            return export_hf(t.save, t.tokenizer_name_or_path) if t.save else None
+        finally:
+            self.close()
+
+    def train_step(self) -> dict[str, float]:
+        timer = StepTimer()
+        with timer("all"):
+            examples = self.loader.next_batch()
+            batch = sft_batch(examples, self.pad_id)
+            out = self.group.call("step", batch)[0]
+        seconds = timer.seconds["all"]
+        real = sum(len(e.prompt_ids) + len(e.response_ids) for e in examples)
+        return {"sft/loss": out["sft_loss"], "grad_norm": out["grad_norm"], "actor/lr": out["lr"],
+                "sft/response_tokens": batch["loss_mask"].sum().item(), "timing/all": seconds,
+                "tokens_per_s": real / seconds}

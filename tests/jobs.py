@@ -1,0 +1,99 @@
+"""Running a mindrl command as a job in its own session, and ending all of it.
+
+Each job runs in its own session so that a SIGKILL can reach all of it — the driver, the
+Ray processes it started and their workers — by the PIDs of that session alone.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_LIMIT_S = 600
+# Metrics that measure the machine rather than the run: they differ between any two runs.
+_MACHINE = ("timing/", "_tps", "seconds", "gb_per_s", "tokens_per_s")
+
+
+def start(script: str, config_name: str, overrides: list[str], log: Path) -> subprocess.Popen:
+    """`python cli/<script> --config-name <config_name> <overrides>`, output appended to `log`."""
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+    with open(log, "a") as out:
+        return subprocess.Popen([sys.executable, str(ROOT / "cli" / script), "--config-name", config_name,
+                                 *overrides], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                start_new_session=True)
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    for pid in session_pids(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+
+
+def finish(proc: subprocess.Popen, log: Path) -> None:
+    """Wait for a job to succeed and check that none of its processes outlive it."""
+    try:
+        code = proc.wait(timeout=JOB_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        pytest.fail(f"the job ran past {JOB_LIMIT_S} s:\n{log.read_text()[-4000:]}")
+    assert code == 0, log.read_text()[-6000:]
+    deadline = time.monotonic() + 30
+    while session_pids(proc.pid) and time.monotonic() < deadline:  # Ray's processes leave shortly after the driver
+        time.sleep(0.5)
+    left = session_pids(proc.pid)
+    kill_session(proc)
+    assert not left, f"processes {left} of the job outlived it"
+
+
+def run(script: str, config_name: str, overrides: list[str], log: Path) -> None:
+    finish(start(script, config_name, overrides, log), log)
+
+
+def kill_when(proc: subprocess.Popen, ready, log: Path, delay_s: float = 0.0) -> None:
+    deadline = time.monotonic() + JOB_LIMIT_S
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_session(proc)
+            pytest.fail(f"the job ended or stalled before the kill point:\n{log.read_text()[-6000:]}")
+        time.sleep(0.001)
+    time.sleep(delay_s)
+    kill_session(proc)
+
+
+def metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_values(lines: list[dict]) -> list[dict]:
+    """Each step's metrics without those that measure the machine."""
+    return [{k: v for k, v in line.items() if not any(m in k for m in _MACHINE)} for line in lines]
+
+
+def evaluate(*args: str | Path) -> dict:
+    """cli/evaluate.py's JSON summary line."""
+    done = subprocess.run([sys.executable, str(ROOT / "cli" / "evaluate.py"), *map(str, args)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=JOB_LIMIT_S, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
