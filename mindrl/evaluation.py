@@ -1,0 +1,211 @@
+"""Evaluate a checkpoint on a prompt parquet: generate, score with the verifier registry, pass@k.
+
+The generation path is the trainer's own: the Megatron actor loads the checkpoint (an HF
+model is converted first, exactly), the rollout engine gets its weights by the same sync
+as in training, and greedy decoding uses the trainer's validation settings — so the
+figures of a run's validation and of this evaluation come from one code path.
+
+A sample is *correct* when the accuracy verifier gives it 1.0 (its full mark), chosen as the
+trainer's `accuracy` metric chooses it (trainer/metrics.py), so the two agree. pass@k is the
+unbiased estimator of Chen et al. (2021) over the n samples of each prompt,
+1 − C(n − c, k) / C(n, k), averaged over the prompts of each data_source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mindrl.config import ConfigError
+from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.trainer.metrics import ACCURACY_VERIFIERS
+
+#: HF config model_type → the converter's --model-type-hf
+_HF_FAMILIES = {"qwen2": "qwen2", "llama": "llama3", "qwen3": "qwen3"}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    #: a Megatron checkpoint root (converted, SFT or GRPO) or an HF model folder
+    load: str
+    #: a prompt parquet (cli/preprocess_data.py output) or its folder (then its test.parquet)
+    data: str
+    tokenizer: str
+    n_samples: int = 1
+    #: 0 is greedy (top-k 1), as the trainer's validation
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int = 0
+    verifiers: list[str] = field(default_factory=lambda: ["acc", "format"])
+    weights: list[float] = field(default_factory=lambda: [1.0, 0.1])
+    #: the k of pass@k reported beside pass@1 (each at most n_samples)
+    ks: list[int] = field(default_factory=list)
+    backend: str = "vllm"
+    dtype: str = "float32"
+    max_num_seqs: int = 64
+    max_model_len: int = 1024
+    cpu_kv_cache_mb: int = 256
+    #: where the generations and their scores go (parquet); None: not written
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_samples < 1:
+            raise ConfigError(f"--n-samples must be at least 1, got {self.n_samples}.")
+        if self.temperature == 0 and self.n_samples > 1:
+            raise ConfigError(f"greedy decoding (--temperature 0) gives the same answer {self.n_samples} times; "
+                              f"set --temperature > 0 for n samples per prompt.")
+        bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
+        if bad:
+            raise ConfigError(f"pass@k needs 1 <= k <= n_samples={self.n_samples}, got k={bad}; lower k or raise "
+                              f"--n-samples.")
+        if self.judge is None:
+            raise ConfigError(f"--verifiers {' '.join(self.verifiers)} has no accuracy verifier to decide which "
+                              f"samples are correct; add one of {', '.join(ACCURACY_VERIFIERS)}.")
+        if self.max_tokens >= self.max_model_len:
+            raise ConfigError(f"--max-tokens {self.max_tokens} leaves no room for a prompt in --max-model-len "
+                              f"{self.max_model_len}; raise --max-model-len.")
+
+    @property
+    def judge(self) -> str | None:
+        return next((name for name in ACCURACY_VERIFIERS if name in self.verifiers), None)
+
+    def sampling(self) -> SamplingConfig:
+        if self.temperature == 0:
+            return SamplingConfig(max_tokens=self.max_tokens, top_k=1, logprobs=0, seed=self.seed)
+        return SamplingConfig(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              logprobs=0, seed=self.seed)
+
+    def generate_config(self) -> GenerateConfig:
+        return GenerateConfig(backend=self.backend, dtype=self.dtype, max_num_seqs=self.max_num_seqs,
+                              max_model_len=self.max_model_len, max_num_batched_tokens=max(self.max_model_len, 4096),
+                              cpu_kv_cache_mb=self.cpu_kv_cache_mb, sampling_config=self.sampling())
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of k samples drawn without replacement from n (c correct) is correct."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def megatron_checkpoint(load: str, workdir: Path) -> str:
+    """`load` itself when it is a Megatron checkpoint; an HF folder converted (TP=1, PP=1, fp32) into `workdir`."""
+    from mindrl.checkpoint import megatron as mg
+
+    root = Path(load)
+    if (root / mg.TRACKER).is_file():
+        return str(root)
+    config = root / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"--load {load} is neither a Megatron checkpoint (no {mg.TRACKER}) nor an HF model "
+                          f"(no config.json); point it at one.")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type not in _HF_FAMILIES:
+        raise ConfigError(f"--load {load} is an HF {model_type!r} model; mindrl evaluates "
+                          f"{', '.join(_HF_FAMILIES)} models.")
+    import torch
+
+    from mindrl.ckpt_convert import hf_to_mcore
+
+    return str(hf_to_mcore(root, workdir / "mg", _HF_FAMILIES[model_type], params_dtype=torch.float32,
+                           progress=False))
+
+
+def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[list[int]],
+                   eos_token_ids: tuple[int, ...]) -> Any:
+    from mindrl.checkpoint import megatron as mg
+    from mindrl.rollout.colocated import ColocatedRollout
+    from mindrl.rollout.engines import make_engine
+    from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
+
+    args = mg.load_args(checkpoint)
+    gen = cfg.generate_config()
+    actor = ActorWorker(mg.arch_of(args, checkpoint), mg.parallel_of(args), ActorConfig(seed=cfg.seed), checkpoint)
+    engine = make_engine(actor, gen, eos_token_ids)
+    try:
+        result, _ = ColocatedRollout(actor, engine, gen).generate(prompts, cfg.n_samples, gen.sampling_config)
+    finally:
+        engine.close()
+    return result if rank == 0 else None
+
+
+def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    """Generate, score and summarise; writes the generations to `cfg.output` if set. Returns the summary."""
+    from mindrl.checkpoint import megatron as mg
+    from mindrl.config.reward import RewardConfig
+    from mindrl.data.tokenizer import load_tokenizer
+    from mindrl.launch import run_ranks
+    from mindrl.rewards.scorer import RewardScorer
+    from mindrl.trainer.prompts import read_prompts, split_path
+
+    reward = RewardConfig(verifier_function=list(cfg.verifiers), verifier_weight=list(cfg.weights))
+    prompts = read_prompts(split_path(cfg.data, "test"))
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    longest = max(len(p.ids) for p in prompts)
+    if longest + cfg.max_tokens > cfg.max_model_len:
+        raise ConfigError(f"the longest prompt ({longest} tokens) plus --max-tokens {cfg.max_tokens} exceeds "
+                          f"--max-model-len {cfg.max_model_len}; raise it.")
+    with tempfile.TemporaryDirectory(prefix="mindrl-eval-") as workdir:
+        checkpoint = megatron_checkpoint(cfg.load, Path(workdir))
+        par = mg.parallel_of(mg.load_args(checkpoint))
+        result = run_ranks(_generate_rank, par.tp * par.pp, checkpoint, cfg, [p.ids for p in prompts],
+                           (tokenizer.eos_token_id,))[0]
+    n = cfg.n_samples
+    texts = [tokenizer.decode(r, skip_special_tokens=True) for r in result.responses]
+    labels = [p.label for p in prompts for _ in range(n)]
+    with RewardScorer(reward) as scorer:
+        scored = scorer.score(texts, labels, [len(r) for r in result.responses])
+    correct = [s == 1.0 for s in scored.scores[cfg.judge]]
+    rows = [{"index": i // n, "sample": i % n, "data_source": prompts[i // n].data_source, "answer": labels[i],
+             "response": texts[i], "response_length": len(result.responses[i]),
+             "finish_reason": result.finish_reasons[i], "score": scored.rewards[i], "correct": correct[i],
+             **{f"score/{name}": values[i] for name, values in scored.scores.items()}} for i in range(len(texts))]
+    summary = summarise(rows, n, cfg.ks)
+    summary.update(load=cfg.load, data=str(split_path(cfg.data, "test")), n_samples=n,
+                   temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+    if cfg.output:
+        write_generations(rows, cfg.output)
+        summary["output"] = cfg.output
+    return summary
+
+
+def summarise(rows: list[dict], n: int, ks: list[int]) -> dict[str, Any]:
+    """pass@1, pass@k and the means of the score, each verifier's score and the response length, overall
+    and per data_source (each prompt weighs the same: every prompt has n samples)."""
+    by_prompt: dict[int, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_prompt[row["index"]].append(row)
+    groups: dict[str, list[list[dict]]] = defaultdict(list)
+    for samples in by_prompt.values():
+        groups[samples[0]["data_source"]].append(samples)
+    groups["all"] = list(by_prompt.values())
+
+    def figures(prompts: list[list[dict]]) -> dict[str, float]:
+        out = {"prompts": len(prompts)}
+        for k in sorted({1, *ks}):
+            out[f"pass@{k}"] = sum(pass_at_k(n, sum(s["correct"] for s in p), k) for p in prompts) / len(prompts)
+        samples = [s for p in prompts for s in p]
+        for key in ("score", "response_length", *(k for k in samples[0] if k.startswith("score/"))):
+            out[f"{key}_mean"] = sum(s[key] for s in samples) / len(samples)
+        return out
+
+    return {"by_source": {source: figures(prompts) for source, prompts in sorted(groups.items())}}
+
+
+def write_generations(rows: list[dict], path: str | Path) -> None:
+    """The generations with their scores as one parquet, written atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mindrl.checkpoint.atomic import atomic_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
