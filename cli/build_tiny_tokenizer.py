@@ -1,9 +1,10 @@
 """Train the tiny offline tokenizer the CPU demo uses (byte-level BPE, ChatML tokens).
 
     python cli/build_tiny_tokenizer.py --out data/tiny_tokenizer [--vocab-size 1024]
+    python cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits
 
-Trained on the synthetic problems and every template's text, so prompts tokenize into
-reasonably few ids; its vocabulary fits configs/model/tiny_qwen.yaml.
+Trained on the synthetic problems of `--task` and every template's text, so prompts tokenize
+into reasonably few ids; its vocabulary fits the tiny model configs (configs/model/).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from mindrl.data.templates import load_templates
 from mindrl.data.tokenizer import build_tiny_tokenizer
 
 
-def corpus() -> list[str]:
+def corpus(task: str = "mixed") -> list[str]:
     texts = [t.render("", "") for t in load_templates().values() if not t.prefix]
-    for problem in generate_problems("mixed", 4000, seed=12345):
+    for problem in generate_problems(task, 4000, seed=12345):
         texts += [problem["question"], problem["solution"],
                   f"<think>{problem['solution']}</think>\n<answer>\\boxed{{{problem['answer']}}}</answer>"]
     return texts
@@ -31,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory (an HF tokenizer directory)")
     parser.add_argument("--vocab-size", type=int, default=1024)
+    parser.add_argument("--task", default="mixed", help="synthetic problems to train on: mixed (default) or facts")
+    parser.add_argument("--split-digits", action="store_true", help="one token per digit")
     args = parser.parse_args(argv)
-    path = build_tiny_tokenizer(args.out, corpus(), vocab_size=args.vocab_size)
+    path = build_tiny_tokenizer(args.out, corpus(args.task), vocab_size=args.vocab_size,
+                                split_digits=args.split_digits)
     print(f"[tokenizer] wrote {path} (vocab {args.vocab_size})", file=sys.stderr)
     return 0
 

@@ -79,6 +79,29 @@ def test_synthetic_problems_are_deterministic_and_correct():
             assert eval(expression) == int(problem["answer"])  # an independent check of the generator
 
 
+def test_fact_problems_are_single_digit_facts_answered_in_one_sentence():
+    problems = generate_problems("facts", 600, seed=2)
+    assert problems == generate_problems("facts", 600, seed=2)
+    assert {p["kind"] for p in problems} == {"fact_bare", "fact_word"}
+    for problem in problems:
+        a, op, b = problem["fact"].split()
+        assert 0 <= int(a) <= 9 and 0 <= int(b) <= 9 and op in "+-*"
+        assert eval(problem["fact"]) == int(problem["answer"])  # an independent check of the generator
+        assert problem["solution"] == f"The answer is {problem['answer']}."
+        if problem["kind"] == "fact_bare":
+            assert a in problem["question"] and b in problem["question"]
+    assert len({p["fact"] for p in problems}) > 250  # most of the 300 facts
+
+
+def test_the_facts_tokenizer_spells_numbers_digit_by_digit(tmp_path):
+    cli = Path(__file__).resolve().parents[1] / "cli" / "build_tiny_tokenizer.py"
+    subprocess.run([sys.executable, str(cli), "--out", str(tmp_path / "tok"), "--task", "facts", "--vocab-size", "512",
+                    "--split-digits"], check=True, capture_output=True)
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer.encode("The answer is 28.", add_special_tokens=False))
+    assert tokens[-3:] == ["2", "8", "."] and len(tokenizer) <= 512
+
+
 def _config(tokenizer_dir, out, **kw):
     base = dict(output_dir=str(out), tokenizer_name_or_path=str(tokenizer_dir), prompt_type="qwen_r1",
                 map_keys={"prompt": "question", "answer": "answer"}, max_prompt_length=512)

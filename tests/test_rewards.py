@@ -161,6 +161,14 @@ CASES = [
     ("gsm8k", "#### −12", "-12", 1.0),
     ("gsm8k", "#### −12", "12", 0.0),
     ("gsm8k", "it drops to −3 degrees", "-3", 1.0),
+    ("gsm8k", "The answer is 28.", "28", 1.0),                              # the learning demo's layout
+    ("answer_sentence", "The answer is 28.", "28", 1.0),                    # layout only, right or wrong
+    ("answer_sentence", "The answer is -3.", "7", 1.0),
+    ("answer_sentence", PROMPT_TAIL + "The answer is 5.<|im_end|>", "5", 1.0),
+    ("answer_sentence", "The answer is 28", "28", 0.0),
+    ("answer_sentence", "I think the answer is 28.", "28", 0.0),
+    ("answer_sentence", "The answer is 28. The answer is 29.", "28", 0.0),
+    ("answer_sentence", "The answer is twenty.", "20", 0.0),
 ]
 
 

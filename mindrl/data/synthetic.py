@@ -61,15 +61,37 @@ def _weekly(rng: random.Random) -> dict:
             "kind": "word"}
 
 
+_FACT_OPS = {"+": ("plus", lambda a, b: a + b), "-": ("minus", lambda a, b: a - b),
+             "*": ("times", lambda a, b: a * b)}
+
+
+def _fact(rng: random.Random, worded: bool) -> dict:
+    """A single-digit + − × fact, bare or as a one-line word problem; answered "The answer is N."."""
+    a, b, op = rng.randint(0, 9), rng.randint(0, 9), rng.choice("+-*")
+    word, apply = _FACT_OPS[op]
+    answer = apply(a, b)
+    if worded:
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        question = {"+": f"{name} has {a} {item} and finds {b} more. How many {item} does {name} have?",
+                 "-": f"It is {a} degrees and it gets {b} degrees colder. How warm is it now?",
+                 "*": f"{name} has {a} bags with {b} {item} in each. How many {item} are there?"}[op]
+    else:
+        question = rng.choice((f"What is {a} {word} {b}?", f"{a} {op} {b} = ?"))
+    return {"question": question, "answer": str(answer), "solution": f"The answer is {answer}.",
+            "kind": "fact_word" if worded else "fact_bare", "fact": f"{a} {op} {b}"}
+
+
 GENERATORS: dict[str, tuple[Callable[[random.Random], dict], ...]] = {
     "arithmetic": (_arithmetic,),
     "word": (_buy_more, _share, _weekly),
     "mixed": (_arithmetic, _buy_more, _share, _weekly),
+    # the learning demo's task: 300 single-digit facts, half of the problems worded
+    "facts": (lambda rng: _fact(rng, worded=False), lambda rng: _fact(rng, worded=True)),
 }
 
 
 def generate_problems(kind: str = "mixed", num_samples: int = 1000, seed: int = 0) -> list[dict]:
-    """`num_samples` problems of `kind` (arithmetic, word or mixed), the same for the same seed."""
+    """`num_samples` problems of `kind` (arithmetic, word, mixed or facts), the same for the same seed."""
     if kind not in GENERATORS:
         raise ValueError(f"unknown problem kind {kind!r}; choose one of {', '.join(GENERATORS)}.")
     rng = random.Random(seed)

@@ -30,13 +30,20 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 1024) -> Path:
-    """Train a byte-level BPE of `vocab_size` ids on `texts` and save it as an HF tokenizer."""
+def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 1024,
+                         split_digits: bool = False) -> Path:
+    """Train a byte-level BPE of `vocab_size` ids on `texts` and save it as an HF tokenizer.
+
+    `split_digits` gives every digit its own token (as Qwen's and Llama-3's tokenizers do): a
+    number's tokens then spell it, instead of each frequent number being one unrelated id —
+    what lets a tiny model learn arithmetic facts it can generalise across."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) \
+        if split_digits else byte_level
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHATML_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

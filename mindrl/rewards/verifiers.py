@@ -111,3 +111,12 @@ def strict_format(response: str, label: str) -> float:
 @register_verifier("gsm8k", worst_score=0.0)
 def gsm8k_numeric(response: str, label: str) -> float:
     return 1.0 if answers_equal(gsm8k_answer(response), label) else 0.0
+
+
+_ANSWER_SENTENCE = re.compile(r"The answer is -?\d+(?:\.\d+)?\.")
+
+
+@register_verifier("answer_sentence", worst_score=0.0)
+def answer_sentence_format(response: str, label: str) -> float:
+    """The CPU learning demo's answer layout: the whole response is `The answer is N.`"""
+    return 1.0 if _ANSWER_SENTENCE.fullmatch(response_only(response).strip()) else 0.0
