@@ -288,7 +288,7 @@ def test_one_pass_layout_checks_match_mindspeed_regexes():
 # --- registry and config -----------------------------------------------------------------------------------------
 
 def test_unknown_verifier_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown verifier 'acuracy' .*known: acc, base_acc, format"):
+    with pytest.raises(ConfigError, match=r"unknown verifier 'acuracy' .*known: acc, answer_sentence, base_acc"):
         RewardScorer(RewardConfig(verifier_function=["acuracy"], verifier_weight=[1.0]))
 
 
@@ -309,8 +309,8 @@ def test_config_mistakes_are_one_sentence(kwargs, message):
 
 def test_builtins_declare_their_worst_score():
     worst = {name: get_verifier(name).worst_score for name in known_verifiers()}
-    assert worst == {"acc": -1.0, "base_acc": 0.0, "format": 0.0, "gsm8k": 0.0, "math_17k_acc": 0.0,
-                     "strict_format": -0.5}
+    assert worst == {"acc": -1.0, "answer_sentence": 0.0, "base_acc": 0.0, "format": 0.0, "gsm8k": 0.0,
+                     "math_17k_acc": 0.0, "strict_format": -0.5}
 
 
 def test_weighted_total_and_per_verifier_metrics():
