@@ -88,8 +88,9 @@ class TrainerConfig:
     def actor_update_config(self) -> ActorConfig:
         """The actor worker's settings (mini-batch in samples, sampling temperature for log-probs)."""
         rl = self.rl_config
-        return self.actor_config.actor_config(rl.mini_batch_size * rl.n_samples_per_prompt, rl, self.loss,
-                                              self.generate_config.sampling_config.temperature)
+        return self.actor_config.actor_config(rl.mini_batch_size * rl.n_samples_per_prompt, epochs=rl.epochs,
+                                              shuffle_mini_batch=rl.shuffle_mini_batch, loss=self.loss,
+                                              temperature=self.generate_config.sampling_config.temperature)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], notes: list[str] | None = None) -> TrainerConfig:

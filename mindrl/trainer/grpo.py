@@ -55,10 +55,7 @@ def check_runnable(cfg: TrainerConfig) -> None:
         raise ConfigError("a reference sharing the actor's devices runs inside the actor's processes; set "
                           "use_integrated_worker: true, or give the reference its own reference_resource.")
     actor = cfg.actor_config
-    for key, wanted in (("no_save_optim", False), ("no_save_rng", False), ("use_distributed_optimizer", True)):
-        if getattr(actor, key) != wanted:
-            raise ConfigError(f"actor_config.{key}: {getattr(actor, key)} is not supported by the trainer (its "
-                              f"checkpoints always hold the distributed optimizer and RNG state); set it to {wanted}.")
+    actor.check_full_checkpoints("actor_config")
     if actor.data_path is None or actor.tokenizer_name_or_path is None:
         raise ConfigError("megatron_training.data_path and tokenizer_name_or_path are required to train; point them "
                           "at cli/preprocess_data.py's output and the tokenizer it used.")
@@ -73,9 +70,6 @@ class GRPOTrainer:
         actor = cfg.actor_config
         rl, self.n = cfg.rl_config, cfg.rl_config.n_samples_per_prompt
         self.start: StartPoint = start_point(actor)
-        if self.start.iteration > actor.train_iters:
-            raise ConfigError(f"actor_config.load is at iteration {self.start.iteration}, past train_iters="
-                              f"{actor.train_iters}; raise train_iters to train further.")
         #: a reference on its own devices loads the run's first weights in its own layout
         self.ref_weights = None
         if rl.uses_reference and not rl.use_integrated_worker:
@@ -179,8 +173,7 @@ class GRPOTrainer:
                 if self.test_prompts and step % self.cfg.rl_config.test_interval == 0:
                     metrics.update(self.validate())
                 self.sink.log(step, metrics)
-                if actor.save and (step == actor.train_iters or
-                                   (actor.save_interval and step % actor.save_interval == 0)):
+                if actor.saves_at(step):
                     self.save(step)
             return self.export() if actor.save else None
         finally:

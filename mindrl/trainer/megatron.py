@@ -100,8 +100,9 @@ class MegatronConfig:
         return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
                               self.num_layer_list)
 
-    def actor_config(self, mini_batch_size: int, rl: Any, loss: Any, temperature: float) -> ActorConfig:
-        """The worker's optimiser/update settings (batch sizes in samples); ActorConfig validates them."""
+    def actor_config(self, mini_batch_size: int, **update: Any) -> ActorConfig:
+        """The worker's optimiser/update settings (batch sizes in samples), with `update`'s RL keys (epochs,
+        shuffle_mini_batch, temperature, loss); ActorConfig validates them."""
         from mindrl.workers.megatron_worker import ActorConfig  # megatron-core loads only when a worker needs it
 
         return ActorConfig(lr=self.lr, min_lr=self.min_lr, lr_decay_style=self.lr_decay_style,
@@ -109,8 +110,20 @@ class MegatronConfig:
                            lr_decay_steps=self.lr_decay_iters or self.train_iters, weight_decay=self.weight_decay,
                            clip_grad=self.clip_grad, adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2,
                            mini_batch_size=mini_batch_size, micro_batch_size=self.micro_batch_size,
-                           epochs=rl.epochs, shuffle_mini_batch=rl.shuffle_mini_batch, temperature=temperature,
-                           seed=self.seed, loss=loss)
+                           seed=self.seed, **update)
+
+    def check_full_checkpoints(self, section: str) -> None:
+        """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""
+        for key, wanted in (("no_save_optim", False), ("no_save_rng", False), ("use_distributed_optimizer", True)):
+            if getattr(self, key) != wanted:
+                raise ConfigError(f"{section}.{key}: {getattr(self, key)} is not supported by the trainer (its "
+                                  f"checkpoints always hold the distributed optimizer and RNG state); set it to "
+                                  f"{wanted}.")
+
+    def saves_at(self, step: int) -> bool:
+        """Whether a checkpoint is written after `step`: every save_interval steps and at the last one."""
+        return bool(self.save) and (step == self.train_iters or bool(self.save_interval and
+                                                                    step % self.save_interval == 0))
 
     @classmethod
     def from_dict(cls, section: str, values: Mapping[str, Any], models: Mapping[str, Any],

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mindrl.config import ConfigError
 from mindrl.data.sft import read_sft_examples, sft_batch
 from mindrl.trainer.export import export_hf
 from mindrl.trainer.metrics import METRICS_FILE, MetricsSink, StepTimer
@@ -26,10 +25,7 @@ class SFTTrainer:
         from mindrl.data.tokenizer import load_tokenizer
 
         self.cfg, t = cfg, cfg.training
-        self.start: StartPoint = start_point(t, JOB_SFT)
-        if self.start.iteration > t.train_iters:
-            raise ConfigError(f"megatron_training.load is at iteration {self.start.iteration}, past train_iters="
-                              f"{t.train_iters}; raise train_iters to train further.")
+        self.start: StartPoint = start_point(t, JOB_SFT, section="megatron_training")
         self.tokenizer = load_tokenizer(t.tokenizer_name_or_path)
         path = split_path(t.data_path, "train")
         examples, too_long = read_sft_examples(path, self.tokenizer, cfg.sft.response_format, t.seq_length)
@@ -41,16 +37,11 @@ class SFTTrainer:
         self.group = self.sink = None
 
     def _spec(self) -> Any:
-        from mindrl.workers.megatron_worker import ActorConfig
         from mindrl.workers.ray_ranks import SFTSpec
 
         t = self.cfg.training
-        actor = ActorConfig(lr=t.lr, min_lr=t.min_lr, lr_decay_style=t.lr_decay_style,
-                            lr_warmup_fraction=t.lr_warmup_fraction, lr_decay_steps=t.lr_decay_iters or t.train_iters,
-                            weight_decay=t.weight_decay, clip_grad=t.clip_grad, adam_beta1=t.adam_beta1,
-                            adam_beta2=t.adam_beta2, mini_batch_size=t.global_batch_size,
-                            micro_batch_size=t.micro_batch_size, seed=t.seed)
-        return SFTSpec(t.arch, t.parallel, actor, t.params_dtype, self.start.initial_weights, self.start.resume,
+        return SFTSpec(t.arch, t.parallel, t.actor_config(t.global_batch_size), t.params_dtype,
+                       self.start.initial_weights, self.start.resume,
                        self.start.iteration if self.start.resume else None, not t.no_load_optim, not t.no_load_rng)
 
     def setup(self) -> None:
@@ -87,7 +78,7 @@ class SFTTrainer:
             self.setup()
             for step in range(self.start.iteration + 1, t.train_iters + 1):
                 self.sink.log(step, self.train_step())
-                if t.save and (step == t.train_iters or (t.save_interval and step % t.save_interval == 0)):
+                if t.saves_at(step):
                     extra = {"job": JOB_SFT, "data": self.loader.state_dict(),
                              "initial_weights": self.start.initial_weights, "step": step}
                     self.group.call("save", t.save, step, extra)

@@ -93,11 +93,7 @@ class SFTConfig:
             raise ConfigError(f"global_batch_size={t.global_batch_size} does not give each of the {dp} data-parallel "
                               f"ranks whole micro-batches of micro_batch_size={t.micro_batch_size}; make it a "
                               f"multiple of {dp * t.micro_batch_size}.")
-        for key, wanted in (("no_save_optim", False), ("no_save_rng", False), ("use_distributed_optimizer", True)):
-            if getattr(t, key) != wanted:
-                raise ConfigError(f"megatron_training.{key}: {getattr(t, key)} is not supported by the trainer (its "
-                                  f"checkpoints always hold the distributed optimizer and RNG state); set it to "
-                                  f"{wanted}.")
+        t.check_full_checkpoints("megatron_training")
 
 
 def check_resources(cfg: SFTConfig, cluster: Cluster | None = None) -> None:

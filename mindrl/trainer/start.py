@@ -38,8 +38,17 @@ class StartPoint:
     extra: dict[str, Any] | None = None
 
 
-def start_point(actor: MegatronConfig, job: str = JOB_GRPO) -> StartPoint:
-    """`job` is the trainer asking (JOB_GRPO or JOB_SFT): only its own checkpoints resume."""
+def start_point(actor: MegatronConfig, job: str = JOB_GRPO, section: str = "actor_config") -> StartPoint:
+    """`job` is the trainer asking (JOB_GRPO or JOB_SFT): only its own checkpoints resume. A resume
+    point past train_iters is refused (`section` names where `load` was set)."""
+    start = _start_point(actor, job)
+    if start.iteration > actor.train_iters:
+        raise ConfigError(f"{section}.load is at iteration {start.iteration}, past train_iters={actor.train_iters}; "
+                          f"raise train_iters to train further.")
+    return start
+
+
+def _start_point(actor: MegatronConfig, job: str) -> StartPoint:
     if actor.load is None:
         return StartPoint(0, None)
     root = Path(actor.load)

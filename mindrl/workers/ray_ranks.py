@@ -77,7 +77,20 @@ class RankProcess:
                          timeout_s=timeout_s, store_is_served=True)
 
 
-class PolicyRank(RankProcess):
+class ActorRank(RankProcess):
+    """A rank hosting a trained actor (`self.actor`): resuming it and saving its checkpoints."""
+
+    def _resume(self, spec: PolicySpec | SFTSpec) -> dict | None:
+        """Load the training checkpoint the spec names, if any; the trainer state saved with it."""
+        if spec.resume is None:
+            return None
+        return self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng).extra
+
+    def save(self, root: str, iteration: int, extra: dict) -> str:
+        return str(self.actor.save_checkpoint(root, iteration, extra))
+
+
+class PolicyRank(ActorRank):
     def setup(self, host: str, port: int, spec: PolicySpec, timeout_s: float) -> dict:
         """Join the group, build the models and the engine, and resume if asked; returns the data-parallel
         size and, on a resume, the trainer state saved with the checkpoint."""
@@ -95,12 +108,10 @@ class PolicyRank(RankProcess):
                                             spec.ref_micro_batch_size, spec.actor.seed)
             load_stage_weights(self.reference.model,
                                {name: p.detach() for name, p in self.actor.model.named_parameters()})
-        resumed = None
-        if spec.resume is not None:
-            resumed = self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng)
+        extra = self._resume(spec)
         self.engine = make_engine(self.actor, spec.generate, spec.eos_token_ids)
         self.rollout = ColocatedRollout(self.actor, self.engine, spec.generate)
-        return {"dp_size": self.actor.dp_size, "extra": None if resumed is None else resumed.extra}
+        return {"dp_size": self.actor.dp_size, "extra": extra}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
         return self.rollout.generate(prompts, n, sampling)
@@ -110,9 +121,6 @@ class PolicyRank(RankProcess):
 
     def update(self, batch: dict) -> dict[str, float]:
         return self.actor.update(batch)
-
-    def save(self, root: str, iteration: int, extra: dict) -> str:
-        return str(self.actor.save_checkpoint(root, iteration, extra))
 
     def close(self) -> None:
         self.engine.close()
@@ -161,7 +169,7 @@ class SFTSpec:
     load_rng: bool = True
 
 
-class SFTRank(RankProcess):
+class SFTRank(ActorRank):
     """The Megatron actor under supervised fine-tuning; it writes the checkpoints GRPO starts from."""
 
     def setup(self, host: str, port: int, spec: SFTSpec, timeout_s: float) -> dict:
@@ -169,16 +177,10 @@ class SFTRank(RankProcess):
 
         self.join(host, port, timeout_s)
         self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, DTYPES[spec.params_dtype])
-        resumed = None
-        if spec.resume is not None:
-            resumed = self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng)
-        return {"dp_size": self.actor.dp_size, "extra": None if resumed is None else resumed.extra}
+        return {"dp_size": self.actor.dp_size, "extra": self._resume(spec)}
 
     def step(self, batch: dict) -> dict[str, float]:
         return self.actor.sft_step(batch)
-
-    def save(self, root: str, iteration: int, extra: dict) -> str:
-        return str(self.actor.save_checkpoint(root, iteration, extra))
 
     def close(self) -> None:
         destroy()
