@@ -1,4 +1,4 @@
-"""Tiny random HF causal LMs built locally (no hub), saved as (sharded) safetensors.
+"""Tiny random HF causal LMs and reward models built locally (no hub), saved as (sharded) safetensors.
 
 Every parameter is drawn at random — norm weights too — so a swapped or mis-cut tensor
 cannot hide behind an all-ones initialisation.
@@ -23,16 +23,20 @@ KINDS = {
 }
 
 
-def build_hf_model(kind: str, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
+def build_hf_model(kind: str, seed: int = 0, reward_model: bool = False, **overrides) -> transformers.PreTrainedModel:
+    """A causal LM, or with `reward_model` a *ForSequenceClassification of one output (pad_token_id 0)."""
     config_cls, extra = KINDS[kind]
     settings = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
                     rope_theta=10000.0)
     settings.update(extra)
+    if reward_model:
+        settings.update(num_labels=1, pad_token_id=0)
     settings.update(overrides)
     config = config_cls(**settings)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    auto = transformers.AutoModelForSequenceClassification if reward_model else transformers.AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.normal_(0.0, 0.1)

@@ -21,6 +21,7 @@ _DIRECTIONS = {
     "target_pipeline_parallel_size": (HF2MG, MG2MG),
     "num_layer_list": (HF2MG, MG2MG),
     "add_qkv_bias": (HF2MG,),
+    "orm": (HF2MG,),
     "params_dtype": (HF2MG,),
     "hf_config_dir": (MG2HF, MG2MG),
     "max_shard_size": (MG2HF,),
@@ -55,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--add-qkv-bias", action="store_true",
                         help="hf -> mg: the model has QKV biases (implied by qwen2; refused for llama and "
                              "qwen3, whose HF models cannot hold them)")
+    parser.add_argument("--orm", action="store_true",
+                        help="hf -> mg: the HF model is an outcome reward model (*ForSequenceClassification); "
+                             "its score head becomes Megatron's rm_head (mg -> hf / mg -> mg read it from the "
+                             "checkpoint)")
     parser.add_argument("--params-dtype", choices=sorted(DTYPES), default=None,
                         help="hf -> mg: dtype of the Megatron weights (default bf16; mg -> * keep theirs)")
     parser.add_argument("--hf-config-dir", "--hf-cfg-dir", default=None,
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if direction == HF2MG:
             hf_to_mcore(args.load_dir, args.save_dir, args.model_type_hf, tp, pp, args.num_layer_list,
                         DTYPES[args.params_dtype or "bf16"], args.add_qkv_bias, args.overwrite, progress,
-                        args.tokenizer_model)
+                        args.tokenizer_model, args.orm)
         elif direction == MG2HF:
             mcore_to_hf(args.load_dir, args.save_dir, args.hf_config_dir, args.max_shard_size or "5GB",
                         args.overwrite, progress, args.model_type_hf, args.tokenizer_model)

@@ -60,11 +60,12 @@ def check_hf_names(weights: HFWeights, arch: ModelArch) -> None:
 def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, tp: int = 1, pp: int = 1,
                 num_layer_list: str | None = None, params_dtype: torch.dtype = torch.bfloat16,
                 add_qkv_bias: bool = False, overwrite: bool = False, progress: bool = True,
-                tokenizer_model: str | Path | None = None) -> Path:
-    """Convert; every check runs before the first byte is written."""
+                tokenizer_model: str | Path | None = None, orm: bool = False) -> Path:
+    """Convert; every check runs before the first byte is written. `orm`: the HF model is a reward
+    model (*ForSequenceClassification), MindSpeed-LLM's --orm."""
     config = read_hf_config(load_dir)
     arch = hfm.arch_from_hf_config(config, model_type_hf, name=Path(load_dir).name or "hf_model",
-                                   add_qkv_bias=add_qkv_bias)
+                                   add_qkv_bias=add_qkv_bias, orm=orm)
     par = ParallelConfig(tp, pp, num_layer_list=num_layer_list)
     validate_parallel(arch, par)
     weights = HFWeights(load_dir)
@@ -109,10 +110,12 @@ def _build_rank(weights: HFWeights, arch: ModelArch, par: ParallelConfig, chunk:
         bar.update(1)
     if chunk.last:
         put(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1])
-        if not arch.tied_embeddings:
+        if arch.has_output_layer:
             put(hfm.OUTPUT[1], hfm.OUTPUT[1])
         elif ck.holds_tied_copy(arch, par, chunk):
             put(hfm.EMBEDDING[1], hfm.OUTPUT[1])  # Megatron's copy of the tied embedding
+        if arch.has_score_head:
+            put(hfm.SCORE[1], hfm.SCORE[1])
     return model
 
 

@@ -74,8 +74,10 @@ def _write_stage(states: list[dict[str, torch.Tensor]], source: MegatronSource, 
         bar.update(1)
     if chunk.last:
         add([hfm.FINAL_NORM[1]], [hfm.FINAL_NORM[0]])
-        if not arch.tied_embeddings:
+        if arch.has_output_layer:
             add([hfm.OUTPUT[1]], [hfm.OUTPUT[0]])
+        if arch.has_score_head:
+            add([hfm.SCORE[1]], [hfm.SCORE[0]])
 
 
 def _hf_tensor(pieces: list[tuple[str, int, tp_layout.Piece]], shape: tuple[int, ...], dtype: torch.dtype,

@@ -82,7 +82,7 @@ def open_megatron(load_dir: str | Path, hf_config_dir: str | Path | None = None,
     except megatron_args.ArgsIncomplete:
         if hf_config is None or model_type_hf is None:
             raise
-        arch = hfm.arch_from_hf_config(hf_config, model_type_hf, name=name)
+        arch = hfm.arch_from_hf_config(hf_config, model_type_hf, name=name, orm=None)
         par, virtual = _layout_from_files(root, folder, iteration)
     if hf_config_dir is not None:
         _check_hf_config_fits(root, arch, par, hf_config, model_type_hf)
@@ -106,7 +106,7 @@ def _hf_side(root: Path, args: Any, hf_config_dir: str | Path | None) -> tuple[d
 
 def _check_hf_config_fits(root: Path, arch: ModelArch, par: ParallelConfig, config: dict,
                           model_type_hf: str) -> None:
-    hf_arch = hfm.arch_from_hf_config(config, model_type_hf, name="the HF config")
+    hf_arch = hfm.arch_from_hf_config(config, model_type_hf, name="the HF config", orm=None)
     diffs = af.arch_differences(arch, hf_arch, par.tp, structural_only=True, label="HF config")
     if diffs:
         raise ConfigError(f"--hf-config-dir describes another model than checkpoint {root}: "

@@ -64,6 +64,8 @@ class ModelArch:
     position_embedding_type: str = "rope"
     rotary_base: float = 10000.0
     attention_softmax_in_fp32: bool = True
+    #: outputs of a sequence-classification head in place of the LM head (a reward model has 1); null: a causal LM
+    num_labels: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -79,6 +81,9 @@ class ModelArch:
             raise ConfigError(
                 f"model {self.name}: hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}; set kv_channels to the head size.")
+        if self.num_labels is not None and (not isinstance(self.num_labels, int) or self.num_labels < 1):
+            raise ConfigError(f"model {self.name}: num_labels must be a positive integer (1 for a reward model) or "
+                              f"null for a causal LM, got {self.num_labels!r}.")
         if self.normalization not in ("RMSNorm", "LayerNorm"):
             raise ConfigError(f"model {self.name}: normalization must be RMSNorm or LayerNorm, "
                               f"got {self.normalization!r}.")
@@ -96,8 +101,19 @@ class ModelArch:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
+    def has_score_head(self) -> bool:
+        """A sequence classifier (reward model): `rm_head` scores hidden states; there is no LM head."""
+        return self.num_labels is not None
+
+    @property
     def tied_embeddings(self) -> bool:
-        return not self.untie_embeddings_and_output_weights
+        """The LM head is the embedding (no output layer of its own)."""
+        return not self.untie_embeddings_and_output_weights and not self.has_score_head
+
+    @property
+    def has_output_layer(self) -> bool:
+        """An LM head with weights of its own."""
+        return self.untie_embeddings_and_output_weights and not self.has_score_head
 
     def vocab_size_for(self, tensor_parallel_size: int) -> int:
         """Rows of the embedding table: padded so every TP rank holds an equal slice."""

@@ -76,6 +76,8 @@ LINKS: dict[str, Link] = {
                         cast=float),
     "attention_softmax_in_fp32": Link(("attention_softmax_in_fp32",), "attention_softmax_in_fp32",
                                       megatron_default=False, structural=False),
+    # HF keeps it as id2label under a *ForSequenceClassification architecture: hf_mapping reads and writes it.
+    "num_labels": Link(("num_labels",), megatron_default=None),
 }
 
 # Values every other side holds in place of the raw field: the effective count or size.

@@ -61,9 +61,29 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
         return TransformerConfig(**kwargs)
 
 
+class RewardGPTModel(GPTModel):
+    """A GPTModel whose last stage ends in `rm_head` (hidden → num_labels scores per position) instead
+    of the LM head: HF's *ForSequenceClassification `score` layer, replicated on every TP rank (a head of
+    one output cannot be cut). The forward returns [b, s, num_labels] scores; picking the scored position
+    is the caller's (the reward worker's) business."""
+
+    def __init__(self, config: TransformerConfig, spec, num_labels: int, **kwargs) -> None:
+        super().__init__(config, spec, share_embeddings_and_output_weights=False, **kwargs)
+        if self.post_process:
+            del self.output_layer
+            self.rm_head = torch.nn.Linear(config.hidden_size, num_labels, bias=False, dtype=config.params_dtype)
+            config.init_method(self.rm_head.weight)
+
+    def _postprocess(self, hidden_states: torch.Tensor, **_) -> torch.Tensor:
+        if not self.post_process:
+            return hidden_states
+        return self.rm_head(hidden_states).transpose(0, 1).contiguous()
+
+
 def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dtype = torch.float32,
                     platform: Platform | None = None, **config_overrides) -> GPTModel:
-    """This rank's pipeline stage and tensor slice of `arch`, on this platform's device.
+    """This rank's pipeline stage and tensor slice of `arch` (a RewardGPTModel if it has a score
+    head), on this platform's device.
 
     Megatron's parallel state must already be initialised with `par` (see
     mindrl.distributed.init_model_parallel); the stage is taken from it.
@@ -73,17 +93,14 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Apex is not installed.*")
         spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
-    model = GPTModel(
-        config,
-        spec,
-        vocab_size=arch.vocab_size_for(par.tp),
-        max_sequence_length=arch.max_position_embeddings,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=arch.tied_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(arch.rotary_base),
-    )
+    kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
+                  pre_process=parallel_state.is_pipeline_first_stage(),
+                  post_process=parallel_state.is_pipeline_last_stage(), position_embedding_type="rope",
+                  rotary_base=int(arch.rotary_base))
+    if arch.has_score_head:
+        model = RewardGPTModel(config, spec, arch.num_labels, **kwargs)
+    else:
+        model = GPTModel(config, spec, share_embeddings_and_output_weights=arch.tied_embeddings, **kwargs)
     # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
     # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one.
     return model.to(device=platform.device(), dtype=params_dtype)

@@ -9,6 +9,9 @@ Megatron layout (local spec, TP=1 names):
   `heads/g` query heads, then its key head, then its value head (rows of `head_dim`).
   Tensor parallelism then cuts whole groups, which is why TP must divide `g`.
 - `linear_fc1` stacks SwiGLU's gate projection over its up projection.
+- A reward model (HF `*ForSequenceClassification`, converted with `--orm`) has no LM head; its
+  `score` head [num_labels, hidden] is Megatron's `rm_head`, replicated on every TP rank of the
+  last stage (one output cannot be cut).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from mindrl.models import arch_fields as af
 # HF model_type of each --model-type-hf name the converter accepts (qwen25: MindSpeed-LLM's name).
 HF_MODEL_TYPES = {"qwen2": "qwen2", "qwen25": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3"}
 HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_CAUSAL_LM, _SEQ_CLS = "ForCausalLM", "ForSequenceClassification"
 # The optional tensors each HF family has: (QKV-only biases, QK layer norms).
 _FAMILY_TENSORS = {"qwen2": (True, False), "llama": (False, False), "qwen3": (False, True)}
 
 EMBEDDING = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
 FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
 OUTPUT = ("lm_head.weight", "output_layer.weight")
+SCORE = ("score.weight", "rm_head.weight")
 
 # One-to-one renames inside a decoder layer: HF suffix → Megatron suffix.
 _LAYER_RENAMES = {
@@ -65,8 +70,10 @@ def hf_layer_names(arch: ModelArch) -> list[str]:
 def hf_global_names(arch: ModelArch) -> list[str]:
     """HF tensor names outside the decoder layers."""
     names = [EMBEDDING[0], FINAL_NORM[0]]
-    if not arch.tied_embeddings:
+    if arch.has_output_layer:
         names.append(OUTPUT[0])
+    if arch.has_score_head:
+        names.append(SCORE[0])
     return names
 
 
@@ -87,8 +94,10 @@ def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     for i in range(arch.num_layers):
         shapes.update({hf_layer_prefix(i) + n: layer[n] for n in hf_layer_names(arch)})
     shapes[FINAL_NORM[0]] = (h,)
-    if not arch.tied_embeddings:
+    if arch.has_output_layer:
         shapes[OUTPUT[0]] = (arch.padded_vocab_size, h)
+    if arch.has_score_head:
+        shapes[SCORE[0]] = (arch.num_labels, h)
     return shapes
 
 
@@ -176,10 +185,29 @@ def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
                           f"{model_type_hf}) cannot hold; pass the --model-type-hf of its family.")
 
 
+def hf_num_labels(config: Mapping[str, Any]) -> int | None:
+    """Outputs of the classification head of a *ForSequenceClassification config (HF saves them as
+    id2label, and leaves out its default of two); None for a causal LM."""
+    architectures = config.get("architectures") or []
+    if not any(a.endswith(_SEQ_CLS) for a in architectures):
+        return None
+    labels = config.get("id2label")
+    return len(labels) if labels else int(config.get("num_labels", 2))
+
+
 def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str = "hf_model",
-                        add_qkv_bias: bool = False) -> ModelArch:
-    """The ModelArch of an HF config.json, checked against the --model-type-hf the user named."""
+                        add_qkv_bias: bool = False, orm: bool | None = False) -> ModelArch:
+    """The ModelArch of an HF config.json, checked against the --model-type-hf the user named and
+    against `orm` (a reward model expected: True; a causal LM: False; either: None)."""
     expected = hf_model_type(model_type_hf)
+    num_labels = hf_num_labels(config)
+    kinds = ", ".join(config.get("architectures") or ["none"])
+    if orm and num_labels is None:
+        raise ConfigError(f"--orm converts reward models (*{_SEQ_CLS} with a score head), but config.json names "
+                          f"architectures {kinds}; drop --orm for a causal LM or point at the reward model.")
+    if orm is False and num_labels is not None:
+        raise ConfigError(f"config.json names architectures {kinds}, a reward/classification model with a score "
+                          f"head; pass --orm to convert it.")
     if config.get("model_type") != expected:
         raise ConfigError(f"config.json has model_type {config.get('model_type')!r} but --model-type-hf "
                           f"{model_type_hf} expects {expected!r}; pass the matching --model-type-hf.")
@@ -194,16 +222,24 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if config.get("attention_bias") or config.get("mlp_bias"):
         raise ConfigError("HF config sets attention_bias/mlp_bias (biases on every projection); "
                           "mindrl converts QKV-only biases (Qwen2) or no biases (Llama).")
-    return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, **af.arch_values_from_hf(config))
+    return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, num_labels=num_labels,
+                     **af.arch_values_from_hf(config))
 
 
 def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype) -> dict[str, Any]:
     """A config.json for `arch` when the original HF config is not at hand."""
     check_hf_can_hold(arch, model_type_hf)
     model_type = hf_model_type(model_type_hf)
+    architecture = HF_ARCHITECTURES[model_type]
+    labels = {}
+    if arch.has_score_head:
+        architecture = architecture.replace(_CAUSAL_LM, _SEQ_CLS)
+        labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(arch.num_labels)},
+                  "label2id": {f"LABEL_{i}": i for i in range(arch.num_labels)}}
     return {
-        "architectures": [HF_ARCHITECTURES[model_type]],
+        "architectures": [architecture],
         "model_type": model_type,
+        **labels,
         "hidden_act": "silu",
         **af.hf_config_values(arch),
         "attention_bias": False,

@@ -2,15 +2,15 @@
 
 A "full" state dict uses the names of a TP=1, PP=1 model (global layer numbers). A
 "stage" state dict is what one (tp_rank, pp_rank) GPTModel holds (local layer numbers,
-its tensor slice, embedding only on the first stage, final norm and output layer only on
-the last). The converter, the resharder and the tests all cut and join weights here.
+its tensor slice, embedding only on the first stage, final norm and output layer (or a
+reward model's rm_head) only on the last). The converter, the resharder and the tests all cut and join weights here.
 
 Cuts follow megatron-core's own partitioning:
 - column-parallel (output dim 0): embedding rows (vocab), output layer rows, linear_qkv
   (whole query groups, which Megatron stores contiguously per group), linear_fc1 — whose
   gate and up halves are cut separately so each rank holds [gate_r; up_r];
 - row-parallel (input dim 1): linear_proj, linear_fc2;
-- everything else (norms, row-parallel biases) is replicated.
+- everything else (norms, row-parallel biases, a reward model's rm_head) is replicated.
 """
 
 from __future__ import annotations
@@ -70,8 +70,10 @@ def full_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     shapes["decoder.final_layernorm.weight"] = (arch.hidden_size,)
     if arch.normalization == "LayerNorm":
         shapes["decoder.final_layernorm.bias"] = (arch.hidden_size,)
-    if not arch.tied_embeddings:
+    if arch.has_output_layer:
         shapes["output_layer.weight"] = (vocab, arch.hidden_size)
+    if arch.has_score_head:
+        shapes["rm_head.weight"] = (arch.num_labels, arch.hidden_size)
     return shapes
 
 

@@ -99,8 +99,11 @@ def rank_pieces(arch: ModelArch, tp: int, name: str) -> list[list[Piece]]:
             start, stop, _ = sharding.vocab_rows(arch, ParallelConfig(tp, 1), rank)
             out.append([Piece(hf_name, start, 0, stop - start)] if stop > start else [])
         return out
-    if name == hfm.FINAL_NORM[1]:
-        return [[Piece(hfm.FINAL_NORM[0], 0, 0, arch.hidden_size)] for _ in range(tp)]
+    replicated = {hfm.FINAL_NORM[1]: (hfm.FINAL_NORM[0], arch.hidden_size),
+                  hfm.SCORE[1]: (hfm.SCORE[0], arch.num_labels)}
+    if name in replicated:
+        hf_name, rows = replicated[name]
+        return [[Piece(hf_name, 0, 0, rows)] for _ in range(tp)]
     index, suffix = _split_layer_name(name)
     prefix = hfm.hf_layer_prefix(index)
     return [[Piece(prefix + p.hf_name, p.hf_start, p.start, p.count, p.col_block) for p in pieces]

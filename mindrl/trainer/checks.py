@@ -1,4 +1,5 @@
-"""Rules that span sections: parallel layouts, batch divisibility, colocation, sequence lengths.
+"""Rules that span sections: parallel layouts, batch divisibility, colocation, sequence lengths, the
+reward model's checkpoint.
 
 Each is a sentence before Ray starts; the same mistakes would otherwise surface as a hang in a
 collective, a shape error in the update, or a truncated rollout after the cluster has spun up.
@@ -6,11 +7,14 @@ collective, a shape error in the update, or a truncated rollout after the cluste
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mindrl.algorithms.advantages import GROUP_ESTIMATORS
 from mindrl.algorithms.group_filter import TOTAL_SCORE
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
+from mindrl.trainer.megatron import MegatronConfig
+from mindrl.trainer.reward_model import REWARD_MODEL
 
 if TYPE_CHECKING:
     from mindrl.trainer.config import TrainerConfig
@@ -23,15 +27,13 @@ def check_colocation(cfg: TrainerConfig) -> None:
         if rl.colocate_actor_ref is False:
             raise ConfigError("use_integrated_worker: true runs the reference inside the actor, which contradicts "
                               "colocate_actor_ref: false; drop one of them.")
-        for key, value in (("reference_resource", ref), ("reward_resource", reward)):
-            if value is not None:
-                raise ConfigError(f"rl_config.{key} must be unset with use_integrated_worker: true (that role runs "
-                                  f"inside the actor's processes); remove it or set use_integrated_worker: false.")
-        for key in ("ref_config", "reward_config"):
-            if key in cfg.sections_given:
-                raise ConfigError(f"{key} must be absent with use_integrated_worker: true (the actor's settings "
-                                  f"serve every role); move its keys to actor_config or set use_integrated_worker: "
-                                  f"false.")
+        if ref is not None:
+            raise ConfigError("rl_config.reference_resource must be unset with use_integrated_worker: true (the "
+                              "reference runs inside the actor's processes); remove it or set use_integrated_worker: "
+                              "false.")
+        if "ref_config" in cfg.sections_given:
+            raise ConfigError("ref_config must be absent with use_integrated_worker: true (the actor's settings serve "
+                              "the reference); move its keys to actor_config or set use_integrated_worker: false.")
     if rl.colocate_all_models and rl.colocate_actor_ref is False:
         raise ConfigError("colocate_all_models: true contradicts colocate_actor_ref: false; drop one of them.")
     if cfg.colocate_actor_ref and ref is not None and ref != actor:
@@ -47,10 +49,10 @@ def check_colocation(cfg: TrainerConfig) -> None:
     if not rl.uses_reference and ref is not None:
         raise ConfigError("rl_config.reference_resource is set but init_kl_coef is 0, so no reference model runs; "
                           "remove it or set init_kl_coef > 0.")
-    if "reward_config" in cfg.sections_given and reward is None:
-        raise ConfigError("reward_config configures a reward-model worker, which runs only when "
-                          "rl_config.reward_resource is set; set it or remove reward_config.")
-    if not rl.rule_reward and reward is None:
+    if "reward_config" in cfg.sections_given and reward is None and not rl.colocate_all_models:
+        raise ConfigError("reward_config configures a reward-model worker, which runs on rl_config.reward_resource or, "
+                          "with colocate_all_models: true, on the actor's devices; set one or remove reward_config.")
+    if not rl.rule_reward and cfg.reward_config is None:
         raise ConfigError("no reward at all: rule_reward is false and no reward_resource is set; set "
                           "rule_reward: true (and verifier_function) or a reward model.")
 
@@ -133,7 +135,41 @@ def check_rewards(cfg: TrainerConfig) -> None:
         if "labels" not in cfg.actor_config.dataset_additional_keys:
             raise ConfigError("rule rewards grade against each prompt's answer, so megatron_training."
                               "dataset_additional_keys must contain 'labels'.")
-    if rl.filter_groups_enable and rl.filter_groups_metric not in [*rl.reward.verifier_function, TOTAL_SCORE]:
+    verifiers = rl.reward.verifier_function if rl.rule_reward else []
+    model = [REWARD_MODEL] if cfg.reward_config is not None else []
+    if rl.filter_groups_enable and rl.filter_groups_metric not in [*verifiers, *model, TOTAL_SCORE]:
         raise ConfigError(f"rl_config.filter_groups_metric={rl.filter_groups_metric!r} is not in verifier_function "
-                          f"{rl.reward.verifier_function}; name one of those verifiers or {TOTAL_SCORE!r} (the "
-                          f"weighted total).")
+                          f"{verifiers}; name one of those verifiers, {TOTAL_SCORE!r} (the weighted total)"
+                          f"{' or ' + repr(REWARD_MODEL) if model else ''}.")
+
+
+def reward_model_role(reward: MegatronConfig, actor: MegatronConfig) -> MegatronConfig:
+    """reward_config with the architecture its checkpoint records (a reward model need not be the actor's
+    size), after refusing a missing load, a causal LM, a head of more than one output, another layout or a
+    vocabulary that cannot take the actor's token ids."""
+    from mindrl.checkpoint import megatron as mg
+
+    if reward.load is None:
+        raise ConfigError("a reward model (rl_config.reward_resource or reward_config) needs reward_config.load; point "
+                          "it at the reward model's Megatron checkpoint (cli/convert_ckpt.py --orm).")
+    try:
+        args = mg.load_args(reward.load)
+        arch, par = mg.arch_of(args, "reward model"), mg.parallel_of(args)
+    except (OSError, ConfigError) as err:
+        raise ConfigError(f"reward_config.load={reward.load} is not a readable Megatron checkpoint ({err}); point it "
+                          f"at cli/convert_ckpt.py --orm output.") from None
+    if arch.num_labels is None:
+        raise ConfigError(f"reward_config.load={reward.load} is a causal LM (it has an LM head, no score head); a "
+                          f"reward model is an HF *ForSequenceClassification converted with cli/convert_ckpt.py --orm.")
+    if arch.num_labels != 1:
+        raise ConfigError(f"reward_config.load={reward.load} has a score head of {arch.num_labels} outputs; the "
+                          f"reward worker takes one score per response (num_labels 1).")
+    if (par.tp, par.pp) != (reward.tensor_model_parallel_size, reward.pipeline_model_parallel_size):
+        raise ConfigError(f"reward_config.load={reward.load} is sharded TP={par.tp} PP={par.pp} but reward_config asks "
+                          f"TP={reward.tensor_model_parallel_size} PP={reward.pipeline_model_parallel_size}; set them "
+                          f"to the checkpoint's or re-shard it with cli/convert_ckpt.py (mg -> mg).")
+    if arch.padded_vocab_size < actor.arch.padded_vocab_size:
+        raise ConfigError(f"the reward model's vocabulary ({arch.padded_vocab_size} ids) is smaller than the actor's "
+                          f"({actor.arch.padded_vocab_size}); it scores the actor's token ids, so it needs the actor's "
+                          f"tokenizer.")
+    return replace(reward, arch=arch, num_layer_list=par.num_layer_list)

@@ -69,7 +69,7 @@ class TrainerConfig:
         if self.rl_config.uses_reference and not self.rl_config.use_integrated_worker:
             out.append(("ref_config", self.ref_config, res["reference_resource"] or res["actor_resource"]))
         if self.reward_config is not None:
-            out.append(("reward_config", self.reward_config, res["reward_resource"]))
+            out.append(("reward_config", self.reward_config, res["reward_resource"] or res["actor_resource"]))
         return out
 
     def device_groups(self) -> list[tuple[str, RoleResource]]:
@@ -118,6 +118,8 @@ class TrainerConfig:
         if rl.use_integrated_worker:
             role["ref_config"] = role["actor_config"]  # the reference lives in the actor's processes, in its layout
         reward = role.get("reward_config")
+        if reward is not None:
+            reward = checks.reward_model_role(reward, role["actor_config"])
         gen = GenerateConfig.from_dict(data.get("generate_config") or {}, keys)
         loss = rl.loss_config(gen.sampling_config.max_tokens)
         cfg = cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss,

@@ -1,9 +1,9 @@
 """The GRPO driver: Ray worker groups, and the loop of `train_step`.
 
 One step: prompts → rollout (the actor's weights synced into the engine, training state
-offloaded meanwhile) → rule rewards on Ray CPU actors, scored while the reference and old
-log-prob passes run → advantages → optional truncated IS weights for the engine/actor
-mismatch → actor update → metrics → checkpoint. With DAPO dynamic sampling the rollout
+offloaded meanwhile) → rule rewards on Ray CPU actors and the reward model, scored while the
+reference and old log-prob passes run → advantages → optional truncated IS weights for the
+engine/actor mismatch → actor update → metrics → checkpoint. With DAPO dynamic sampling the rollout
 repeats on fresh prompts until the batch holds enough informative groups.
 """
 
@@ -48,9 +48,15 @@ class Experience:
 def check_runnable(cfg: TrainerConfig) -> None:
     """What the driver cannot run yet, refused in one sentence before Ray starts."""
     rl = cfg.rl_config
-    if cfg.reward_config is not None or rl.resources["reward_resource"] is not None:
-        raise ConfigError("mindrl has no reward-model worker yet: remove reward_config and rl_config.reward_resource "
-                          "and score with rule rewards (rule_reward: true).")
+    if cfg.reward_config is not None and rl.colocate_all_models:
+        if not rl.use_integrated_worker:
+            raise ConfigError("a reward model on the actor's devices (colocate_all_models) runs inside the actor's "
+                              "processes; set use_integrated_worker: true, or give it its own reward_resource.")
+        reward, actor = cfg.reward_config.parallel, cfg.actor_config.parallel
+        if (reward.tp, reward.pp) != (actor.tp, actor.pp):
+            raise ConfigError(f"a reward model on the actor's devices (colocate_all_models) runs in the actor's "
+                              f"processes and layout, but its checkpoint is TP={reward.tp} PP={reward.pp} and the "
+                              f"actor TP={actor.tp} PP={actor.pp}; re-shard it (cli/convert_ckpt.py mg -> mg).")
     if not rl.use_integrated_worker and cfg.colocate_actor_ref and rl.uses_reference:
         raise ConfigError("a reference sharing the actor's devices runs inside the actor's processes; set "
                           "use_integrated_worker: true, or give the reference its own reference_resource.")
@@ -91,9 +97,12 @@ class GRPOTrainer:
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
         self.group = self.ref_group = self.rewards = self.sink = None
+        #: the reward model lives in the actor's ranks (colocate_all_models)
+        self.reward_colocated = cfg.reward_config is not None and bool(rl.colocate_all_models)
 
     # ---------------------------------------------------------------- set-up and tear-down
     def _spec(self) -> Any:
+        from mindrl.trainer.reward_model import reward_spec
         from mindrl.workers.ray_ranks import PolicySpec
 
         cfg, actor, rl = self.cfg, self.cfg.actor_config, self.cfg.rl_config
@@ -107,11 +116,13 @@ class GRPOTrainer:
             ref_micro_batch_size=rl.ref_forward_micro_batch_size or actor.micro_batch_size,
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
             resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
-            load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng)
+            load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng,
+            reward=reward_spec(cfg) if self.reward_colocated else None)
 
     def setup(self) -> None:
         from mindrl.trainer.cluster import connect
-        from mindrl.trainer.rewards import RuleRewards
+        from mindrl.trainer.reward_model import RewardModelGroup
+        from mindrl.trainer.rewards import Rewards, RuleRewards
         from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
         from mindrl.workers.ray_ranks import PolicyRank
 
@@ -127,12 +138,21 @@ class GRPOTrainer:
         self.dp_size = ranks[0]["dp_size"]
         if self.ref_weights is not None:
             self.ref_group = self._reference_group()
+        cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
+        model = None
+        if self.reward_colocated:
+            model = RewardModelGroup(self.group, self.dp_size, owned=False)
+        elif cfg.reward_config is not None:
+            model = RewardModelGroup.on_own_devices(cfg)
+        self.rewards = Rewards(RuleRewards(rl.reward, cpus) if rl.rule_reward else None, model,
+                               rl.reward_model_weight, rl.reward_model_normalize, self.n)
         if self.start.resume:
-            self.loader.load_state_dict(ranks[0]["extra"]["data"])
+            extra = ranks[0]["extra"]
+            self.loader.load_state_dict(extra["data"])
+            if "reward_model_stats" in extra:
+                self.rewards.stats.load_state_dict(extra["reward_model_stats"])
             print(f"[mindrl] resumed from {self.start.resume} at iteration {self.start.iteration} "
                   f"(epoch {self.loader.epoch}, prompt {self.loader.position})", flush=True)
-        cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
-        self.rewards = RuleRewards(rl.reward, cpus)
         save = cfg.actor_config.save
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
@@ -218,11 +238,10 @@ class GRPOTrainer:
             metrics.update(generated)
             batch = rollout_batch([p.ids for p in prompts], result, self.n, self.pad_id)
             labels = [p.label for p in prompts for _ in range(self.n)]
-            pending = self.rewards.submit(self.texts(result.responses), labels, batch["response_lengths"].tolist())
+            pending = self.rewards.submit(self.texts(result.responses), labels, batch)
             if accumulator is None:
                 break
-            with timer("rule_reward"):
-                scored = self.rewards.collect(pending)
+            scored = self.rewards.collect(pending, timer)
             scores = torch.tensor(scored.rewards)
             verifier = {k: torch.tensor(v) for k, v in scored.scores.items()}
             batch.update(scores=scores, **{f"verifier/{k}": v for k, v in verifier.items()})
@@ -234,8 +253,7 @@ class GRPOTrainer:
             metrics.update(accumulator.metrics())
         self.log_prob_passes(batch, timer)
         if accumulator is None:
-            with timer("rule_reward"):
-                scored = self.rewards.collect(pending)
+            scored = self.rewards.collect(pending, timer)
             metrics.update(scored.metrics)
             scores = torch.tensor(scored.rewards)
             verifier = {k: torch.tensor(v) for k, v in scored.scores.items()}
@@ -272,19 +290,20 @@ class GRPOTrainer:
 
     # ---------------------------------------------------------------- validation, checkpoints, export
     def validate(self) -> dict[str, float]:
-        """Greedy answers to the test split, scored like training rewards."""
+        """Greedy answers to the test split, scored like training rewards (the reward model's score raw)."""
         greedy = SamplingConfig(max_tokens=self.sampling.max_tokens, top_k=1, logprobs=0, seed=0)
-        result, _ = self.group.call("generate", [p.ids for p in self.test_prompts], 1, greedy)[0]
-        scored = self.rewards.collect(self.rewards.submit(self.texts(result.responses),
-                                                          [p.label for p in self.test_prompts],
-                                                          [len(r) for r in result.responses]))
+        prompts = [p.ids for p in self.test_prompts]
+        result, _ = self.group.call("generate", prompts, 1, greedy)[0]
+        pending = self.rewards.submit(self.texts(result.responses), [p.label for p in self.test_prompts],
+                                      rollout_batch(prompts, result, 1, self.pad_id))
+        scored = self.rewards.collect(pending, training=False)
         summary = rollout_metrics([len(r) for r in result.responses], self.sampling.max_tokens, scored.rewards,
                                   scored.scores)
         return {f"validation/{key}": value for key, value in summary.items()}
 
     def save(self, step: int) -> None:
         extra = {"job": JOB_GRPO, "data": self.loader.state_dict(), "initial_weights": self.start.initial_weights,
-                 "step": step}
+                 "step": step, "reward_model_stats": self.rewards.stats.state_dict()}
         self.group.call("save", self.cfg.actor_config.save, step, extra)
 
     def export(self) -> Path:

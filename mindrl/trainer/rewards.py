@@ -1,4 +1,5 @@
-"""Rule rewards scored by Ray CPU actors, one per node, while the workers compute log-probs.
+"""A step's rewards: rule verifiers on Ray CPU actors (one per node) and the reward model on its own
+devices, both scored while the workers compute log-probs, then added up (Rewards).
 
 Each scorer holds a RewardScorer (its verifier processes and their time limit live inside
 it); a batch is cut into one contiguous part per scorer. `submit` returns at once, so the
@@ -9,10 +10,15 @@ and share the cores; elsewhere each claims `num_cpus_for_local_task`.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
+
+import torch
 
 from mindrl.config.reward import RewardConfig
 from mindrl.rewards.scorer import RewardScorer, ScoreResult
+from mindrl.trainer.metrics import StepTimer
+from mindrl.trainer.reward_model import REWARD_MODEL, RewardModelGroup, RunningStats, normalise
 
 
 class ScorerActor:
@@ -61,3 +67,47 @@ class RuleRewards:
         ray.get([actor.close.remote() for actor in self.actors])
         for actor in self.actors:
             ray.kill(actor)
+
+
+class Rewards:
+    """The run's reward sources (rule verifiers, a reward model, or both) as one: `submit` starts both,
+    `collect` adds the reward model's weighted, normalised score to the verifiers' weighted total."""
+
+    def __init__(self, rule: RuleRewards | None, model: RewardModelGroup | None, model_weight: float = 1.0,
+                 normalize: str = "none", group_size: int = 1) -> None:
+        self.rule, self.model = rule, model
+        self.model_weight, self.normalize, self.group_size = model_weight, normalize, group_size
+        self.stats = RunningStats()
+
+    def submit(self, texts: list[str], labels: list[str], batch: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+        """Start scoring `batch`'s rows (tokens, prompt_lengths, response_lengths) and their decoded responses."""
+        lengths = batch["response_lengths"]
+        rule = self.rule.submit(texts, labels, lengths.tolist()) if self.rule else None
+        model = self.model.submit(batch["tokens"], batch["prompt_lengths"], lengths) if self.model else None
+        return rule, model
+
+    def collect(self, pending: tuple[Any, Any], timer: StepTimer | None = None, training: bool = True) -> ScoreResult:
+        """Wait for the scores; `training` false (validation) takes the raw reward-model score."""
+        rule, model = pending
+        result = None
+        if rule is not None:
+            with timer("rule_reward") if timer else nullcontext():
+                result = self.rule.collect(rule)
+        if model is None:
+            return result
+        raw, seconds = self.model.collect(model)
+        if timer:
+            timer.seconds["reward_model"] = timer.seconds.get("reward_model", 0.0) + seconds
+        scores = normalise(raw, self.normalize if training else "none", self.group_size, self.stats).tolist()
+        if result is None:
+            result = ScoreResult([0.0] * len(scores), {})
+        result.rewards = [r + self.model_weight * s for r, s in zip(result.rewards, scores, strict=True)]
+        result.scores[REWARD_MODEL] = scores
+        result.metrics.update({"reward_model/mean": raw.double().mean().item(),
+                               "reward_model/std": raw.double().std(unbiased=False).item()})
+        return result
+
+    def close(self) -> None:
+        for source in (self.rule, self.model):
+            if source is not None:
+                source.close()

@@ -21,6 +21,7 @@ from mindrl.config import ConfigError
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.reward import RewardConfig
 from mindrl.trainer.resources import RoleResource
+from mindrl.trainer.reward_model import NORMALISATIONS
 from mindrl.trainer.values import check_types, positive
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
@@ -59,6 +60,10 @@ class RLConfig:
     actor_forward_micro_batch_size: int | None = None
     ref_forward_micro_batch_size: int | None = None
     rule_reward: bool = True
+    #: weight of the reward model's (normalised) score in each response's reward
+    reward_model_weight: float = 1.0
+    #: none | running | group: how the reward model's scores are normalised before weighting
+    reward_model_normalize: str = "none"
     num_cpus_for_local_task: float = 1.0
     filter_groups_enable: bool = False
     filter_groups_metric: str = "acc"
@@ -119,6 +124,9 @@ class RLConfig:
         if implied and self.loss_agg_mode not in (None, implied):
             raise ConfigError(f"rl_config.token_level_loss={self.token_level_loss} means loss_agg_mode {implied} "
                               f"but loss_agg_mode is {self.loss_agg_mode}; keep only one of the two keys.")
+        if self.reward_model_normalize not in NORMALISATIONS:
+            raise ConfigError(f"rl_config.reward_model_normalize must be one of {', '.join(NORMALISATIONS)}, got "
+                              f"{self.reward_model_normalize!r}.")
         if self.num_cpus_for_local_task <= 0:
             raise ConfigError(f"rl_config.num_cpus_for_local_task must be positive, got "
                               f"{self.num_cpus_for_local_task}.")

@@ -1,8 +1,9 @@
 """The ranks Ray actors host: a policy rank (actor + reference + rollout engine), a reference rank,
-or an SFT rank (the actor alone, taught responses).
+a reward-model rank, or an SFT rank (the actor alone, taught responses).
 
 A policy rank is MindSpeed-RL's integrated worker: the Megatron actor, the reference beside it
-when the KL loss needs one, and the rollout engine the actor's weights are synced into. A
+when the KL loss needs one, the reward model when every model shares the actor's devices
+(colocate_all_models), and the rollout engine the actor's weights are synced into. A
 reference rank serves a reference on devices of its own, in its own layout. The driver calls
 every method on every rank of a group at once (they are collectives); a method's result is
 the same on every rank unless it says otherwise.
@@ -30,6 +31,17 @@ from mindrl.workers.megatron_worker import ActorConfig, MegatronWorker
 
 
 @dataclass(frozen=True)
+class RewardSpec:
+    arch: ModelArch
+    par: ParallelConfig
+    params_dtype: str
+    #: Megatron checkpoint root of the reward model (cli/convert_ckpt.py --orm), in this role's layout
+    weights: str
+    micro_batch_size: int
+    seed: int
+
+
+@dataclass(frozen=True)
 class PolicySpec:
     arch: ModelArch
     par: ParallelConfig
@@ -47,6 +59,8 @@ class PolicySpec:
     resume_iteration: int | None = None
     load_optim: bool = True
     load_rng: bool = True
+    #: a reward model hosted beside the actor (colocate_all_models), in the actor's TP/PP layout
+    reward: RewardSpec | None = None
 
 
 class RankProcess:
@@ -108,6 +122,13 @@ class PolicyRank(ActorRank):
                                             spec.ref_micro_batch_size, spec.actor.seed)
             load_stage_weights(self.reference.model,
                                {name: p.detach() for name, p in self.actor.model.named_parameters()})
+        self.reward = None
+        if spec.reward is not None:
+            from mindrl.workers.reward_worker import RewardModelWorker
+
+            reward = spec.reward
+            self.reward = RewardModelWorker(reward.arch, reward.par, reward.weights, DTYPES[reward.params_dtype],
+                                            reward.micro_batch_size, reward.seed)
         extra = self._resume(spec)
         self.engine = make_engine(self.actor, spec.generate, spec.eos_token_ids)
         self.rollout = ColocatedRollout(self.actor, self.engine, spec.generate)
@@ -121,6 +142,9 @@ class PolicyRank(ActorRank):
 
     def update(self, batch: dict) -> dict[str, float]:
         return self.actor.update(batch)
+
+    def score(self, batch: dict) -> tuple[int, torch.Tensor] | None:
+        return _held(self.reward, self.reward.score(batch))
 
     def close(self) -> None:
         self.engine.close()
@@ -137,6 +161,24 @@ class ReferenceSpec:
     temperature: float
     micro_batch_size: int
     seed: int
+
+
+class RewardRank(RankProcess):
+    """A reward model on devices of its own (rl_config.reward_resource)."""
+
+    def setup(self, host: str, port: int, spec: RewardSpec, timeout_s: float) -> dict:
+        from mindrl.workers.reward_worker import RewardModelWorker
+
+        self.join(host, port, timeout_s)
+        self.reward = RewardModelWorker(spec.arch, spec.par, spec.weights, DTYPES[spec.params_dtype],
+                                        spec.micro_batch_size, spec.seed)
+        return {"dp_size": self.reward.dp_size}
+
+    def score(self, batch: dict) -> tuple[int, torch.Tensor] | None:
+        return _held(self.reward, self.reward.score(batch))
+
+    def close(self) -> None:
+        destroy()
 
 
 class ReferenceRank(RankProcess):
@@ -187,8 +229,14 @@ class SFTRank(ActorRank):
 
 
 def _rows_of(worker: MegatronWorker, batch: dict) -> tuple[int, torch.Tensor] | None:
-    """(data-parallel rank, log-probs of its rows) on the ranks that hold results (last stage, TP rank 0)."""
+    """(data-parallel rank, log-probs of its rows) on the ranks that hold results."""
     out = worker.compute_log_prob(batch)
-    if out is None or worker.tp_rank != 0:
+    return _held(worker, None if out is None else out["log_probs"])
+
+
+def _held(worker: MegatronWorker, rows: torch.Tensor | None) -> tuple[int, torch.Tensor] | None:
+    """(data-parallel rank, its rows' results) on the one rank per data-parallel rank that returns them
+    (last stage, TP rank 0); None elsewhere."""
+    if rows is None or worker.tp_rank != 0:
         return None
-    return worker.dp_rank, out["log_probs"]
+    return worker.dp_rank, rows
