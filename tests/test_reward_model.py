@@ -137,6 +137,8 @@ def test_the_reward_role_takes_its_checkpoints_architecture(reward_checkpoints):
     ((_OWN, "+reward_config.load=@reward", "+reward_config.tensor_model_parallel_size=2"), "is sharded TP=1 PP=1"),
     ((_COLOCATED, "+reward_config.load=@reward_tp2", "+reward_config.tensor_model_parallel_size=2",
       "rl_config.actor_resource={num_cpus: 2}"), "actor's processes and layout"),
+    ((_COLOCATED, "+reward_config.load=@reward", "rl_config.use_integrated_worker=false"),
+     "runs inside the actor's processes; set use_integrated_worker: true"),
 ])
 def test_reward_model_misconfigurations_fail_before_ray_in_one_sentence(reward_checkpoints, overrides, message):
     overrides = [o.split("@")[0] + str(reward_checkpoints[o.split("@")[1]]) if "@" in o else o for o in overrides]

@@ -79,9 +79,6 @@ def test_start_point_mistakes(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["+rl_config.reward_resource={num_cpus: 1}", "rl_config.use_integrated_worker=false",
-      "+rl_config.colocate_actor_ref=true"],
-     "mindrl has no reward-model worker yet"),
     (["+actor_config.no_save_optim=true"], "actor_config.no_save_optim: True is not supported by the trainer"),
     (["rl_config.use_integrated_worker=false", "+rl_config.colocate_actor_ref=true"],
      "a reference sharing the actor's devices runs inside the actor's processes"),
