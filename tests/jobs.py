@@ -82,6 +82,45 @@ def kill_when(proc: subprocess.Popen, ready, log: Path, delay_s: float = 0.0) ->
     kill_session(proc)
 
 
+def kill_rank_when(proc: subprocess.Popen, ready, title: str, log: Path, delay_s: float = 0.0,
+                   limit_s: float = 120.0) -> tuple[int, float]:
+    """SIGKILL one process of the job whose title starts with `title` (a Ray actor, e.g. "ray::PolicyRank")
+    once `ready()`, and let the job end on its own: (its exit status, seconds from the kill to its end)."""
+    deadline = time.monotonic() + JOB_LIMIT_S
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_session(proc)
+            pytest.fail(f"the job ended or stalled before the kill point:\n{log.read_text()[-6000:]}")
+        time.sleep(0.001)
+    time.sleep(delay_s)
+    ranks = [pid for pid in session_pids(proc.pid) if _cmdline(pid).startswith(title)]
+    if not ranks:
+        kill_session(proc)
+        pytest.fail(f"no process titled {title!r} in the job:\n{log.read_text()[-4000:]}")
+    os.kill(ranks[0], signal.SIGKILL)
+    killed = time.monotonic()
+    try:
+        code = proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        pytest.fail(f"the job did not end within {limit_s:.0f} s of losing a rank:\n{log.read_text()[-4000:]}")
+    seconds = time.monotonic() - killed
+    deadline = time.monotonic() + 30
+    while session_pids(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = session_pids(proc.pid)
+    kill_session(proc)
+    assert not left, f"processes {left} of the job outlived it"
+    return code, seconds
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
 def metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

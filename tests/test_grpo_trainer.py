@@ -1,5 +1,6 @@
 """The GRPO trainer end to end: cli/train_grpo.py on Ray with vLLM-CPU rollouts, and kill-and-resume."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -66,9 +67,10 @@ def test_grpo_tiny_cpu_trains_end_to_end_with_vllm(tiny_math_data, tmp_path):
 
 
 def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted_run(tiny_math_data, tmp_path):
-    """PP=2, 8 prompts = 2 steps per epoch: the first kill lands in step 3, after the checkpoint at the
-    end of epoch 0; the second while checkpoint 3 is being written. Every step's metrics must equal
-    those of a run never interrupted, and the resumed run must go on into epoch 1."""
+    """PP=2, 8 prompts = 2 steps per epoch. First one rank's process is killed in step 3, after the
+    checkpoint at the end of epoch 0: the job must stop by itself, naming the rank, with exit status 1;
+    then the whole resumed job is killed while checkpoint 3 is being written. Every step's metrics must
+    equal those of a run never interrupted, and the resumed run must go on into epoch 1."""
     tokenizer, root = tiny_math_data
     common = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1,
               "actor_config.pipeline_model_parallel_size": 2, "rl_config.test_interval": 0}
@@ -77,7 +79,12 @@ def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted
 
     log = tmp_path / "cut.log"
     job = _start(_overrides(tokenizer, root / "eight", cut, **common), log)
-    jobs.kill_when(job, lambda: (cut / mg.TRACKER).is_file() and mg.read_tracker(cut) == 2, log, delay_s=1.0)
+    code, seconds = jobs.kill_rank_when(job, lambda: (cut / mg.TRACKER).is_file() and mg.read_tracker(cut) == 2,
+                                        "ray::PolicyRank", log, delay_s=0.2)
+    assert code == 1 and seconds < 60, log.read_text()[-3000:]
+    assert re.search(r"error: actor rank [01] of 2 on node \S+ \(\w+\) died .*resume it from its last checkpoint",
+                     log.read_text())
+    assert mg.read_tracker(cut) == 2
     resumed = _overrides(tokenizer, root / "eight", cut, **common, **{"actor_config.load": cut})
     job = _start(resumed, log)
     tmp = cut / f".tmp-{mg.iteration_dir_name(3)}"

@@ -1,15 +1,49 @@
 """Joining a Ray cluster, or starting one on this machine.
 
-`RAY_ADDRESS` (set by `ray start` scripts or by the user) means a running cluster; without
-it the driver starts a private one-node cluster with this machine's cores and devices, no
-dashboard, reachable on this machine only.
+`RAY_ADDRESS` (set by `ray start` scripts or by the user) means a running cluster, whose nodes
+may still be joining; without it the driver starts a private one-node cluster with this
+machine's cores and devices, no dashboard, reachable on this machine only.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
+from mindrl.config.errors import ConfigError
 from mindrl.trainer.resources import Cluster
+
+#: seconds between looks at a running cluster that does not yet offer what the run needs
+POLL_S = 5.0
+
+
+def connect_when_ready(check: Callable[[Cluster], None], wait_s: float) -> Cluster:
+    """Join the cluster (or start one) and return what it offers once `check` accepts it.
+
+    A running cluster (RAY_ADDRESS) may still be gaining nodes, so it is looked at again every
+    POLL_S seconds for up to `wait_s`, saying once what is missing; then `check`'s sentence ends the
+    run. A private cluster of this machine will not grow: it is judged once."""
+    cluster = connect()
+    if not os.environ.get("RAY_ADDRESS"):
+        check(cluster)
+        return cluster
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            check(cluster)
+            return cluster
+        except ConfigError as err:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"{str(err).rstrip('.')} (after waiting {wait_s:.0f} s for nodes to join).") from None
+            if not said:
+                print(f"[mindrl] waiting up to {wait_s:.0f} s for the cluster: {err}", flush=True)
+                said = True
+        time.sleep(POLL_S)
+        cluster = Cluster.from_ray(ray.cluster_resources())
 
 
 def connect() -> Cluster:
@@ -26,3 +60,27 @@ def connect() -> Cluster:
         else:
             ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=True)
     return Cluster.from_ray(ray.cluster_resources())
+
+
+def wait_for_nodes(address: str, nodes: int, timeout_s: float) -> list[str]:
+    """Join the running cluster at `address` and wait until `nodes` nodes are alive; their addresses.
+
+    The multi-node scripts' master runs this before training, so a worker that never joins is one
+    sentence naming how many did and which, not a placement that waits for devices that never come."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
+            if len(alive) >= nodes:
+                return alive
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"only {len(alive)} of {nodes} nodes joined the cluster at {address} within "
+                                  f"{timeout_s:.0f} s (joined: {', '.join(alive) or 'none'}); start the worker "
+                                  f"script on the missing nodes, check they reach {address}, or lower NNODES.")
+            print(f"[mindrl] {len(alive)} of {nodes} nodes joined; waiting", flush=True)
+            time.sleep(POLL_S)
+    finally:
+        ray.shutdown()

@@ -3,7 +3,8 @@
 `--config-name` picks a file of the trainer's config folder (or `--config-dir`); the rest are
 Hydra overrides. The whole config, and this machine's devices unless RAY_ADDRESS names a
 running cluster (checked once the driver has joined it), are judged before any worker
-starts; a mistake is one sentence on stderr and exit status 2.
+starts; a mistake is one sentence on stderr and exit status 2. A rank lost mid-run, or devices the cluster
+never offers, is one sentence and exit status 1.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mindrl.config.errors import ConfigError
+from mindrl.config.errors import ConfigError, RunError
 
 
 def run_trainer(argv: Sequence[str] | None, description: str, config_dir: Path,
@@ -35,4 +36,7 @@ def run_trainer(argv: Sequence[str] | None, description: str, config_dir: Path,
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RunError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0

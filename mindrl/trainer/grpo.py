@@ -120,7 +120,7 @@ class GRPOTrainer:
             reward=reward_spec(cfg) if self.reward_colocated else None)
 
     def setup(self) -> None:
-        from mindrl.trainer.cluster import connect
+        from mindrl.trainer.cluster import connect_when_ready
         from mindrl.trainer.reward_model import RewardModelGroup
         from mindrl.trainer.rewards import Rewards, RuleRewards
         from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
@@ -128,7 +128,7 @@ class GRPOTrainer:
 
         cfg, rl = self.cfg, self.cfg.rl_config
         resource = rl.resources["actor_resource"]
-        check_resources(cfg, connect())
+        connect_when_ready(lambda cluster: check_resources(cfg, cluster), rl.resource_wait_timeout)
         print(f"[mindrl] starting {resource.count} actor ranks ({resource}); "
               f"old log-probs: {'the update’s own forward (on-policy)' if self.on_policy else 'a separate pass'}",
               flush=True)
@@ -263,8 +263,6 @@ class GRPOTrainer:
         return Experience(batch, scores, verifier, metrics)
 
     def log_prob_passes(self, batch: dict[str, torch.Tensor], timer: StepTimer) -> None:
-        import ray
-
         from mindrl.workers.group import gather_rows
 
         rows = {"tokens": batch["tokens"]}
@@ -277,7 +275,7 @@ class GRPOTrainer:
             with timer("old_log_p"):
                 batch["old_log_probs"] = gather_rows(self.group.call("log_probs", rows, "actor"), self.dp_size)
         if self.ref_group is not None:
-            batch["ref_log_probs"] = gather_rows(ray.get(pending), self.ref_dp_size)
+            batch["ref_log_probs"] = gather_rows(self.ref_group.wait(pending), self.ref_dp_size)
             timer.seconds["reference_model"] = time.perf_counter() - start
 
     def texts(self, responses: list[list[int]]) -> list[str]:

@@ -103,12 +103,10 @@ class RewardModelGroup:
 
     def collect(self, pending: Any) -> tuple[torch.Tensor, float]:
         """The raw scores [rows] and the seconds from submit until they were all in."""
-        import ray
-
         from mindrl.workers.group import gather_rows
 
         start, refs = pending
-        scores = gather_rows(ray.get(refs), self.dp_size)
+        scores = gather_rows(self.group.wait(refs), self.dp_size)
         return scores, time.perf_counter() - start
 
     def close(self) -> None:

@@ -72,6 +72,8 @@ class RLConfig:
     rollout_is: str = "none"
     rollout_is_threshold: float = DEFAULT_THRESHOLD
     test_interval: int = 0
+    #: seconds to wait for a running cluster (RAY_ADDRESS) to offer the roles' devices before giving up
+    resource_wait_timeout: float = 600.0
     use_tensorboard: bool = False
     tensorboard_dir: str = "runs/tensorboard"
     #: verifier_function, verifier_weight, … (mindrl.config.reward), validated there
@@ -102,7 +104,7 @@ class RLConfig:
         check_types("rl_config", self)
         positive("rl_config", self, "n_samples_per_prompt", "mini_batch_size", "epochs", "max_prompt_length",
                  "actor_forward_micro_batch_size", "ref_forward_micro_batch_size", "filter_groups_train_batch_size")
-        positive("rl_config", self, "test_interval", allow_zero=True)
+        positive("rl_config", self, "test_interval", "resource_wait_timeout", allow_zero=True)
         ADVANTAGE_ESTIMATORS.get(self.adv_estimator)
         KL_ESTIMATORS.get(self.kl_penalty)
         if self.kl_ctrl_type != "fixed":

@@ -45,12 +45,12 @@ class SFTTrainer:
                        self.start.iteration if self.start.resume else None, not t.no_load_optim, not t.no_load_rng)
 
     def setup(self) -> None:
-        from mindrl.trainer.cluster import connect
+        from mindrl.trainer.cluster import connect_when_ready
         from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
         from mindrl.workers.ray_ranks import SFTRank
 
         t, resource = self.cfg.training, self.cfg.sft.resource
-        check_resources(self.cfg, connect())
+        connect_when_ready(lambda cluster: check_resources(self.cfg, cluster), self.cfg.sft.resource_wait_timeout)
         weights = self.start.initial_weights or f"random (seed {t.seed})"
         print(f"[mindrl] starting {resource.count} SFT ranks ({resource}), "
               f"{'resuming ' + self.start.resume if self.start.resume else 'weights ' + weights}", flush=True)

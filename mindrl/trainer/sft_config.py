@@ -23,7 +23,7 @@ from mindrl.trainer import resources
 from mindrl.trainer.config import compose
 from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.resources import Cluster, RoleResource
-from mindrl.trainer.values import check_types
+from mindrl.trainer.values import check_types, positive
 
 SFT_CONFIGS_DIR = CONFIGS_DIR / "sft"
 SECTIONS = ("model", "megatron_training", "sft_config")
@@ -39,6 +39,8 @@ class SFTSection:
     resource: RoleResource = dataclasses.field(default_factory=lambda: RoleResource("CPU", 1))
     use_tensorboard: bool = False
     tensorboard_dir: str | None = None
+    #: seconds to wait for a running cluster (RAY_ADDRESS) to offer `resource` before giving up
+    resource_wait_timeout: float = 600.0
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], keys: Keys) -> SFTSection:
@@ -48,6 +50,7 @@ class SFTSection:
             values["resource"] = RoleResource.from_dict("sft_config.resource", values["resource"])
         section = cls(**values)
         check_types("sft_config", section)
+        positive("sft_config", section, "resource_wait_timeout", allow_zero=True)
         try:
             fields = [name for _, name, _, _ in Formatter().parse(section.response_format)]
         except ValueError as err:

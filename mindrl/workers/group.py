@@ -8,21 +8,24 @@ called on every rank at once, since Megatron's are collectives.
 
 from __future__ import annotations
 
-import logging
+import os
 from typing import Any
 
 import torch
 
+from mindrl.config.errors import RunError
 from mindrl.trainer.resources import RoleResource
-
-log = logging.getLogger(__name__)
 
 #: seconds a collective or the rendezvous may wait before the run fails instead of hanging
 COLLECTIVE_TIMEOUT_S = 1800.0
 
 
-class PlacementTimeout(RuntimeError):
+class PlacementTimeout(RunError):
     """The cluster did not offer a role's devices in time."""
+
+
+class WorkerLost(RunError):
+    """A rank's process died (killed, out of memory, its node gone): the run cannot go on."""
 
 
 def actor_options(resource: RoleResource) -> tuple[dict[str, float], dict[str, Any]]:
@@ -41,6 +44,10 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.world_size = role, resource.count
+        #: per rank, the node it runs on (filled at the rendezvous), for messages about it
+        self.nodes: list[str] = []
+        #: a rank died or failed: the others may be stuck in a collective with it, so closing is not waited for long
+        self.lost = False
         bundle, options = actor_options(resource)
         self.placement = placement_group([bundle] * self.world_size, strategy="PACK", name=f"mindrl-{role}")
         ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
@@ -59,14 +66,39 @@ class WorkerGroup:
     def rendezvous(self, timeout_s: float) -> tuple[str, int]:
         import ray
 
-        nodes = set(ray.get([actor.node_id.remote() for actor in self.actors]))
-        return ray.get(self.actors[0].rendezvous.remote(len(nodes) == 1, timeout_s))
+        self.nodes = self.wait([actor.node.remote() for actor in self.actors])
+        if os.environ.get("RAY_ADDRESS"):  # a cluster of several nodes, maybe: say where the role landed
+            print(f"[mindrl] {self.role} ranks on {', '.join(sorted(set(self.nodes)))}", flush=True)
+        return ray.get(self.actors[0].rendezvous.remote(len(set(self.nodes)) == 1, timeout_s))
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every rank; the results by rank. Large arguments go in one object-store put."""
-        import ray
+        return self.wait(self.call_async(method, *args))
 
-        return ray.get(self.call_async(method, *args))
+    def wait(self, refs: list[Any]) -> list[Any]:
+        """The results of one call on every rank, by rank. A rank whose process dies ends the wait at once
+        with WorkerLost naming the role, rank and node: the other ranks may be blocked in a collective
+        with it, and would otherwise hold the run until the collective timeout."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                results[rank_of[done[0]]] = ray.get(done[0])
+            except Exception as err:
+                self.lost = True  # the other ranks may be waiting for this one in a collective
+                if not isinstance(err, RayActorError):
+                    raise
+                rank = rank_of[done[0]]
+                node = self.nodes[rank] if self.nodes else "a node not yet known"
+                cause = str(err).strip().splitlines()[0][:200]
+                raise WorkerLost(f"{self.role} rank {rank} of {self.world_size} on node {node} died ({cause}); the "
+                                 f"run stops — resume it from its last checkpoint with actor_config.load.") from None
+        return [results[rank] for rank in range(len(refs))]
 
     def call_async(self, method: str, *args: Any) -> list[Any]:
         import ray
@@ -77,11 +109,12 @@ class WorkerGroup:
     def kill(self, close_timeout_s: float = 60.0) -> None:
         """Let every rank close (engines remove their temporary model folders), then end the actors.
 
-        Closing is bounded: a rank that failed or hangs in a collective is ended all the same."""
+        Closing is bounded: a rank that failed or hangs in a collective is ended all the same; after a lost
+        rank the survivors get seconds (their close waits behind a call stuck in a collective with it)."""
         import ray
 
         ray.wait([actor.close.remote() for actor in self.actors], num_returns=len(self.actors),
-                 timeout=close_timeout_s)
+                 timeout=5.0 if self.lost else close_timeout_s)
         for actor in self.actors:
             ray.kill(actor)
         ray.util.remove_placement_group(self.placement)

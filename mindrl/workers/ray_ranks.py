@@ -70,10 +70,11 @@ class RankProcess:
         self.rank, self.world_size = rank, world_size
         self._store: dist.TCPStore | None = None
 
-    def node_id(self) -> str:
+    def node(self) -> str:
+        """This rank's node as its address (its Ray node id's prefix after it), for placement and messages."""
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        return f"{ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
 
     def rendezvous(self, loopback: bool, timeout_s: float) -> tuple[str, int]:
         """Rank 0 serves the group's store on a port the OS picks; the driver hands it to the others."""
