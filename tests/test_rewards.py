@@ -534,3 +534,30 @@ def test_overlong_penalty_is_added_and_reported():
         assert result.metrics["overlong/fraction"] == 0.5
         with pytest.raises(ValueError, match="needs the token length"):
             scorer.score(["x"], ["1"])
+
+
+def test_the_limit_holds_inside_the_trainers_ray_scorers(custom_file):
+    """The driver scores on Ray actors (RuleRewards): there too a verifier that hangs or ignores the alarm
+    scores its worst within the limit, counted, and one that kills its process once has the process replaced
+    and the batch rescored; the scorer then serves the next batch."""
+    import ray
+
+    from mindrl.trainer.rewards import RuleRewards
+
+    config = RewardConfig(verifier_function=[f"{custom_file}:deaf", f"{custom_file}:dies_once"],
+                          verifier_weight=[1.0, 1.0], verifier_timeout=0.5)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        rule = RuleRewards(config, num_cpus=0)
+        rule.collect(rule.submit(["warm up"], [""], [2]))  # the actor's start outside the timing
+        start = time.monotonic()
+        result = rule.collect(rule.submit(["ok", "busy", "blind", "die", "ok"], [""] * 5, [1] * 5))
+        elapsed = time.monotonic() - start
+        after = rule.collect(rule.submit(["ok", "die"], [""] * 2, [1] * 2))
+        rule.close()
+    finally:
+        ray.shutdown()
+    assert result.rewards == [2.0, -3.0, -3.0, 2.0, 2.0]
+    assert result.metrics[f"{custom_file}:deaf/timeout_fraction"] == 0.4
+    assert elapsed < 3 * 0.5 + 3.0
+    assert after.rewards == [2.0, 2.0]
