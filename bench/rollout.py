@@ -28,6 +28,7 @@ import torch
 
 from mindrl.config import ModelArch, ParallelConfig, load_model_arch
 from mindrl.launch import run_ranks
+from mindrl.models.flops import forward_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PROMPT_LEN = 32
@@ -38,13 +39,10 @@ def arch_named(name: str) -> ModelArch:
 
 
 def flops_per_request(arch: ModelArch, prompt: int, new: int) -> float:
-    """Matmul FLOPs of one request: prefill of `prompt` tokens and `new` decode steps (2 per
-    multiply-add), weights (incl. the output layer) plus attention's QK and AV over the context."""
-    h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.query_groups * arch.head_dim
-    weights = arch.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * arch.ffn_hidden_size) + h * arch.padded_vocab_size
+    """Matmul FLOPs of one request: prefill of `prompt` tokens and `new` decode steps, each token through
+    the weights and attending causally to the tokens before it."""
     tokens = prompt + new
-    context = sum(range(1, tokens + 1))  # keys each token attends to, causal
-    return 2.0 * weights * tokens + 4.0 * arch.num_layers * q * context
+    return forward_flops(arch, tokens, sum(range(1, tokens + 1)))
 
 
 def _prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:

@@ -26,7 +26,8 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
                      forward_only: bool = False) -> list[dict]:
     """Forward (and backward) every micro-batch; returns loss_fn's dicts on the last stage.
 
-    Each micro-batch is a dict with at least `tokens` [b, s]; all must share b and s (the
+    Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s] and a
+    boolean `attention_mask` [b, 1, s, s] (True: masked; default causal); all must share b and s (the
     pipeline exchanges fixed-shape activations). Gradients accumulate in the parameters;
     the loss of each micro-batch is divided by their number, as Megatron does.
     """
@@ -38,7 +39,7 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
         tokens = batch["tokens"]
-        output = model(tokens, batch.get("position_ids", position_ids_for(tokens)), None)
+        output = model(tokens, batch.get("position_ids", position_ids_for(tokens)), batch.get("attention_mask"))
 
         def loss_func(logits: torch.Tensor):
             return loss_fn(logits, batch)

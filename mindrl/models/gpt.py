@@ -61,7 +61,24 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
         return TransformerConfig(**kwargs)
 
 
-class RewardGPTModel(GPTModel):
+class PositionedGPTModel(GPTModel):
+    """megatron-core's GPTModel, rotating queries and keys by the `position_ids` it is given.
+
+    Megatron's RoPE rotates by sequence index whatever the position ids say; a row that packs several
+    responses behind one shared prompt (mindrl/models/prompt_packing.py) needs each response's positions
+    to restart after the prompt. With position ids 0…s−1 the result is the plain model's, bit for bit."""
+
+    def _preprocess(self, input_ids, position_ids, decoder_input=None, inference_context=None, **kwargs):
+        out = super()._preprocess(input_ids, position_ids, decoder_input=decoder_input,
+                                  inference_context=inference_context, **kwargs)
+        rotary = out[1]
+        if rotary is None or position_ids is None or inference_context is not None:
+            return out
+        # [s, 1, 1, dim] for the positions 0…s−1 → [s, b, 1, dim] for each row's own positions
+        return (out[0], rotary[:, 0][position_ids.t()], *out[2:])
+
+
+class RewardGPTModel(PositionedGPTModel):
     """A GPTModel whose last stage ends in `rm_head` (hidden → num_labels scores per position) instead
     of the LM head: HF's *ForSequenceClassification `score` layer, replicated on every TP rank (a head of
     one output cannot be cut). The forward returns [b, s, num_labels] scores; picking the scored position
@@ -100,7 +117,7 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     if arch.has_score_head:
         model = RewardGPTModel(config, spec, arch.num_labels, **kwargs)
     else:
-        model = GPTModel(config, spec, share_embeddings_and_output_weights=arch.tied_embeddings, **kwargs)
+        model = PositionedGPTModel(config, spec, share_embeddings_and_output_weights=arch.tied_embeddings, **kwargs)
     # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
     # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one.
     return model.to(device=platform.device(), dtype=params_dtype)

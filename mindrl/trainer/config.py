@@ -90,7 +90,8 @@ class TrainerConfig:
         rl = self.rl_config
         return self.actor_config.actor_config(rl.mini_batch_size * rl.n_samples_per_prompt, epochs=rl.epochs,
                                               shuffle_mini_batch=rl.shuffle_mini_batch, loss=self.loss,
-                                              temperature=self.generate_config.sampling_config.temperature)
+                                              temperature=self.generate_config.sampling_config.temperature,
+                                              prompt_packing=rl.packing_mode)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], notes: list[str] | None = None) -> TrainerConfig:

@@ -166,7 +166,7 @@ class GRPOTrainer:
         host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
         spec = ReferenceSpec(ref.arch, ref.parallel, ref.params_dtype, self.ref_weights,
                              self.sampling.temperature, rl.ref_forward_micro_batch_size or ref.micro_batch_size,
-                             ref.seed)
+                             ref.seed, rl.packing_mode)
         self.ref_dp_size = group.call("setup", host, port, spec, COLLECTIVE_TIMEOUT_S)[0]["dp_size"]
         print(f"[mindrl] reference on its own {group.world_size} ranks, weights from {self.ref_weights}", flush=True)
         return group
@@ -265,7 +265,7 @@ class GRPOTrainer:
     def log_prob_passes(self, batch: dict[str, torch.Tensor], timer: StepTimer) -> None:
         from mindrl.workers.group import gather_rows
 
-        rows = {"tokens": batch["tokens"]}
+        rows = {key: batch[key] for key in ("tokens", "prompt_lengths", "response_lengths")}
         if self.ref_group is not None:  # on its own devices it runs while the actor does the old pass
             start, pending = time.perf_counter(), self.ref_group.call_async("log_probs", rows)
         elif self.cfg.rl_config.uses_reference:

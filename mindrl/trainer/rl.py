@@ -59,6 +59,9 @@ class RLConfig:
     init_kl_coef: float = 0.01
     actor_forward_micro_batch_size: int | None = None
     ref_forward_micro_batch_size: int | None = None
+    #: auto | true | false: the actor and reference see a prompt's samples packed behind one copy of it
+    #: (auto: where that costs fewer FLOPs; mindrl/models/prompt_packing.py)
+    prompt_packing: bool | str = "auto"
     rule_reward: bool = True
     #: weight of the reward model's (normalised) score in each response's reward
     reward_model_weight: float = 1.0
@@ -129,6 +132,8 @@ class RLConfig:
         if self.reward_model_normalize not in NORMALISATIONS:
             raise ConfigError(f"rl_config.reward_model_normalize must be one of {', '.join(NORMALISATIONS)}, got "
                               f"{self.reward_model_normalize!r}.")
+        if self.prompt_packing not in (True, False, "auto"):
+            raise ConfigError(f"rl_config.prompt_packing must be auto, true or false, got {self.prompt_packing!r}.")
         if self.num_cpus_for_local_task <= 0:
             raise ConfigError(f"rl_config.num_cpus_for_local_task must be positive, got "
                               f"{self.num_cpus_for_local_task}.")
@@ -148,6 +153,11 @@ class RLConfig:
                               loss_norm_length=max_tokens if mode == "seq-mean-token-sum-norm" else None)
         except ConfigError as err:
             raise ConfigError(f"rl_config: {err}") from None
+
+    @property
+    def packing_mode(self) -> str:
+        """prompt_packing as the workers name it: auto, on or off."""
+        return {True: "on", False: "off"}.get(self.prompt_packing, "auto")
 
     @property
     def uses_reference(self) -> bool:

@@ -66,3 +66,19 @@ def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0,
                            vocab_size: int | None = None) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) over the first `vocab_size` ids; TP-aware."""
     return _VocabParallelEntropy.apply(_prepared(logits, temperature, vocab_size))
+
+
+def gathered_log_probs(logits: torch.Tensor, source: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                       vocab_size: int | None = None, with_entropy: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `labels` [rows, S] (and entropies) scored at the positions of `logits` [G, W, V/TP] that
+    `source` [rows, S] names as flat indices (−1: no score, 0 there). Packed rows score several rows'
+    tokens at one position (the shared prompt's last), so the positions are picked before the softmax."""
+    valid = source >= 0
+    picked = logits.reshape(-1, logits.shape[-1])[source[valid]]
+    zeros = torch.zeros(source.shape, dtype=torch.float32, device=logits.device)
+    log_probs = zeros.masked_scatter(valid, vocab_parallel_log_probs(picked, labels[valid], temperature, vocab_size))
+    entropy = None
+    if with_entropy:
+        entropy = zeros.masked_scatter(valid, vocab_parallel_entropy(picked, temperature, vocab_size))
+    return log_probs, entropy

@@ -5,6 +5,8 @@ hosts them is a thin shell. A batch is a dict of host tensors over the *whole* b
   tokens [B, S]         prompt + response ids, right-padded
   loss_mask [B, S]      1 where position t's logits score a response token (tokens[t + 1])
   old_log_probs, advantages, ref_log_probs [B, S]   (for updates)
+  prompt_lengths, response_lengths [B]   (optional: rows that share a prompt are then packed behind
+                        one copy of it where that costs fewer FLOPs, mindrl/models/prompt_packing.py)
 Each data-parallel rank takes its contiguous share of the rows. Results (log-probs,
 entropy) come back on the last pipeline stage for that rank's rows; other stages get None.
 """
@@ -32,8 +34,14 @@ from mindrl.models import sharding
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
 from mindrl.models.optimizer import wrap_for_training, zero_grads
+from mindrl.models.prompt_packing import pack, packed_width, packing_pays, prompt_groups
 from mindrl.platform import get_platform
-from mindrl.workers.logprob import shifted_labels, vocab_parallel_entropy, vocab_parallel_log_probs
+from mindrl.workers.logprob import (
+    gathered_log_probs,
+    shifted_labels,
+    vocab_parallel_entropy,
+    vocab_parallel_log_probs,
+)
 from mindrl.workers.offload import StorageOffloader, storage_ptrs
 
 
@@ -56,6 +64,8 @@ class ActorConfig:
     shuffle_mini_batch: bool = False
     temperature: float = 1.0
     seed: int = 1234
+    #: auto | on | off: pack a prompt's samples behind one copy of it (auto: when that costs fewer FLOPs)
+    prompt_packing: str = "auto"
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -72,13 +82,23 @@ class ActorConfig:
                               f"micro_batch_size={self.micro_batch_size}.")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be positive, got {self.temperature}.")
+        check_prompt_packing(self.prompt_packing)
 
 
-#: (logits, log-probs of the labels, micro-batch, whole-batch normalisers) → (loss share, metric shares)
-LossOf = Callable[[torch.Tensor, torch.Tensor, dict, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
+PROMPT_PACKING = ("auto", "on", "off")
 
 
-def _sft_loss(logits: torch.Tensor, log_probs: torch.Tensor, mb: dict,
+def check_prompt_packing(value: str) -> None:
+    if value not in PROMPT_PACKING:
+        raise ConfigError(f"prompt_packing must be one of {', '.join(PROMPT_PACKING)}, got {value!r}.")
+
+
+#: (log-probs of the labels, their entropies if asked for, micro-batch, whole-batch normalisers)
+#: → (loss share, metric shares)
+LossOf = Callable[[torch.Tensor, torch.Tensor | None, dict, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
+
+
+def _sft_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
               normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
     return sft_loss(log_probs, mb["loss_mask"], normalisers["num_tokens"])
 
@@ -92,8 +112,10 @@ class MegatronWorker:
 
     def __init__(self, arch: ModelArch, par: ParallelConfig, weights: str | dict | None = None,
                  params_dtype: torch.dtype = torch.float32, temperature: float = 1.0,
-                 micro_batch_size: int = 2, seed: int = 1234) -> None:
+                 micro_batch_size: int = 2, seed: int = 1234, prompt_packing: str = "auto") -> None:
+        check_prompt_packing(prompt_packing)
         self.arch, self.par, self.temperature, self.micro_batch_size = arch, par, temperature, micro_batch_size
+        self.prompt_packing = prompt_packing
         self.vocab_size = arch.padded_vocab_size  # the model's own vocabulary; TP padding beyond it is masked
         self.platform = get_platform()
         init_model_parallel(par, seed=seed, arch=arch)
@@ -120,8 +142,9 @@ class MegatronWorker:
 
     def _micro_batches(self, batch: dict, rows: torch.Tensor | slice, size: int) -> list[dict]:
         """Micro-batches of exactly `size` rows: the pipeline exchanges fixed-shape activations,
-        so a short last one is filled with rows of padding whose loss mask is zero."""
-        device = self.platform.device()
+        so a short last one is filled with rows of padding whose loss mask is zero. Given prompt and
+        response lengths, rows sharing a prompt are packed (`prompt_packing`: on, or auto where that
+        costs fewer FLOPs); the model then sees the packed rows, the loss still the plain ones."""
         selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
         out = []
         for start in range(0, selected["tokens"].shape[0], size):
@@ -129,16 +152,35 @@ class MegatronWorker:
             short = size - mb["tokens"].shape[0]
             if short:
                 mb = {k: torch.cat([v, v.new_zeros((short, *v.shape[1:]))]) for k, v in mb.items()}
-            mb = {k: v.to(device) for k, v in mb.items()}
             mb["labels"] = shifted_labels(mb["tokens"])
             out.append(mb)
-        return out
+        if self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= out[0].keys():
+            groups = [prompt_groups(mb["tokens"], mb["prompt_lengths"]) for mb in out]
+            # one packed shape for every micro-batch, as the pipeline needs
+            shape = (max(map(len, groups)), max(packed_width(mb["prompt_lengths"], mb["response_lengths"], g)
+                                                for mb, g in zip(out, groups, strict=True)))
+            if self.prompt_packing == "on" or packing_pays(self.arch, tuple(out[0]["tokens"].shape), shape):
+                for mb, g in zip(out, groups, strict=True):
+                    packed = pack(mb["tokens"], mb["prompt_lengths"], mb["response_lengths"], *shape, groups=g)
+                    mb.update(tokens=packed.tokens, position_ids=packed.position_ids,
+                              attention_mask=packed.attention_mask, source=packed.source)
+        device = self.platform.device()
+        return [{k: v.to(device) for k, v in mb.items()} for mb in out]
+
+    def _token_scores(self, logits: torch.Tensor, mb: dict, temperature: float,
+                      with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of the micro-batch's labels [rows, S] (and entropies), from plain or packed rows."""
+        if "source" in mb:
+            return gathered_log_probs(logits, mb["source"], mb["labels"], temperature, self.vocab_size, with_entropy)
+        log_probs = vocab_parallel_log_probs(logits, mb["labels"], temperature, self.vocab_size)
+        return log_probs, vocab_parallel_entropy(logits, temperature, self.vocab_size) if with_entropy else None
 
     @torch.no_grad()
     def compute_log_prob(self, batch: dict, with_entropy: bool = False,
                          temperature: float | None = None) -> dict[str, torch.Tensor] | None:
         """log π(token t+1 | ≤ t) at every position of this rank's rows (and the entropy), at the
-        worker's sampling temperature unless `temperature` is given."""
+        worker's sampling temperature unless `temperature` is given. From packed rows only the response
+        tokens are scored (zero elsewhere): nothing downstream reads the prompt's."""
         check_batch(batch, ("tokens",))
         rows = self.local_rows(batch["tokens"].shape[0])
         self.model.eval()
@@ -155,9 +197,10 @@ class MegatronWorker:
 
     def _score_fn(self, with_entropy: bool, temperature: float):
         def score(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            out = {"log_probs": vocab_parallel_log_probs(logits, mb["labels"], temperature, self.vocab_size)}
+            log_probs, entropy = self._token_scores(logits, mb, temperature, with_entropy)
+            out = {"log_probs": log_probs}
             if with_entropy:
-                out["entropy"] = vocab_parallel_entropy(logits, temperature, self.vocab_size)
+                out["entropy"] = entropy
             return logits.new_zeros(()), out
 
         return score
@@ -188,7 +231,8 @@ class ActorWorker(MegatronWorker):
                 f"mini_batch_size={cfg.mini_batch_size} over {dp_size} data-parallel ranks does not give each "
                 f"rank a whole number of micro-batches of micro_batch_size={cfg.micro_batch_size}; make "
                 f"mini_batch_size a multiple of {dp_size * cfg.micro_batch_size}.")
-        super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed)
+        super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed,
+                         cfg.prompt_packing)
         self.cfg = cfg
         self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, min_lr=cfg.min_lr,
                                                      weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
@@ -234,13 +278,14 @@ class ActorWorker(MegatronWorker):
                 gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
                 order = rows.start + torch.randperm(n_local, generator=gen)
             for start in range(0, n_local, mini):
-                metrics = self._step(batch, order[start:start + mini], self._policy_loss)
+                metrics = self._step(batch, order[start:start + mini], self._policy_loss,
+                                     with_entropy=bool(cfg.loss.entropy_coeff))
                 for key, value in metrics.items():
                     history.setdefault(key, []).append(value)
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> list[dict]:
+    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, with_entropy: bool) -> list[dict]:
         """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced
         over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares."""
         cfg = self.cfg
@@ -255,17 +300,16 @@ class ActorWorker(MegatronWorker):
         scale = len(micro) * self.dp_size
 
         def loss_fn(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            log_probs = vocab_parallel_log_probs(logits, mb["labels"], cfg.temperature, self.vocab_size)
-            loss, metrics = loss_of(logits, log_probs, mb, normalisers)
+            log_probs, entropy = self._token_scores(logits, mb, cfg.temperature, with_entropy)
+            loss, metrics = loss_of(log_probs, entropy, mb, normalisers)
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
         zero_grads(self.ddp, self.optimizer)
         return run_microbatches(self.ddp, micro, loss_fn)
 
-    def _policy_loss(self, logits: torch.Tensor, log_probs: torch.Tensor, mb: dict,
+    def _policy_loss(self, log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
                      normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
-        entropy = vocab_parallel_entropy(logits, cfg.temperature, self.vocab_size) if cfg.loss.entropy_coeff else None
         old = mb.get("old_log_probs")
         loss, metrics = actor_loss(log_probs, log_probs.detach() if old is None else old, mb["advantages"],
                                    mb["loss_mask"], cfg.loss, ref_log_prob=mb.get("ref_log_probs"),
@@ -275,8 +319,8 @@ class ActorWorker(MegatronWorker):
                                            normalisers["num_tokens"]))
         return loss, metrics
 
-    def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> dict[str, float]:
-        outputs = self._backward(batch, rows, loss_of)
+    def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, with_entropy: bool = False) -> dict[str, float]:
+        outputs = self._backward(batch, rows, loss_of, with_entropy)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
         updated, grad_norm, _ = self.optimizer.step()
         if updated:

@@ -120,7 +120,7 @@ class PolicyRank(ActorRank):
         self.reference = None
         if spec.with_reference:
             self.reference = MegatronWorker(spec.arch, spec.par, None, dtype, spec.actor.temperature,
-                                            spec.ref_micro_batch_size, spec.actor.seed)
+                                            spec.ref_micro_batch_size, spec.actor.seed, spec.actor.prompt_packing)
             load_stage_weights(self.reference.model,
                                {name: p.detach() for name, p in self.actor.model.named_parameters()})
         self.reward = None
@@ -162,6 +162,7 @@ class ReferenceSpec:
     temperature: float
     micro_batch_size: int
     seed: int
+    prompt_packing: str = "auto"
 
 
 class RewardRank(RankProcess):
@@ -188,7 +189,7 @@ class ReferenceRank(RankProcess):
     def setup(self, host: str, port: int, spec: ReferenceSpec, timeout_s: float) -> dict:
         self.join(host, port, timeout_s)
         self.reference = MegatronWorker(spec.arch, spec.par, spec.weights, DTYPES[spec.params_dtype],
-                                        spec.temperature, spec.micro_batch_size, spec.seed)
+                                        spec.temperature, spec.micro_batch_size, spec.seed, spec.prompt_packing)
         return {"dp_size": self.reference.dp_size}
 
     def log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:

@@ -1,0 +1,23 @@
+"""Matmul FLOPs of a forward pass (2 per multiply-add): what the benchmarks count, and what picks the
+cheaper of two layouts of the same work (mindrl/models/prompt_packing.py)."""
+
+from __future__ import annotations
+
+from mindrl.config import ModelArch
+
+
+def weight_flops_per_token(arch: ModelArch) -> float:
+    """Every weight matrix once per token: attention and MLP projections of each layer, and the output layer."""
+    h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.query_groups * arch.head_dim
+    layer = h * (q + 2 * kv) + q * h + 3 * h * arch.ffn_hidden_size
+    return 2.0 * (arch.num_layers * layer + h * arch.padded_vocab_size)
+
+
+def attention_flops_per_key(arch: ModelArch) -> float:
+    """QKᵀ and AV for one (query, key) pair, over every layer."""
+    return 4.0 * arch.num_layers * arch.num_attention_heads * arch.head_dim
+
+
+def forward_flops(arch: ModelArch, tokens: float, keys: float) -> float:
+    """`tokens` through the weights, and `keys` (query, key) pairs through attention."""
+    return weight_flops_per_token(arch) * tokens + attention_flops_per_key(arch) * keys
