@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"recipe": args.config_name, "output_dir": cfg.output_dir, **asdict(report),
                "seconds": round(time.perf_counter() - start, 2)}
     print(f"[preprocess] read {report.rows_read} rows: kept {report.kept} (train {report.train}, test {report.test}), "
-          f"dropped {report.dropped_too_long} over max_prompt_length={cfg.max_prompt_length}, "
+          f"dropped {report.dropped_too_long} over max_prompt_length={cfg.max_prompt_length} and "
+          f"{report.dropped_seen_in_test} training rows whose prompt is a test prompt, "
           f"skipped {report.skipped_bad} bad rows; longest prompt {report.longest_prompt} tokens", file=sys.stderr)
     print(json.dumps(summary))
     return 0

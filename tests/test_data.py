@@ -1,6 +1,7 @@
 """Templates, the tiny tokenizer, dataset reading and deterministic preprocessing."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,18 +80,18 @@ def test_synthetic_problems_are_deterministic_and_correct():
             assert eval(expression) == int(problem["answer"])  # an independent check of the generator
 
 
-def test_fact_problems_are_single_digit_facts_answered_in_one_sentence():
+def test_fact_problems_are_times_table_facts_answered_in_one_sentence():
     problems = generate_problems("facts", 600, seed=2)
     assert problems == generate_problems("facts", 600, seed=2)
     assert {p["kind"] for p in problems} == {"fact_bare", "fact_word"}
     for problem in problems:
         a, op, b = problem["fact"].split()
-        assert 0 <= int(a) <= 9 and 0 <= int(b) <= 9 and op in "+-*"
-        assert eval(problem["fact"]) == int(problem["answer"])  # an independent check of the generator
+        assert 0 <= int(a) <= 9 and 0 <= int(b) <= 9 and op == "*"
+        assert int(a) * int(b) == int(problem["answer"])  # an independent check of the generator
         assert problem["solution"] == f"The answer is {problem['answer']}."
-        if problem["kind"] == "fact_bare":
-            assert a in problem["question"] and b in problem["question"]
-    assert len({p["fact"] for p in problems}) > 250  # most of the 300 facts
+        numbers = [int(n) for n in re.findall(r"\d+", problem["question"])]
+        assert numbers[:2] == [int(a), int(b)]  # the question states the fact's two numbers, in order
+    assert len({p["fact"] for p in problems}) > 95  # nearly all of the 100 facts
 
 
 def test_the_facts_tokenizer_spells_numbers_digit_by_digit(tmp_path):
@@ -123,6 +124,25 @@ def test_preprocessing_twice_gives_byte_identical_parquet(tokenizer_dir, tmp_pat
     assert tokenizer.decode(row["prompt_ids"]) == row["prompt"] and row["prompt"].endswith("assistant\n")
     assert json.loads(row["extra_info"])["kind"] in ("arithmetic", "word")
     assert row["data_source"] == "generator:mixed"
+
+
+def test_unseen_test_prompts_keeps_every_test_prompt_out_of_training(tokenizer_dir, tmp_path):
+    """Bare facts repeat ("3 * 4 = ?" many times): with the option, no test prompt's text is left in training,
+    the rows dropped are counted, and everything else is kept."""
+    gen = {"kind": "facts", "num_samples": 600, "seed": 4}
+    plain = preprocess(_config(tokenizer_dir, tmp_path / "plain", generator=gen, test_fraction=0.1))
+    unseen = preprocess(_config(tokenizer_dir, tmp_path / "unseen", generator=gen, test_fraction=0.1,
+                                unseen_test_prompts=True))
+    read = {name: {split: pq.read_table(tmp_path / name / f"{split}.parquet").to_pylist()
+                   for split in ("train", "test")} for name in ("plain", "unseen")}
+    test_prompts = {r["prompt"] for r in read["unseen"]["test"]}
+    assert read["unseen"]["test"] == read["plain"]["test"]
+    overlap = [r for r in read["plain"]["train"] if r["prompt"] in test_prompts]
+    assert len(overlap) > 0  # without the option, repeated bare prompts reach both splits
+    assert read["unseen"]["train"] == [r for r in read["plain"]["train"] if r["prompt"] not in test_prompts]
+    assert unseen.dropped_seen_in_test == len(overlap) and unseen.train == plain.train - len(overlap)
+    with pytest.raises(ConfigError, match="there is no test split"):
+        _config(tokenizer_dir, tmp_path / "x", generator=gen, unseen_test_prompts=True)
 
 
 @pytest.fixture

@@ -48,6 +48,8 @@ class PreprocessConfig:
     data_source: str | None = None
     max_prompt_length: int = 1024
     test_fraction: float = 0.0
+    #: drop training rows whose prompt is also a test prompt, so the test split is text never trained on
+    unseen_test_prompts: bool = False
     seed: int = 1234
     skip_bad_rows: bool = False
 
@@ -68,6 +70,9 @@ class PreprocessConfig:
         object.__setattr__(self, "map_keys", {k: v for k, v in keys.items() if v})
         if not 0.0 <= self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must be in [0, 1), got {self.test_fraction}.")
+        if self.unseen_test_prompts and not self.test_fraction:
+            raise ConfigError("unseen_test_prompts keeps test prompts out of training, but test_fraction is 0 so "
+                              "there is no test split; set test_fraction > 0 or drop unseen_test_prompts.")
         if self.max_prompt_length < 1:
             raise ConfigError(f"max_prompt_length must be positive, got {self.max_prompt_length}.")
 
@@ -86,6 +91,7 @@ class PreprocessReport:
     rows_read: int = 0
     kept: int = 0
     dropped_too_long: int = 0
+    dropped_seen_in_test: int = 0
     skipped_bad: int = 0
     train: int = 0
     test: int = 0
@@ -167,6 +173,11 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
     test_positions = set(np.random.default_rng(cfg.seed).permutation(len(records))[:n_test].tolist())
     splits = {"train": [r for i, r in enumerate(records) if i not in test_positions],
               "test": [r for i, r in enumerate(records) if i in test_positions]}
+    if cfg.unseen_test_prompts:
+        test_prompts = {r["prompt"] for r in splits["test"]}
+        kept = [r for r in splits["train"] if r["prompt"] not in test_prompts]
+        report.dropped_seen_in_test = len(splits["train"]) - len(kept)
+        splits["train"] = kept
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, split in splits.items():

@@ -61,31 +61,27 @@ def _weekly(rng: random.Random) -> dict:
             "kind": "word"}
 
 
-_FACT_OPS = {"+": ("plus", lambda a, b: a + b), "-": ("minus", lambda a, b: a - b),
-             "*": ("times", lambda a, b: a * b)}
-
-
 def _fact(rng: random.Random, worded: bool) -> dict:
-    """A single-digit + − × fact, bare or as a one-line word problem; answered "The answer is N."."""
-    a, b, op = rng.randint(0, 9), rng.randint(0, 9), rng.choice("+-*")
-    word, apply = _FACT_OPS[op]
-    answer = apply(a, b)
+    """A times-table fact (0–9 × 0–9), asked bare or as a one-line word problem; answered "The answer is N.".
+
+    One operation keeps the demo's task to 100 facts: GRPO on two CPU cores gets to each of them
+    dozens of times in its three minutes, which it needs to change a fact's greedy answer."""
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
     if worded:
         name, item = rng.choice(NAMES), rng.choice(ITEMS)
-        question = {"+": f"{name} has {a} {item} and finds {b} more. How many {item} does {name} have?",
-                 "-": f"It is {a} degrees and it gets {b} degrees colder. How warm is it now?",
-                 "*": f"{name} has {a} bags with {b} {item} in each. How many {item} are there?"}[op]
+        question = rng.choice((f"{name} has {a} bags with {b} {item} in each. How many {item} are there?",
+                               f"{name} buys {a} packs of {b} {item}. How many {item} does {name} buy?"))
     else:
-        question = rng.choice((f"What is {a} {word} {b}?", f"{a} {op} {b} = ?"))
-    return {"question": question, "answer": str(answer), "solution": f"The answer is {answer}.",
-            "kind": "fact_word" if worded else "fact_bare", "fact": f"{a} {op} {b}"}
+        question = rng.choice((f"What is {a} times {b}?", f"{a} * {b} = ?"))
+    return {"question": question, "answer": str(a * b), "solution": f"The answer is {a * b}.",
+            "kind": "fact_word" if worded else "fact_bare", "fact": f"{a} * {b}"}
 
 
 GENERATORS: dict[str, tuple[Callable[[random.Random], dict], ...]] = {
     "arithmetic": (_arithmetic,),
     "word": (_buy_more, _share, _weekly),
     "mixed": (_arithmetic, _buy_more, _share, _weekly),
-    # the learning demo's task: 300 single-digit facts, half of the problems worded
+    # the learning demo's task: the 100 times-table facts, half of the problems worded
     "facts": (lambda rng: _fact(rng, worded=False), lambda rng: _fact(rng, worded=True)),
 }
 
