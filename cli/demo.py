@@ -1,11 +1,12 @@
 """The learning demo: SFT warm start, GRPO, and the held-out accuracy before and after, on CPU.
 
-    python cli/demo.py [--seed 1234] [--sft-steps 150] [--grpo-steps 150] [--out runs/facts]
+    python cli/demo.py [--seed 1234] [--sft-steps N] [--grpo-steps N] [--out runs/facts]
 
 Needs the facts tokenizer and data (scripts/demo.sh makes them). Runs cli/train_sft.py
-(sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with cli/evaluate.py's
-code, runs cli/train_grpo.py (grpo_facts_cpu) from it, evaluates the result the same way, writes
-the reward / accuracy curve to `--png` and prints the before/after table and one JSON line.
+(sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with cli/evaluate.py,
+runs cli/train_grpo.py (grpo_facts_cpu) from it, evaluates the result the same way, writes the
+reward / accuracy curve to `--png` and prints the before/after table, the two evaluation commands
+(run again, they print the same figures) and one JSON line. Step counts default to the configs'.
 """
 
 from __future__ import annotations
@@ -18,35 +19,35 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mindrl.config.errors import ConfigError
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(script: str, config: str, overrides: list[str]) -> float:
-    """A trainer CLI as a child process (its console output passes through); returns its wall seconds."""
+def _cli(args: list[str], capture: bool = False) -> tuple[float, str]:
+    """A CLI as a child process (its console output passes through unless captured); returns its wall
+    seconds and, when captured, its standard output."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(ROOT / "cli" / script), "--config-name", config, *overrides],
-                          cwd=ROOT, env={**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL",
-                                                                                            "ERROR")})
+    done = subprocess.run([sys.executable, *args], text=True, stdout=subprocess.PIPE if capture else None,
+                          env={**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")})
     if done.returncode:
-        raise SystemExit(f"demo: {script} --config-name {config} failed (exit {done.returncode}); see above.")
-    return time.perf_counter() - start
+        raise SystemExit(f"demo: {' '.join(args[:3])} failed (exit {done.returncode}); see above.")
+    return time.perf_counter() - start, done.stdout or ""
 
 
-def _accuracy(load: Path, data: str, tokenizer: str) -> dict:
-    from mindrl.evaluation import EvalConfig, evaluate
+def evaluate_command(load: Path, data: str, tokenizer: str) -> list[str]:
+    """cli/evaluate.py's arguments for the demo's held-out figures: greedy, the trainer's verifiers."""
+    return [os.path.relpath(ROOT / "cli" / "evaluate.py"), "--load", str(load), "--data", data,
+            "--tokenizer", tokenizer, "--max-tokens", "16", "--max-model-len", "96",
+            "--verifiers", "gsm8k", "answer_sentence", "--weights", "1.0", "0.1"]
 
-    cfg = EvalConfig(load=str(load), data=data, tokenizer=tokenizer, max_tokens=16, max_model_len=96,
-                     verifiers=["gsm8k", "answer_sentence"], weights=[1.0, 0.1])
-    return evaluate(cfg)["by_source"]["all"]
+
+def _accuracy(command: list[str]) -> dict:
+    _, out = _cli(command, capture=True)
+    return json.loads(out.strip().splitlines()[-1])["by_source"]["all"]
 
 
 def write_curve(metrics_file: Path, before: float, after: float, png: Path) -> None:
-    """Mean reward and training accuracy per GRPO step (and their 10-step means), with the held-out
-    greedy accuracy after SFT and after GRPO as the dashed lines."""
+    """Mean reward and training accuracy per GRPO step (and their 10-step means), the held-out greedy
+    accuracy at each validation, and after SFT and after GRPO as the dashed lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,12 +62,16 @@ def write_curve(metrics_file: Path, before: float, after: float, png: Path) -> N
         smooth = [sum(values[max(0, i - 9):i + 1]) / len(values[max(0, i - 9):i + 1]) for i in range(len(values))]
         ax.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
         ax.plot(steps, smooth, color=colour, label=f"{label} (10-step mean)")
+    checks = [(line["step"], line["validation/accuracy"]) for line in lines if "validation/accuracy" in line]
+    if checks:
+        ax.plot(*zip((0, before), *checks, strict=True), "o-", color="black", markersize=4,
+                label="held-out accuracy (greedy)")
     ax.axhline(before, color="grey", linestyle="--", label=f"held-out accuracy after SFT ({before:.1%})")
     ax.axhline(after, color="black", linestyle="--", label=f"held-out accuracy after GRPO ({after:.1%})")
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, 1.15)
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("GRPO on single-digit facts (2.5M-param Qwen2, 2 CPU cores)")
+    ax.set_title("GRPO on the times table (2.5M-param Qwen2, 2 CPU cores)")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png)
@@ -76,8 +81,8 @@ def write_curve(metrics_file: Path, before: float, after: float, png: Path) -> N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--grpo-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: sft_facts_cpu's train_iters")
+    parser.add_argument("--grpo-steps", type=int, default=None, help="default: grpo_facts_cpu's train_iters")
     parser.add_argument("--out", default="runs/facts", help="where the checkpoints and metrics go")
     parser.add_argument("--data", default="data/facts")
     parser.add_argument("--tokenizer", default="data/facts_tokenizer")
@@ -86,18 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     common = [f"megatron_training.seed={args.seed}", f"megatron_training.data_path={args.data}",
               f"megatron_training.tokenizer_name_or_path={args.tokenizer}"]
-    try:
-        sft_s = _run("train_sft.py", "sft_facts_cpu", [*common, f"megatron_training.train_iters={args.sft_steps}",
-                                                       f"megatron_training.save={out / 'sft'}"])
-        before = _accuracy(out / "sft", args.data, args.tokenizer)
-        grpo_s = _run("train_grpo.py", "grpo_facts_cpu",
-                      [*common, f"megatron_training.train_iters={args.grpo_steps}",
-                       f"megatron_training.save={out / 'grpo'}", f"actor_config.load={out / 'sft'}",
-                       f"generate_config.sampling_config.seed={args.seed}"])
-        after = _accuracy(out / "grpo", args.data, args.tokenizer)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+
+    def steps(count: int | None) -> list[str]:
+        return [] if count is None else [f"megatron_training.train_iters={count}"]
+
+    for needed in (Path(args.tokenizer) / "tokenizer.json", Path(args.data) / "train.parquet"):
+        if not needed.is_file():
+            print(f"error: {needed} is missing; make the facts tokenizer and data first (scripts/demo.sh does).",
+                  file=sys.stderr)
+            return 2
+    evaluations = [evaluate_command(out / stage, args.data, args.tokenizer) for stage in ("sft", "grpo")]
+    sft_s, _ = _cli([str(ROOT / "cli" / "train_sft.py"), "--config-name", "sft_facts_cpu", *common,
+                     *steps(args.sft_steps), f"megatron_training.save={out / 'sft'}"])
+    before = _accuracy(evaluations[0])
+    grpo_s, _ = _cli([str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_facts_cpu", *common,
+                      *steps(args.grpo_steps), f"megatron_training.save={out / 'grpo'}",
+                      f"actor_config.load={out / 'sft'}", f"generate_config.sampling_config.seed={args.seed}"])
+    after = _accuracy(evaluations[1])
     png = Path(args.png) if args.png else out / "curve.png"
     write_curve(out / "grpo" / "metrics.jsonl", before["pass@1"], after["pass@1"], png)
     print(f"\n{'held-out (greedy)':<20}{'after SFT':>12}{'after GRPO':>12}")
@@ -106,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         fmt = "{:>12.1%}" if key != "response_length_mean" else "{:>12.1f}"
         print(f"{label:<20}" + fmt.format(before[key]) + fmt.format(after[key]))
     print(f"GRPO gain: {100 * (after['pass@1'] - before['pass@1']):+.1f} points in {grpo_s:.0f} s "
-          f"(SFT {sft_s:.0f} s); curve: {png}\n")
+          f"(SFT {sft_s:.0f} s); curve: {png}")
+    print("the held-out figures again:\n" + "\n".join(f"  python {' '.join(c)}" for c in evaluations) + "\n")
     print(json.dumps({"seed": args.seed, "sft_accuracy": before["pass@1"], "grpo_accuracy": after["pass@1"],
                       "gain_points": 100 * (after["pass@1"] - before["pass@1"]), "sft_seconds": sft_s,
-                      "grpo_seconds": grpo_s, "prompts": before["prompts"], "curve": str(png)}), flush=True)
+                      "grpo_seconds": grpo_s, "curve": str(png), "held_out": {"sft": before, "grpo": after}}),
+          flush=True)
     return 0
 
 

