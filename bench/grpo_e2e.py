@@ -1,14 +1,16 @@
 """Whole GRPO steps of cli/train_grpo.py against the machine's own matmul rate and against TRL.
 
     python bench/grpo_e2e.py [--steps 3] [--models tiny,small] [--dtypes fp32,bf16] [--no-trl]
+                             [--prompt-packing auto|false]
 
 For grpo_tiny_cpu and grpo_small_cpu at 16 prompts × 8 samples, 64 (tiny) / 128 (small) new
 tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
 precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/s (prompt +
 response tokens of every sample over the step's seconds, whole machine), seconds per stage,
 and achieved GFLOP/s — the matmul FLOPs of the rollout, the reference pass, the old-log-prob
-pass when it runs, and the update's forward and backward — beside a plain matmul's GFLOP/s in
-the same precision on the same two cores, measured in the same run. Each configuration runs
+pass when it runs, and the update's forward and backward (where the actor packed a prompt's
+samples behind one copy of it, `actor/prompt_packed`, that prompt counts once) — beside a plain
+matmul's GFLOP/s in the same precision on the same two cores, measured in the same run. Each configuration runs
 the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
 (bench/trl_grpo.py; TRL is installed into .bench-trl/ on first use, not into the project's
@@ -32,8 +34,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from rollout import DTYPES, _matmul, flops_per_request  # noqa: E402  (the sibling benchmark's FLOP model)
 
-from mindrl.config import load_model_arch  # noqa: E402
+from mindrl.config import ModelArch, load_model_arch  # noqa: E402
 from mindrl.launch import run_ranks  # noqa: E402
+from mindrl.models.flops import forward_flops  # noqa: E402
 
 NEW_TOKENS = {"tiny": 64, "small": 128}
 MICRO_BATCH = 16
@@ -54,9 +57,10 @@ def _data(folder: Path) -> tuple[Path, Path]:
     return tokenizer, data
 
 
-def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path) -> list[dict]:
+def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path,
+           packing: str) -> list[dict]:
     bf16 = dtype == "bf16"
-    overrides = {
+    overrides = {"rl_config.prompt_packing": packing,
         "megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
         "megatron_training.global_batch_size": 16, "megatron_training.train_iters": steps,
         "megatron_training.save": out, "megatron_training.save_interval": 0, "megatron_training.bf16": bf16,
@@ -108,6 +112,15 @@ def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path) -> dic
             "step_s": round(seconds, 2), "response_len": round(response, 1)}
 
 
+def _pass_flops(arch: ModelArch, prompt: int, response: int, packed: float) -> float:
+    """One forward over the batch: each sample's whole sequence, or where packed, each prompt once and
+    each response attending to it (the work a variable-length kernel would do)."""
+    plain = 16 * 8 * flops_per_request(arch, prompt + response, 0)
+    shared = 16 * (forward_flops(arch, prompt, prompt * (prompt + 1) / 2)
+                   + 8 * forward_flops(arch, response, response * prompt + response * (response + 1) / 2))
+    return packed * shared + (1 - packed) * plain
+
+
 def _summary(model: str, lines: list[dict]) -> dict:
     arch = load_model_arch(f"{model}_qwen")
     timed = lines[1:] or lines
@@ -117,13 +130,14 @@ def _summary(model: str, lines: list[dict]) -> dict:
     rollout = samples * flops_per_request(arch, round(prompt), round(response))
     passes = 1 + (1 - mean["old_log_p/from_update"]) + 3  # reference, old (if run), update forward + backward
     # one forward over a whole sequence costs what the engine's prefill of it does
-    flops = rollout + passes * samples * flops_per_request(arch, round(prompt + response), 0)
+    flops = rollout + passes * _pass_flops(arch, round(prompt), round(response), mean.get("actor/prompt_packed", 0.0))
     seconds = mean["timing/all"]
     return {"e2e_tokens_per_s": round(samples * (prompt + response) / seconds, 1),
             "e2e_tps_per_rank": round(mean["e2e_tps"], 1), "step_s": round(seconds, 2),
             "stage_s": {stage: round(mean.get(f"timing/{stage}", 0.0), 3) for stage in STAGES},
             "gflops": round(flops / seconds / 1e9, 1), "prompt_len": round(prompt, 1),
-            "response_len": round(response, 1), "old_log_p_skipped": bool(mean["old_log_p/from_update"])}
+            "response_len": round(response, 1), "old_log_p_skipped": bool(mean["old_log_p/from_update"]),
+            "prompt_packed": mean.get("actor/prompt_packed", 0.0)}
 
 
 def main() -> None:
@@ -132,14 +146,18 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,small")
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--no-trl", action="store_true", help="leave out TRL's side")
+    parser.add_argument("--prompt-packing", default="auto", choices=["auto", "false"],
+                        help="rl_config.prompt_packing of the runs (default auto, as the configs ship)")
     args = parser.parse_args()
     result: dict = {"bench": "grpo_e2e", "prompts": 16, "samples": 8, "threads": 2,
+                    "prompt_packing": args.prompt_packing,
                     "matmul_gflops": {d: round(run_ranks(_matmul, 1, d, 2)[0], 1) for d in DTYPES}}
     with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
         tokenizer, data = _data(Path(tmp))
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
-                lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}")
+                lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}",
+                               args.prompt_packing)
                 measured = _summary(model, lines)
                 measured["share_of_matmul"] = round(measured["gflops"] / result["matmul_gflops"][dtype], 2)
                 if not args.no_trl:

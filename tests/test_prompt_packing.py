@@ -128,6 +128,7 @@ def test_packed_updates_have_the_plain_rows_gradients_and_metrics(par, micro):
         for key, grad in plain["grads"].items():
             assert (packed["grads"][key] - grad).abs().max().item() < 1e-6, key
         assert packed["metrics"].keys() == plain["metrics"].keys()
+        assert (plain["metrics"].pop("prompt_packed"), packed["metrics"].pop("prompt_packed")) == (0.0, 1.0)
         for key, value in plain["metrics"].items():
             assert packed["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 

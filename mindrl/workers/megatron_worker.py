@@ -116,6 +116,7 @@ class MegatronWorker:
         check_prompt_packing(prompt_packing)
         self.arch, self.par, self.temperature, self.micro_batch_size = arch, par, temperature, micro_batch_size
         self.prompt_packing = prompt_packing
+        self.packed = False  # whether the last pass packed its rows (auto decides per pass)
         self.vocab_size = arch.padded_vocab_size  # the model's own vocabulary; TP padding beyond it is masked
         self.platform = get_platform()
         init_model_parallel(par, seed=seed, arch=arch)
@@ -146,6 +147,7 @@ class MegatronWorker:
         response lengths, rows sharing a prompt are packed (`prompt_packing`: on, or auto where that
         costs fewer FLOPs); the model then sees the packed rows, the loss still the plain ones."""
         selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
+        self.packed = False
         out = []
         for start in range(0, selected["tokens"].shape[0], size):
             mb = {k: v[start:start + size] for k, v in selected.items()}
@@ -159,7 +161,8 @@ class MegatronWorker:
             # one packed shape for every micro-batch, as the pipeline needs
             shape = (max(map(len, groups)), max(packed_width(mb["prompt_lengths"], mb["response_lengths"], g)
                                                 for mb, g in zip(out, groups, strict=True)))
-            if self.prompt_packing == "on" or packing_pays(self.arch, tuple(out[0]["tokens"].shape), shape):
+            self.packed = self.prompt_packing == "on" or packing_pays(self.arch, tuple(out[0]["tokens"].shape), shape)
+            if self.packed:
                 for mb, g in zip(out, groups, strict=True):
                     packed = pack(mb["tokens"], mb["prompt_lengths"], mb["response_lengths"], *shape, groups=g)
                     mb.update(tokens=packed.tokens, position_ids=packed.position_ids,
@@ -285,7 +288,7 @@ class ActorWorker(MegatronWorker):
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, with_entropy: bool) -> list[dict]:
+    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, with_entropy: bool = False) -> list[dict]:
         """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced
         over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares."""
         cfg = self.cfg
@@ -327,7 +330,7 @@ class ActorWorker(MegatronWorker):
             self.scheduler.step(increment=1)
         metrics = self._global_metrics(outputs)
         metrics.update({"grad_norm": float(grad_norm) if grad_norm is not None else math.nan, "lr": lr,
-                        "skipped": float(not updated)})
+                        "skipped": float(not updated), "prompt_packed": float(self.packed)})
         return metrics
 
     def sft_step(self, batch: dict) -> dict[str, float]:
