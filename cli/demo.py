@@ -1,6 +1,6 @@
 """The learning demo: SFT warm start, GRPO, and the held-out accuracy before and after, on CPU.
 
-    python cli/demo.py [--seed 1234] [--sft-steps N] [--grpo-steps N] [--out runs/facts]
+    python cli/demo.py [--seed 1234] [--sft-steps N] [--grpo-steps N] [--out runs/facts] [--png PATH]
 
 Needs the facts tokenizer and data (scripts/demo.sh makes them). Runs cli/train_sft.py
 (sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with cli/evaluate.py,
@@ -29,7 +29,8 @@ def _cli(args: list[str], capture: bool = False) -> tuple[float, str]:
     done = subprocess.run([sys.executable, *args], text=True, stdout=subprocess.PIPE if capture else None,
                           env={**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")})
     if done.returncode:
-        raise SystemExit(f"demo: {' '.join(args[:3])} failed (exit {done.returncode}); see above.")
+        raise SystemExit(f"demo: {Path(args[0]).name} {' '.join(args[1:3])} failed (exit {done.returncode}); "
+                         f"see above.")
     return time.perf_counter() - start, done.stdout or ""
 
 
