@@ -10,8 +10,8 @@ response tokens of every sample over the step's seconds, whole machine), seconds
 and achieved GFLOP/s — the matmul FLOPs of the rollout, the reference pass, the old-log-prob
 pass when it runs, and the update's forward and backward (where the actor packed a prompt's
 samples behind one copy of it, `actor/prompt_packed`, that prompt counts once) — beside a plain
-matmul's GFLOP/s in the same precision on the same two cores, measured in the same run. Each configuration runs
-the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
+matmul's GFLOP/s in the same precision on the same two cores, measured in the same run. Each
+configuration runs the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
 (bench/trl_grpo.py; TRL is installed into .bench-trl/ on first use, not into the project's
 environment), and the ratio of the two e2e rates. Updates run in micro-batches of 16 samples
@@ -112,12 +112,12 @@ def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path) -> dic
             "step_s": round(seconds, 2), "response_len": round(response, 1)}
 
 
-def _pass_flops(arch: ModelArch, prompt: int, response: int, packed: float) -> float:
+def _pass_flops(arch: ModelArch, prompts: int, n: int, prompt: int, response: int, packed: float) -> float:
     """One forward over the batch: each sample's whole sequence, or where packed, each prompt once and
     each response attending to it (the work a variable-length kernel would do)."""
-    plain = 16 * 8 * flops_per_request(arch, prompt + response, 0)
-    shared = 16 * (forward_flops(arch, prompt, prompt * (prompt + 1) / 2)
-                   + 8 * forward_flops(arch, response, response * prompt + response * (response + 1) / 2))
+    plain = prompts * n * flops_per_request(arch, prompt + response, 0)
+    shared = prompts * (forward_flops(arch, prompt, prompt * (prompt + 1) / 2)
+                        + n * forward_flops(arch, response, response * prompt + response * (response + 1) / 2))
     return packed * shared + (1 - packed) * plain
 
 
@@ -125,19 +125,21 @@ def _summary(model: str, lines: list[dict]) -> dict:
     arch = load_model_arch(f"{model}_qwen")
     timed = lines[1:] or lines
     mean = {key: sum(line.get(key) or 0.0 for line in timed) / len(timed) for key in timed[0]}
-    samples = 16 * 8
+    prompts, n = 16, 8
+    samples = prompts * n
     prompt, response = mean["prompt_length/mean"], mean["response_length/mean"]
+    packed = mean.get("actor/prompt_packed", 0.0)
     rollout = samples * flops_per_request(arch, round(prompt), round(response))
     passes = 1 + (1 - mean["old_log_p/from_update"]) + 3  # reference, old (if run), update forward + backward
     # one forward over a whole sequence costs what the engine's prefill of it does
-    flops = rollout + passes * _pass_flops(arch, round(prompt), round(response), mean.get("actor/prompt_packed", 0.0))
+    flops = rollout + passes * _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
     seconds = mean["timing/all"]
     return {"e2e_tokens_per_s": round(samples * (prompt + response) / seconds, 1),
             "e2e_tps_per_rank": round(mean["e2e_tps"], 1), "step_s": round(seconds, 2),
             "stage_s": {stage: round(mean.get(f"timing/{stage}", 0.0), 3) for stage in STAGES},
             "gflops": round(flops / seconds / 1e9, 1), "prompt_len": round(prompt, 1),
             "response_len": round(response, 1), "old_log_p_skipped": bool(mean["old_log_p/from_update"]),
-            "prompt_packed": mean.get("actor/prompt_packed", 0.0)}
+            "prompt_packed": packed}
 
 
 def main() -> None:

@@ -281,14 +281,13 @@ class ActorWorker(MegatronWorker):
                 gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
                 order = rows.start + torch.randperm(n_local, generator=gen)
             for start in range(0, n_local, mini):
-                metrics = self._step(batch, order[start:start + mini], self._policy_loss,
-                                     with_entropy=bool(cfg.loss.entropy_coeff))
+                metrics = self._step(batch, order[start:start + mini], self._policy_loss)
                 for key, value in metrics.items():
                     history.setdefault(key, []).append(value)
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, with_entropy: bool = False) -> list[dict]:
+    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> list[dict]:
         """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced
         over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares."""
         cfg = self.cfg
@@ -303,7 +302,7 @@ class ActorWorker(MegatronWorker):
         scale = len(micro) * self.dp_size
 
         def loss_fn(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            log_probs, entropy = self._token_scores(logits, mb, cfg.temperature, with_entropy)
+            log_probs, entropy = self._token_scores(logits, mb, cfg.temperature, bool(cfg.loss.entropy_coeff))
             loss, metrics = loss_of(log_probs, entropy, mb, normalisers)
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
@@ -322,8 +321,8 @@ class ActorWorker(MegatronWorker):
                                            normalisers["num_tokens"]))
         return loss, metrics
 
-    def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, with_entropy: bool = False) -> dict[str, float]:
-        outputs = self._backward(batch, rows, loss_of, with_entropy)
+    def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> dict[str, float]:
+        outputs = self._backward(batch, rows, loss_of)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
