@@ -23,11 +23,11 @@ TEMPERATURE = 0.7
 PROMPTS, RESPONSES = (5, 8), ((4, 7, 1), (3, 6, 2))
 
 
-def grouped_batch(vocab: int, seed: int = 3) -> dict:
+def grouped_batch(vocab: int, seed: int = 3, prompts: tuple = PROMPTS, responses: tuple = RESPONSES) -> dict:
     gen = torch.Generator().manual_seed(seed)
-    width = max(p + max(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)) + 2
+    width = max(p + max(r) for p, r in zip(prompts, responses, strict=True)) + 2
     rows, prompt_lengths, response_lengths = [], [], []
-    for prompt_length, lengths in zip(PROMPTS, RESPONSES, strict=True):
+    for prompt_length, lengths in zip(prompts, responses, strict=True):
         prompt = torch.randint(1, vocab, (prompt_length,), generator=gen)
         for length in lengths:
             row = torch.zeros(width, dtype=torch.long)  # right-padded with id 0
@@ -44,6 +44,20 @@ def grouped_batch(vocab: int, seed: int = 3) -> dict:
             "response_lengths": torch.tensor(response_lengths)}
 
 
+def _visible(layout, flat: int) -> set[int]:
+    """The keys (Megatron's flat [W, G] indices) that the query at `flat` attends to under `layout`."""
+    for g, index in enumerate(layout.prompt_index):
+        for i in (layout.prompt_real[g].nonzero().flatten().tolist()):
+            if index[i] == flat:
+                return set(index[layout.prompt_allowed[g, 0, i]].tolist())
+    for s, index in enumerate(layout.response_index):
+        for i in (layout.response_real[s].nonzero().flatten().tolist()):
+            if index[i] == flat:
+                keys = torch.cat([layout.prompt_index[layout.response_group[s]], index])
+                return set(keys[layout.response_allowed[s, 0, i]].tolist())
+    raise AssertionError(f"{flat} is no prompt's or response's token")
+
+
 def test_a_packed_row_gives_each_response_token_its_own_rows_context():
     """For every scored token: the packed position that scores it holds the token it follows, at the RoPE
     position it has in its own row, and sees exactly the packed images of that row's earlier tokens."""
@@ -52,7 +66,7 @@ def test_a_packed_row_gives_each_response_token_its_own_rows_context():
     assert [list(g) for g in prompt_groups(tokens, prompts)] == [[0, 1, 2], [3, 4, 5]]
     packed = pack(tokens, prompts, responses, rows=3, width=30)
     assert packed.tokens.shape == (3, 30)  # one more row and more width than needed, as a pipeline may ask
-    width = packed.tokens.shape[1]
+    rows, width = packed.tokens.shape
     flat_tokens, flat_positions = packed.tokens.reshape(-1), packed.position_ids.reshape(-1)
     for row in range(tokens.shape[0]):
         p, n = int(prompts[row]), int(responses[row])
@@ -66,10 +80,13 @@ def test_a_packed_row_gives_each_response_token_its_own_rows_context():
         g = image[p - 1] // width
         image.update({t: g * width + t for t in range(p)})  # the prompt sits at the start of its packed row
         for t, src in image.items():
-            visible = set((~packed.attention_mask[g, 0, src % width]).nonzero().flatten().tolist())
-            assert visible == {image[u] % width for u in range(t + 1)}, (row, t)
+            # the layout indexes Megatron's sequence-first activations: packed (g, u) is u·G + g there
+            visible = _visible(packed.layout, src % width * rows + g)
+            assert visible == {image[u] % width * rows + g for u in range(t + 1)}, (row, t)
         scored = packed.source[row] >= 0
         assert scored.sum() == n and (batch["loss_mask"][row].bool() == scored).all()
+    real = sorted(packed.layout.destination.tolist())
+    assert len(real) == len(set(real)) == int(prompts[0] + responses[:3].sum() + prompts[3] + responses[3:].sum())
 
 
 def _log_probs(rank: int, checkpoint: str, batch: dict, packing: str) -> dict | None:
@@ -98,6 +115,27 @@ def test_packed_log_probs_and_entropy_equal_hf_scoring_each_row(tmp_path, tp, pp
     assert (out["log_probs"] - expected)[mask].abs().max().item() < 1e-5
     assert (out["entropy"] - entropy)[mask].abs().max().item() < 1e-5
     assert (out["log_probs"][~mask] == 0).all()  # only response tokens are scored from packed rows
+
+
+def _cut_differently(rank: int, batch: dict) -> list[torch.Tensor]:
+    arch = load_model_arch("tiny_qwen")
+    worker = MegatronWorker(arch, ParallelConfig(1, 1), weights=sharding.random_full_state_dict(arch, seed=5),
+                            prompt_packing="on")
+    out = []
+    for micro_batch in (3, 6):
+        worker.micro_batch_size = micro_batch
+        out.append(worker.compute_log_prob(batch)["log_probs"])
+    return out
+
+
+def test_a_rows_packed_scores_do_not_depend_on_which_rows_share_its_micro_batch():
+    """A reference and an actor cutting one batch into different micro-batches must agree to the bit
+    (the first GRPO step's KL is then exactly 0); the attention kernel's reductions follow the padded
+    segment lengths, so the layout pads them to the whole batch's longest."""
+    batch = grouped_batch(1000, prompts=(20, 35), responses=((14, 27, 9), (13, 26, 22)))  # 5 and 8 tokens agree
+    by_three, by_six = run_ranks(_cut_differently, 1, batch)[0]
+    mask = batch["loss_mask"].bool()
+    assert torch.equal(by_three[mask], by_six[mask])
 
 
 def _updates(rank: int, par: ParallelConfig, micro: int) -> dict:
@@ -133,10 +171,20 @@ def test_packed_updates_have_the_plain_rows_gradients_and_metrics(par, micro):
             assert packed["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
-def test_auto_packs_where_the_prompt_dominates_and_not_where_long_responses_make_attention_dominate():
+def _shared_prompt_rows(prompts: int, n: int, prompt: int, response: int) -> dict:
+    tokens = torch.randint(1, 100, (prompts * n, prompt + response), generator=torch.Generator().manual_seed(0))
+    tokens[:, :prompt] = tokens[::n, :prompt].repeat_interleave(n, dim=0)
+    return {"tokens": tokens, "prompt_lengths": torch.full((prompts * n,), prompt),
+            "response_lengths": torch.full((prompts * n,), response)}
+
+
+def test_auto_packs_where_samples_share_a_prompt_and_not_where_each_prompt_has_one_sample():
     tiny, big = load_model_arch("tiny_qwen"), load_model_arch("qwen25_7b")
-    # 16 samples of a 142-token prompt with 64-token responses: one packed row per 8 samples
-    assert packing_pays(tiny, (16, 206), (2, 142 + 8 * 64))
-    # R1-length responses: 8 × 2000 tokens behind a 200-token prompt would square a 16 200-token row
-    assert not packing_pays(big, (16, 2200), (2, 200 + 8 * 2000))
-    assert packing_pays(big, (16, 1064), (2, 1000 + 8 * 64))
+    for arch, n, prompt, response in ((tiny, 8, 142, 64), (big, 8, 200, 600), (big, 4, 1000, 64)):
+        rows = _shared_prompt_rows(2, n, prompt, response)
+        packed = pack(rows["tokens"], rows["prompt_lengths"], rows["response_lengths"])
+        assert packed.tokens.shape == (2, prompt + n * response)
+        assert packing_pays(arch, tuple(rows["tokens"].shape), [packed])
+    single = _shared_prompt_rows(16, 1, 200, 100)  # GRPO with n = 1: nothing to share
+    packed = pack(single["tokens"], single["prompt_lengths"], single["response_lengths"])
+    assert not packing_pays(big, tuple(single["tokens"].shape), [packed])

@@ -26,10 +26,11 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
                      forward_only: bool = False) -> list[dict]:
     """Forward (and backward) every micro-batch; returns loss_fn's dicts on the last stage.
 
-    Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s] and a
-    boolean `attention_mask` [b, 1, s, s] (True: masked; default causal); all must share b and s (the
-    pipeline exchanges fixed-shape activations). Gradients accumulate in the parameters;
-    the loss of each micro-batch is divided by their number, as Megatron does.
+    Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s] and, for
+    rows packed behind shared prompts, an `attention_mask` PackedLayout (mindrl/models/attention.py;
+    default causal); all must share b and s (the pipeline exchanges fixed-shape activations).
+    Gradients accumulate in the parameters; the loss of each micro-batch is divided by their
+    number, as Megatron does.
     """
     batches = list(micro_batches)
     if not batches:

@@ -2,7 +2,8 @@
 
 The local spec is used everywhere because it needs neither Transformer Engine nor apex,
 so the same modules — and therefore the same parameter names and numerics — exist on
-CPU, GPU and NPU. Fused kernels are off for the same reason.
+CPU, GPU and NPU. Fused kernels are off for the same reason; the attention core is
+torch's scaled_dot_product_attention (mindrl/models/attention.py), which every platform has.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from megatron.core.transformer import TransformerConfig
 
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import arch_fields as af
+from mindrl.models.attention import SDPAttention
 from mindrl.platform import Platform, get_platform
 
 
@@ -110,6 +112,7 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Apex is not installed.*")
         spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
                   pre_process=parallel_state.is_pipeline_first_stage(),
                   post_process=parallel_state.is_pipeline_last_stage(), position_embedding_type="rope",

@@ -161,12 +161,14 @@ class MegatronWorker:
             # one packed shape for every micro-batch, as the pipeline needs
             shape = (max(map(len, groups)), max(packed_width(mb["prompt_lengths"], mb["response_lengths"], g)
                                                 for mb, g in zip(out, groups, strict=True)))
-            self.packed = self.prompt_packing == "on" or packing_pays(self.arch, tuple(out[0]["tokens"].shape), shape)
+            segments = (int(batch["prompt_lengths"].max()), int(batch["response_lengths"].max()))
+            packed = [pack(mb["tokens"], mb["prompt_lengths"], mb["response_lengths"], *shape, groups=g,
+                           segments=segments) for mb, g in zip(out, groups, strict=True)]
+            self.packed = self.prompt_packing == "on" or packing_pays(self.arch, tuple(out[0]["tokens"].shape),
+                                                                      packed)
             if self.packed:
-                for mb, g in zip(out, groups, strict=True):
-                    packed = pack(mb["tokens"], mb["prompt_lengths"], mb["response_lengths"], *shape, groups=g)
-                    mb.update(tokens=packed.tokens, position_ids=packed.position_ids,
-                              attention_mask=packed.attention_mask, source=packed.source)
+                for mb, p in zip(out, packed, strict=True):
+                    mb.update(tokens=p.tokens, position_ids=p.position_ids, attention_mask=p.layout, source=p.source)
         device = self.platform.device()
         return [{k: v.to(device) for k, v in mb.items()} for mb in out]
 
