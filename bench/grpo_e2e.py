@@ -1,7 +1,7 @@
 """Whole GRPO steps of cli/train_grpo.py against the machine's own matmul rate and against TRL.
 
     python bench/grpo_e2e.py [--steps 3] [--models tiny,small] [--dtypes fp32,bf16] [--no-trl]
-                             [--prompt-packing auto|false]
+                             [--prompt-packing auto|false] [--prefix-caching true|false]
 
 For grpo_tiny_cpu and grpo_small_cpu at 16 prompts × 8 samples, 64 (tiny) / 128 (small) new
 tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
@@ -9,7 +9,8 @@ precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/
 response tokens of every sample over the step's seconds, whole machine), seconds per stage,
 and achieved GFLOP/s — the matmul FLOPs of the rollout, the reference pass, the old-log-prob
 pass when it runs, and the update's forward and backward (where the actor packed a prompt's
-samples behind one copy of it, `actor/prompt_packed`, that prompt counts once) — beside a plain
+samples behind one copy of it, `actor/prompt_packed`, that prompt counts once, and so does its
+prefill where the engine caches prefixes) — beside a plain
 matmul's GFLOP/s in the same precision on the same two cores, measured in the same run. Each
 configuration runs the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
@@ -37,6 +38,7 @@ from rollout import DTYPES, _matmul, flops_per_request  # noqa: E402  (the sibli
 from mindrl.config import ModelArch, load_model_arch  # noqa: E402
 from mindrl.launch import run_ranks  # noqa: E402
 from mindrl.models.flops import forward_flops  # noqa: E402
+from mindrl.rollout.config import GenerateConfig  # noqa: E402
 
 NEW_TOKENS = {"tiny": 64, "small": 128}
 MICRO_BATCH = 16
@@ -58,7 +60,7 @@ def _data(folder: Path) -> tuple[Path, Path]:
 
 
 def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path,
-           packing: str) -> list[dict]:
+           packing: str, prefix_caching: str | None) -> list[dict]:
     bf16 = dtype == "bf16"
     overrides = {"rl_config.prompt_packing": packing,
         "megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
@@ -70,6 +72,8 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out:
         "generate_config.dtype": "bfloat16" if bf16 else "float32", "generate_config.max_num_seqs": 128,
         "actor_config.micro_batch_size": MICRO_BATCH, "rl_config.ref_forward_micro_batch_size": MICRO_BATCH,
         "generate_config.sampling_config.max_tokens": NEW_TOKENS[model]}
+    if prefix_caching is not None:
+        overrides["generate_config.enable_prefix_caching"] = prefix_caching
     args = [f"{'' if key in _FILE_KEYS[model] else '+'}{key}={value}" for key, value in overrides.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
     run = subprocess.run([sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", f"grpo_{model}_cpu",
@@ -121,7 +125,17 @@ def _pass_flops(arch: ModelArch, prompts: int, n: int, prompt: int, response: in
     return packed * shared + (1 - packed) * plain
 
 
-def _summary(model: str, lines: list[dict]) -> dict:
+def _prefix_caching(model: str, arg: str | None) -> bool:
+    """Whether the runs' engines cache prefixes: as asked, or as the config ships (the key's default)."""
+    if arg is not None:
+        return arg == "true"
+    import yaml
+
+    shipped = yaml.safe_load((ROOT / "configs" / "rlxf" / f"grpo_{model}_cpu.yaml").read_text())["generate_config"]
+    return bool(shipped.get("enable_prefix_caching", GenerateConfig.enable_prefix_caching))
+
+
+def _summary(model: str, lines: list[dict], prefix_caching: bool) -> dict:
     arch = load_model_arch(f"{model}_qwen")
     timed = lines[1:] or lines
     mean = {key: sum(line.get(key) or 0.0 for line in timed) / len(timed) for key in timed[0]}
@@ -130,6 +144,8 @@ def _summary(model: str, lines: list[dict]) -> dict:
     prompt, response = mean["prompt_length/mean"], mean["response_length/mean"]
     packed = mean.get("actor/prompt_packed", 0.0)
     rollout = samples * flops_per_request(arch, round(prompt), round(response))
+    if prefix_caching:  # a prompt's prefill counts once, however many of its samples found it cached
+        rollout -= (samples - prompts) * flops_per_request(arch, round(prompt), 0)
     passes = 1 + (1 - mean["old_log_p/from_update"]) + 3  # reference, old (if run), update forward + backward
     # one forward over a whole sequence costs what the engine's prefill of it does
     flops = rollout + passes * _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
@@ -150,17 +166,19 @@ def main() -> None:
     parser.add_argument("--no-trl", action="store_true", help="leave out TRL's side")
     parser.add_argument("--prompt-packing", default="auto", choices=["auto", "false"],
                         help="rl_config.prompt_packing of the runs (default auto, as the configs ship)")
+    parser.add_argument("--prefix-caching", choices=["true", "false"],
+                        help="generate_config.enable_prefix_caching of the runs (default: as the configs ship)")
     args = parser.parse_args()
     result: dict = {"bench": "grpo_e2e", "prompts": 16, "samples": 8, "threads": 2,
-                    "prompt_packing": args.prompt_packing,
+                    "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped",
                     "matmul_gflops": {d: round(run_ranks(_matmul, 1, d, 2)[0], 1) for d in DTYPES}}
     with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
         tokenizer, data = _data(Path(tmp))
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
                 lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}",
-                               args.prompt_packing)
-                measured = _summary(model, lines)
+                               args.prompt_packing, args.prefix_caching)
+                measured = _summary(model, lines, _prefix_caching(model, args.prefix_caching))
                 measured["share_of_matmul"] = round(measured["gflops"] / result["matmul_gflops"][dtype], 2)
                 if not args.no_trl:
                     trl = _trl(model, dtype, 2, tokenizer, data)  # no warm-up to leave out: 2 steps
