@@ -9,8 +9,8 @@ precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/
 response tokens of every sample over the step's seconds, whole machine), seconds per stage,
 and achieved GFLOP/s — the matmul FLOPs of the rollout, the reference pass, the old-log-prob
 pass when it runs, and the update's forward and backward (where the actor packed a prompt's
-samples behind one copy of it, `actor/prompt_packed`, that prompt counts once, and so does its
-prefill where the engine caches prefixes) — beside a plain
+samples behind one copy of it, `actor/prompt_packed`, that prompt counts once, and so do the whole
+KV blocks of its prefill where the engine caches prefixes) — beside a plain
 matmul's GFLOP/s in the same precision on the same two cores, measured in the same run. Each
 configuration runs the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
@@ -42,6 +42,7 @@ from mindrl.rollout.config import GenerateConfig  # noqa: E402
 
 NEW_TOKENS = {"tiny": 64, "small": 128}
 MICRO_BATCH = 16
+VLLM_CPU_BLOCK = 128  # vLLM-CPU's KV block size: prefix caching shares whole blocks
 TRL_DIR = ROOT / ".bench-trl"
 TRL_PACKAGES = ("trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0", "multiprocess==0.70.19", "dill==0.4.1",
                 "pandas==3.1.1", "python-dateutil==4.0.0", "tzdata==2026.6", "xxhash==4.1.0")
@@ -144,8 +145,9 @@ def _summary(model: str, lines: list[dict], prefix_caching: bool) -> dict:
     prompt, response = mean["prompt_length/mean"], mean["response_length/mean"]
     packed = mean.get("actor/prompt_packed", 0.0)
     rollout = samples * flops_per_request(arch, round(prompt), round(response))
-    if prefix_caching:  # a prompt's prefill counts once, however many of its samples found it cached
-        rollout -= (samples - prompts) * flops_per_request(arch, round(prompt), 0)
+    if prefix_caching:  # a prompt's whole cache blocks are prefilled once; the tail, and the last token, per sample
+        cached = (round(prompt) - 1) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
+        rollout -= (samples - prompts) * forward_flops(arch, cached, cached * (cached + 1) / 2)
     passes = 1 + (1 - mean["old_log_p/from_update"]) + 3  # reference, old (if run), update forward + backward
     # one forward over a whole sequence costs what the engine's prefill of it does
     flops = rollout + passes * _pass_flops(arch, prompts, n, round(prompt), round(response), packed)

@@ -5,8 +5,8 @@ megatron-core's local-spec DotProductAttention materialises each [s, s] score ma
 model's update with packed rows. scaled_dot_product_attention fuses the three (and skips the blocks above
 the diagonal of a causal row). A row that packs k responses behind one copy of their prompt
 (mindrl/models/prompt_packing.py) is attended segment by segment: the prompt causally over itself, each
-response over the prompt and its own earlier tokens — k·R·(P + R) query-key pairs where the row as one
-masked matrix costs (P + k·R)².
+response over the prompt and its own earlier tokens — P² + k·R·(P + R) query-key pairs (segments padded
+to the batch's longest) where the row as one masked matrix costs (P + k·R)².
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ class PackedLayout:
 
 class SDPAttention(DotProductAttention):
     """DotProductAttention's interface and scale (the Megatron rollout engine reads them), computed by
-    scaled_dot_product_attention. `attention_mask` is None (causal rows) or a PackedLayout."""
+    scaled_dot_product_attention (in bf16 it accumulates the softmax in fp32 itself). `attention_mask` is
+    None (causal rows) or a PackedLayout."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.attention_dropout.p or self.config.window_size is not None or self.softmax_offset is not None:
+            raise NotImplementedError("mindrl's attention core has no attention dropout, sliding window or "
+                                      "softmax offset; these models have none.")
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | PackedLayout | None, attn_mask_type=None,
@@ -50,9 +57,9 @@ class SDPAttention(DotProductAttention):
         if not (attention_mask is None or isinstance(attention_mask, PackedLayout)):
             raise TypeError(f"mindrl's attention core takes causal rows (no mask) or a PackedLayout, not "
                             f"{type(attention_mask).__name__}.")
-        if attention_bias is not None or packed_seq_params is not None or self.softmax_offset is not None:
-            raise NotImplementedError("mindrl's attention core takes no attention bias, packed_seq_params or "
-                                      "softmax offset; these models have none.")
+        if attention_bias is not None or packed_seq_params is not None:
+            raise NotImplementedError("mindrl's attention core takes no attention bias or packed_seq_params; "
+                                      "these models have none.")
         # query-key layer scaling divides softmax_scale by the layer number and the softmax multiplies it back
         scale = self.softmax_scale * (self.scale_mask_softmax.scale or 1.0)
         repeat = self.num_attention_heads_per_partition // self.num_query_groups_per_partition

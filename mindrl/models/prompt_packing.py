@@ -60,7 +60,7 @@ def pack(tokens: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: t
     The attention layout pads prompts and responses to at least `segments` (prompt, response) tokens:
     given the whole batch's longest, every micro-batch attends in the same shapes, so a row's scores do
     not depend on which rows share its micro-batch (the attention kernel's blocking follows the shapes)
-    and a reference and an actor cutting the batch differently agree to the bit."""
+    and a reference and an actor cutting the batch differently agree to the bit on CPU (tested)."""
     groups = prompt_groups(tokens, prompt_lengths) if groups is None else groups
     g_count = max(len(groups), rows or 0)
     w = max(packed_width(prompt_lengths, response_lengths, groups), width or 0)

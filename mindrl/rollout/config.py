@@ -86,7 +86,7 @@ class GenerateConfig:
     #: KV-cache bytes on CPU (vLLM-CPU sizes its cache by bytes, not by a device fraction)
     cpu_kv_cache_mb: int = 256
     enforce_eager: bool = True
-    #: GRPO's n samples share their prompt: cached, it is prefilled about once instead of n times
+    #: GRPO's n samples share their prompt: its whole KV blocks are prefilled once instead of n times
     enable_prefix_caching: bool = True
     offload_train_optimizer: bool = False
     offload_train_grad: bool = False

@@ -99,20 +99,16 @@ class VllmEngine(RolloutEngine):
 
         self._check_usable()
         _check_prompts(prompts, sampling, self.cfg.max_model_len)
-        # One request per sample (a per-request seed must differ between samples), every prompt's first
-        # sample first: with the prefix cache on, the later samples find their prompt's blocks computed.
-        order = sorted(range(len(prompts) * n), key=lambda k: (k % n, k))
         requests, params = [], []
-        for k in order:
-            requests.append({"prompt_token_ids": list(prompts[k // n])})
-            params.append(SamplingParams(
-                n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.logprobs,
-                detokenize=False, stop_token_ids=self.eos_token_ids,
-                seed=None if sampling.seed is None else sampling.seed + k))
-        outputs = [None] * len(order)
-        for k, output in zip(order, self._llm.generate(requests, params, use_tqdm=False), strict=True):
-            outputs[k] = output
+        for i, prompt in enumerate(prompts):
+            for j in range(n):  # one request per sample: a per-request seed must differ between samples
+                requests.append({"prompt_token_ids": list(prompt)})
+                params.append(SamplingParams(
+                    n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                    top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.logprobs,
+                    detokenize=False, stop_token_ids=self.eos_token_ids,
+                    seed=None if sampling.seed is None else sampling.seed + i * n + j))
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
         responses, log_probs, reasons = [], [], []
         for output in outputs:
             sample = output.outputs[0]
