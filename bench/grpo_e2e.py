@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -84,19 +86,19 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _file_keys(model: str) -> set[str]:
+def _file_keys(shipped: dict) -> set[str]:
     """Dotted keys the config file has (the rest need Hydra's leading +)."""
-    import yaml
-
     def walk(prefix: str, node: object) -> set[str]:
         if not isinstance(node, dict):
             return {prefix}
         return {k for key, value in node.items() for k in walk(f"{prefix}.{key}" if prefix else key, value)}
 
-    return walk("", yaml.safe_load((ROOT / "configs" / "rlxf" / f"grpo_{model}_cpu.yaml").read_text()))
+    return walk("", shipped)
 
 
-_FILE_KEYS = {model: _file_keys(model) for model in NEW_TOKENS}
+_SHIPPED = {model: yaml.safe_load((ROOT / "configs" / "rlxf" / f"grpo_{model}_cpu.yaml").read_text())
+            for model in NEW_TOKENS}
+_FILE_KEYS = {model: _file_keys(shipped) for model, shipped in _SHIPPED.items()}
 
 
 def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path) -> dict:
@@ -130,9 +132,7 @@ def _prefix_caching(model: str, arg: str | None) -> bool:
     """Whether the runs' engines cache prefixes: as asked, or as the config ships (the key's default)."""
     if arg is not None:
         return arg == "true"
-    import yaml
-
-    shipped = yaml.safe_load((ROOT / "configs" / "rlxf" / f"grpo_{model}_cpu.yaml").read_text())["generate_config"]
+    shipped = _SHIPPED[model]["generate_config"]
     return bool(shipped.get("enable_prefix_caching", GenerateConfig.enable_prefix_caching))
 
 

@@ -47,11 +47,11 @@ def grouped_batch(vocab: int, seed: int = 3, prompts: tuple = PROMPTS, responses
 def _visible(layout, flat: int) -> set[int]:
     """The keys (Megatron's flat [W, G] indices) that the query at `flat` attends to under `layout`."""
     for g, index in enumerate(layout.prompt_index):
-        for i in (layout.prompt_real[g].nonzero().flatten().tolist()):
+        for i in layout.prompt_real[g].nonzero().flatten().tolist():
             if index[i] == flat:
                 return set(index[layout.prompt_allowed[g, 0, i]].tolist())
     for s, index in enumerate(layout.response_index):
-        for i in (layout.response_real[s].nonzero().flatten().tolist()):
+        for i in layout.response_real[s].nonzero().flatten().tolist():
             if index[i] == flat:
                 keys = torch.cat([layout.prompt_index[layout.response_group[s]], index])
                 return set(keys[layout.response_allowed[s, 0, i]].tolist())

@@ -52,7 +52,7 @@ class SDPAttention(DotProductAttention):
                                       "softmax offset; these models have none.")
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | PackedLayout | None, attn_mask_type=None,
+                attention_mask: PackedLayout | None, attn_mask_type=None,
                 attention_bias: torch.Tensor | None = None, packed_seq_params=None) -> torch.Tensor:
         if not (attention_mask is None or isinstance(attention_mask, PackedLayout)):
             raise TypeError(f"mindrl's attention core takes causal rows (no mask) or a PackedLayout, not "
