@@ -7,6 +7,12 @@ the diagonal of a causal row). A row that packs k responses behind one copy of t
 (mindrl/models/prompt_packing.py) is attended segment by segment: the prompt causally over itself, each
 response over the prompt and its own earlier tokens — P² + k·R·(P + R) query-key pairs (segments padded
 to the batch's longest) where the row as one masked matrix costs (P + k·R)².
+
+On CPU a segment whose score matrix is small is computed as Megatron's unfused core does it: two batched
+matmuls with a softmax between them. torch's CPU flash kernel runs these head_dim-64 segments far below the
+matmul rate: the small model's response segments for one micro-batch of 16 (bf16, forward + backward)
+take it 66 ms, the matmuls 18 ms. Large segments, and every segment on an accelerator, keep the fused
+kernel, which never holds the score matrix.
 """
 
 from __future__ import annotations
@@ -42,8 +48,8 @@ class PackedLayout:
 
 class SDPAttention(DotProductAttention):
     """DotProductAttention's interface and scale (the Megatron rollout engine reads them), computed by
-    scaled_dot_product_attention (in bf16 it accumulates the softmax in fp32 itself). `attention_mask` is
-    None (causal rows) or a PackedLayout."""
+    scaled_dot_product_attention (in bf16 it accumulates the softmax in fp32 itself; small packed segments on
+    CPU by matmuls, see the module's docstring). `attention_mask` is None (causal rows) or a PackedLayout."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -62,32 +68,56 @@ class SDPAttention(DotProductAttention):
                                       "these models have none.")
         # query-key layer scaling divides softmax_scale by the layer number and the softmax multiplies it back
         scale = self.softmax_scale * (self.scale_mask_softmax.scale or 1.0)
-        repeat = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        if repeat > 1:
-            key, value = key.repeat_interleave(repeat, dim=2), value.repeat_interleave(repeat, dim=2)
         seq, batch = query.shape[:2]
         if isinstance(attention_mask, PackedLayout):
             flat = [t.reshape(seq * batch, *t.shape[2:]) for t in (query, key, value)]
             return segmented_attention(*flat, attention_mask, scale).view(seq, batch, -1)
+        repeat = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        if repeat > 1:
+            key, value = key.repeat_interleave(repeat, dim=2), value.repeat_interleave(repeat, dim=2)
         query, key, value = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         context = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
         return context.permute(2, 0, 1, 3).reshape(seq, batch, -1)
 
 
+#: score elements per row above which a CPU segment keeps the fused kernel (each takes three activations'
+#: worth per layer: the mask, and the scores and probabilities the backward keeps)
+MATERIALISE_MAX = 1 << 22
+
+
 def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
                         scale: float) -> torch.Tensor:
-    """Attention over flat [T, heads, dim] tensors in `layout`'s segments; positions that are no prompt's
-    or response's token (padding) get zeros."""
+    """Attention over flat [T, heads, dim] queries and [T, groups, dim] keys and values in `layout`'s
+    segments; positions that are no prompt's or response's token (padding) get zeros."""
     def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return x[index].transpose(-3, -2)  # [N, L, heads, dim] → [N, heads, L, dim]
 
     prompt_key, prompt_value = take(key, layout.prompt_index), take(value, layout.prompt_index)
-    prompt_out = F.scaled_dot_product_attention(take(query, layout.prompt_index), prompt_key, prompt_value,
-                                                attn_mask=layout.prompt_allowed, scale=scale)
+    prompt_out = _attend(take(query, layout.prompt_index), prompt_key, prompt_value, layout.prompt_allowed,
+                         scale)
     slot_key = torch.cat([prompt_key[layout.response_group], take(key, layout.response_index)], dim=2)
     slot_value = torch.cat([prompt_value[layout.response_group], take(value, layout.response_index)], dim=2)
-    response_out = F.scaled_dot_product_attention(take(query, layout.response_index), slot_key, slot_value,
-                                                  attn_mask=layout.response_allowed, scale=scale)
+    response_out = _attend(take(query, layout.response_index), slot_key, slot_value, layout.response_allowed,
+                           scale)
     real = torch.cat([prompt_out.transpose(1, 2)[layout.prompt_real],
                       response_out.transpose(1, 2)[layout.response_real]])
     return query.new_zeros(query.shape).index_put((layout.destination,), real)
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """softmax(q·kᵀ·scale where allowed)·v for [N, heads, L, dim] queries over [N, groups, S, dim] keys;
+    a row's result depends on that row alone, whatever N is."""
+    n, heads, length, dim = query.shape
+    groups, keys = key.shape[1], key.shape[2]
+    if query.device.type != "cpu" or heads * length * keys > MATERIALISE_MAX:
+        key, value = key.repeat_interleave(heads // groups, dim=1), value.repeat_interleave(heads // groups, dim=1)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
+    # the heads of a query group share its keys: one [heads/groups · L, S] score matrix per group, the mask
+    # added by the matmul itself; scores round to the activations' dtype, as in Megatron's unfused core
+    per_group = heads // groups
+    bias = torch.zeros(allowed.shape, dtype=query.dtype).masked_fill_(~allowed, float("-inf"))
+    bias = bias.unsqueeze(1).expand(n, groups, per_group, length, keys).reshape(n * groups, -1, keys)
+    scores = torch.baddbmm(bias, (query * scale).reshape(n * groups, per_group * length, dim),
+                           key.reshape(n * groups, keys, dim).transpose(1, 2))
+    return (scores.softmax(-1) @ value.reshape(n * groups, keys, dim)).view(n, heads, length, dim)

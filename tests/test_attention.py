@@ -1,0 +1,33 @@
+"""The segmented attention core's CPU matmul path against torch's fused kernel: outputs and the gradients
+of queries, keys and values, with grouped-query heads and padded segments."""
+
+import pytest
+import torch
+
+from mindrl.models import attention
+from mindrl.models.prompt_packing import pack
+from tests.test_prompt_packing import grouped_batch
+
+HEADS, GROUPS, DIM = 4, 2, 8
+
+
+def _outputs_and_grads(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    batch = grouped_batch(50)
+    packed = pack(batch["tokens"], batch["prompt_lengths"], batch["response_lengths"], segments=(10, 9))
+    flat = packed.tokens.numel()
+    gen = torch.Generator().manual_seed(seed)
+    query, key, value = (torch.randn(flat, heads, DIM, generator=gen).to(dtype).requires_grad_()
+                         for heads in (HEADS, GROUPS, GROUPS))
+    out = attention.segmented_attention(query, key, value, packed.layout, DIM ** -0.5)
+    out.backward(torch.randn(out.shape, generator=gen).to(dtype))
+    return [out.detach(), query.grad, key.grad, value.grad]
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])
+def test_the_cpu_matmul_path_has_the_fused_kernels_outputs_and_gradients(monkeypatch, dtype, tolerance):
+    matmuls = _outputs_and_grads(dtype)
+    monkeypatch.setattr(attention, "MATERIALISE_MAX", 0)
+    fused = _outputs_and_grads(dtype)
+    for name, mine, oracle in zip(("output", "query grad", "key grad", "value grad"), matmuls, fused, strict=True):
+        assert torch.isfinite(mine).all(), name
+        assert (mine.float() - oracle.float()).abs().max().item() <= tolerance * oracle.float().abs().max().item(), name
