@@ -24,7 +24,9 @@ def shifted_labels(tokens: torch.Tensor) -> torch.Tensor:
 def _prepared(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
     """fp32 logits / temperature (a new tensor: Megatron's cross entropy works in place), with
     this rank's columns at or past `vocab_size` set to the lowest float."""
-    scaled = logits.float() / temperature
+    scaled = logits.to(torch.float32, copy=True)
+    if temperature != 1.0:
+        scaled.div_(temperature)
     if vocab_size is not None:
         local = scaled.shape[-1]
         first = parallel_state.get_tensor_model_parallel_rank() * local
