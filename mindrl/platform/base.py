@@ -6,6 +6,7 @@ or a Ray resource instead of naming a device kind, so one code path serves all t
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 
 import torch
@@ -55,6 +56,10 @@ class Platform(ABC):
         """How a vLLM engine on this device sizes its memory (a device fraction, with sleep mode so the
         engine can hand its memory to training)."""
         return {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True}
+
+    def vllm_calls(self) -> contextlib.AbstractContextManager:
+        """The context every call into a vLLM engine runs in (vLLM brings its own device handling)."""
+        return contextlib.nullcontext()
 
     @property
     def vllm_can_sleep(self) -> bool:

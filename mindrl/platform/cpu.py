@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from mindrl.platform import cpu_patches
@@ -28,6 +30,12 @@ class CpuPlatform(Platform):
         # vLLM-CPU sizes its KV cache in bytes (a utilisation fraction of host memory fails to start
         # on small machines) and has no sleep mode.
         return {"kv_cache_memory_bytes": cpu_kv_cache_mb << 20}
+
+    def vllm_calls(self) -> contextlib.AbstractContextManager:
+        # vLLM-CPU needs none of Megatron's CUDA-to-CPU mapping, and the mode's Python hook on every
+        # torch call cost ~8 % of an eager small-model rollout; an engine built outside it also compiles
+        # its model outside it, so the compiled graphs stay valid.
+        return cpu_patches.device_mode_suspended()
 
     @property
     def vllm_can_sleep(self) -> bool:

@@ -147,6 +147,13 @@ def enter_device_mode() -> None:
         _state.mode_entered = True
 
 
+def device_mode_suspended() -> contextlib.AbstractContextManager:
+    """CudaToCpuMode off until the block ends, where it is this thread's innermost torch function mode."""
+    if isinstance(torch.overrides._get_current_function_mode(), CudaToCpuMode):
+        return torch.overrides._pop_mode_temporarily()
+    return contextlib.nullcontext()
+
+
 PATCHES: tuple[Callable[[], None], ...] = (
     patch_cuda_device_queries,
     patch_cuda_sync_primitives,

@@ -87,7 +87,8 @@ class VllmEngine(RolloutEngine):
         if self.cfg.infer_tensor_parallel_size > 1:
             # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
             kwargs["distributed_executor_backend"] = "external_launcher"
-        self._llm: LLM | None = LLM(**kwargs)
+        with self.platform.vllm_calls():
+            self._llm: LLM | None = LLM(**kwargs)
 
     def _check_usable(self) -> None:
         if self.broken or self._updating:
@@ -108,7 +109,8 @@ class VllmEngine(RolloutEngine):
                     top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.logprobs,
                     detokenize=False, stop_token_ids=self.eos_token_ids,
                     seed=None if sampling.seed is None else sampling.seed + i * n + j))
-        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        with self.platform.vllm_calls():
+            outputs = self._llm.generate(requests, params, use_tqdm=False)
         responses, log_probs, reasons = [], [], []
         for output in outputs:
             sample = output.outputs[0]
@@ -125,7 +127,9 @@ class VllmEngine(RolloutEngine):
 
         self._check_usable()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        outputs = self._llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        with self.platform.vllm_calls():
+            outputs = self._llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
+                                         use_tqdm=False)
         return [[position[token].logprob for position, token in zip(output.prompt_logprobs[1:], sequence[1:],
                                                                     strict=True)]
                 for output, sequence in zip(outputs, sequences, strict=True)]
@@ -133,18 +137,20 @@ class VllmEngine(RolloutEngine):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         bucket = list(weights)
         try:
-            if not self._updating:
-                self._llm.collective_rpc("begin_weight_update")
-                self._updating = True
-            self._llm.collective_rpc("load_weight_bucket", args=(bucket,))
+            with self.platform.vllm_calls():
+                if not self._updating:
+                    self._llm.collective_rpc("begin_weight_update")
+                    self._updating = True
+                self._llm.collective_rpc("load_weight_bucket", args=(bucket,))
         except BaseException:
             self.abort_weight_update()
             raise
 
     def finish_weight_update(self) -> None:
         try:
-            self._llm.collective_rpc("end_weight_update", args=(self.arch.tied_embeddings,))
-            self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+            with self.platform.vllm_calls():
+                self._llm.collective_rpc("end_weight_update", args=(self.arch.tied_embeddings,))
+                self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         except BaseException:
             self.broken = True
             raise
