@@ -11,7 +11,8 @@ and achieved GFLOP/s — the matmul FLOPs of the rollout, the reference pass, th
 pass when it runs, and the update's forward and backward (where the actor packed a prompt's
 samples behind one copy of it, `actor/prompt_packed`, that prompt counts once, and so do the whole
 KV blocks of its prefill where the engine caches prefixes) — beside a plain
-matmul's GFLOP/s in the same precision on the same two cores, measured in the same run. Each
+matmul's GFLOP/s in the same precision on the same two cores, measured right before and right after
+each configuration (the higher of the two counts: the machine's speed drifts on a shared host). Each
 configuration runs the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
 (bench/trl_grpo.py; TRL is installed into .bench-trl/ on first use, not into the project's
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rollout import DTYPES, _matmul, flops_per_request  # noqa: E402  (the sibling benchmark's FLOP model)
+from rollout import _matmul, flops_per_request  # noqa: E402  (the sibling benchmark's FLOP model)
 
 from mindrl.config import ModelArch, load_model_arch  # noqa: E402
 from mindrl.launch import run_ranks  # noqa: E402
@@ -172,16 +173,18 @@ def main() -> None:
                         help="generate_config.enable_prefix_caching of the runs (default: as the configs ship)")
     args = parser.parse_args()
     result: dict = {"bench": "grpo_e2e", "prompts": 16, "samples": 8, "threads": 2,
-                    "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped",
-                    "matmul_gflops": {d: round(run_ranks(_matmul, 1, d, 2)[0], 1) for d in DTYPES}}
+                    "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped"}
     with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
         tokenizer, data = _data(Path(tmp))
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
+                before = run_ranks(_matmul, 1, dtype, 2)[0]
                 lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}",
                                args.prompt_packing, args.prefix_caching)
+                matmul = max(before, run_ranks(_matmul, 1, dtype, 2)[0])
                 measured = _summary(model, lines, _prefix_caching(model, args.prefix_caching))
-                measured["share_of_matmul"] = round(measured["gflops"] / result["matmul_gflops"][dtype], 2)
+                measured["matmul_gflops"] = round(matmul, 1)
+                measured["share_of_matmul"] = round(measured["gflops"] / matmul, 2)
                 if not args.no_trl:
                     trl = _trl(model, dtype, 2, tokenizer, data)  # no warm-up to leave out: 2 steps
                     measured["trl"] = trl
