@@ -2,6 +2,8 @@
 every update, bucket-independent, a failed sync never generates, offload leaves training untouched."""
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,17 +113,19 @@ def _on_every_stage(scored: dict | None) -> torch.Tensor:
     return box[0]
 
 
-def _fresh_engine(rank: int, states: list[dict]) -> list[list[list[int]]]:
+def _fresh_engine(rank: int, states: list[dict]) -> tuple[list[list[list[int]]], set[Path]]:
     from mindrl.rollout.vllm_engine import VllmEngine
 
+    model_dirs = set(Path(tempfile.gettempdir()).glob("mindrl-vllm-*"))
     engine = VllmEngine(_arch(), GENERATE)
+    left = set(Path(tempfile.gettempdir()).glob("mindrl-vllm-*")) - model_dirs  # what a SIGKILL would leave
     out = []
     for state in states:
         engine.load_weights(state.items())
         engine.finish_weight_update()
         out.append(engine.generate(PROMPTS, GREEDY).responses)
     engine.close()
-    return out
+    return out, left
 
 
 def test_every_round_generates_with_the_newest_weights():
@@ -130,9 +134,10 @@ def test_every_round_generates_with_the_newest_weights():
     arch, par = _arch(), ParallelConfig(1, 2)
     per_rank = run_ranks(_three_rounds, 2)
     states = [_hf_state({(0, pp): per_rank[pp][i]["stage"] for pp in range(2)}, arch, par) for i in range(3)]
-    fresh = run_ranks(_fresh_engine, 1, states)[0]
+    fresh, left = run_ranks(_fresh_engine, 1, states)[0]
     colocated = [per_rank[0][i]["responses"] for i in range(3)]
     assert colocated == fresh
+    assert not left  # the engine's start-up files are gone once it runs, so a killed job leaves none
     assert colocated[0] != colocated[1] != colocated[2]
 
 

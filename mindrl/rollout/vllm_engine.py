@@ -71,11 +71,11 @@ class VllmEngine(RolloutEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
-        self._model_dir: Path | None = Path(tempfile.mkdtemp(prefix="mindrl-vllm-"))
+        model_dir = Path(tempfile.mkdtemp(prefix="mindrl-vllm-"))
         config = {**self._hf_config, "vocab_size": self.arch.padded_vocab_size}  # no TP padding rows to sample
-        (self._model_dir / "config.json").write_text(json.dumps(config))
+        (model_dir / "config.json").write_text(json.dumps(config))
         kwargs = dict(
-            model=str(self._model_dir), skip_tokenizer_init=True, load_format="dummy", dtype=self.cfg.dtype,
+            model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", dtype=self.cfg.dtype,
             tensor_parallel_size=self.cfg.infer_tensor_parallel_size, max_model_len=self.cfg.max_model_len,
             max_num_seqs=self.cfg.max_num_seqs, max_num_batched_tokens=self.cfg.max_num_batched_tokens,
             enforce_eager=self.cfg.enforce_eager, enable_prefix_caching=self.cfg.enable_prefix_caching,
@@ -87,8 +87,12 @@ class VllmEngine(RolloutEngine):
         if self.cfg.infer_tensor_parallel_size > 1:
             # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
             kwargs["distributed_executor_backend"] = "external_launcher"
-        with self.platform.vllm_calls():
-            self._llm: LLM | None = LLM(**kwargs)
+        try:
+            with self.platform.vllm_calls():
+                self._llm: LLM | None = LLM(**kwargs)
+        finally:
+            # vLLM reads the config once, at start: gone now, it is not left behind by a killed job
+            shutil.rmtree(model_dir, ignore_errors=True)
 
     def _check_usable(self) -> None:
         if self.broken or self._updating:
@@ -182,9 +186,6 @@ class VllmEngine(RolloutEngine):
             with _default_group_kept():
                 self._llm.llm_engine.engine_core.shutdown()
             self._llm = None
-        if self._model_dir is not None:
-            shutil.rmtree(self._model_dir, ignore_errors=True)
-            self._model_dir = None
 
 
 @contextlib.contextmanager
