@@ -11,23 +11,36 @@ from tests.test_prompt_packing import grouped_batch
 HEADS, GROUPS, DIM = 4, 2, 8
 
 
-def _outputs_and_grads(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+def _outputs_and_grads(dtype: torch.dtype, seed: int = 0) -> tuple[list[torch.Tensor], int]:
+    """Outputs and q/k/v gradients, and how many batched matmuls with a mask (the CPU path) ran."""
     batch = grouped_batch(50)
     packed = pack(batch["tokens"], batch["prompt_lengths"], batch["response_lengths"], segments=(10, 9))
     flat = packed.tokens.numel()
     gen = torch.Generator().manual_seed(seed)
     query, key, value = (torch.randn(flat, heads, DIM, generator=gen).to(dtype).requires_grad_()
                          for heads in (HEADS, GROUPS, GROUPS))
-    out = attention.segmented_attention(query, key, value, packed.layout, DIM ** -0.5)
+    calls = []
+    baddbmm = torch.baddbmm
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return baddbmm(*args, **kwargs)
+
+    torch.baddbmm = counted
+    try:
+        out = attention.segmented_attention(query, key, value, packed.layout, DIM ** -0.5)
+    finally:
+        torch.baddbmm = baddbmm
     out.backward(torch.randn(out.shape, generator=gen).to(dtype))
-    return [out.detach(), query.grad, key.grad, value.grad]
+    return [out.detach(), query.grad, key.grad, value.grad], len(calls)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])
 def test_the_cpu_matmul_path_has_the_fused_kernels_outputs_and_gradients(monkeypatch, dtype, tolerance):
-    matmuls = _outputs_and_grads(dtype)
+    matmuls, masked_matmuls = _outputs_and_grads(dtype)
     monkeypatch.setattr(attention, "MATERIALISE_MAX", 0)
-    fused = _outputs_and_grads(dtype)
+    fused, none = _outputs_and_grads(dtype)
+    assert (masked_matmuls, none) == (2, 0)  # the prompt and the response segments; then the fused kernel
     for name, mine, oracle in zip(("output", "query grad", "key grad", "value grad"), matmuls, fused, strict=True):
         assert torch.isfinite(mine).all(), name
         assert (mine.float() - oracle.float()).abs().max().item() <= tolerance * oracle.float().abs().max().item(), name

@@ -116,9 +116,20 @@ def _on_every_stage(scored: dict | None) -> torch.Tensor:
 def _fresh_engine(rank: int, states: list[dict]) -> tuple[list[list[list[int]]], set[Path]]:
     from mindrl.rollout.vllm_engine import VllmEngine
 
-    model_dirs = set(Path(tempfile.gettempdir()).glob("mindrl-vllm-*"))
-    engine = VllmEngine(_arch(), GENERATE)
-    left = set(Path(tempfile.gettempdir()).glob("mindrl-vllm-*")) - model_dirs  # what a SIGKILL would leave
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recorded(*args, **kwargs) -> str:
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    tempfile.mkdtemp = recorded
+    try:
+        engine = VllmEngine(_arch(), GENERATE)
+    finally:
+        tempfile.mkdtemp = mkdtemp
+    ours = [Path(d) for d in made if Path(d).name.startswith("mindrl-vllm-")]
+    assert ours, "the engine no longer writes its start-up config where this test looks"
+    left = {d for d in ours if d.exists()}  # what a SIGKILL would leave behind
     out = []
     for state in states:
         engine.load_weights(state.items())

@@ -80,8 +80,8 @@ class SDPAttention(DotProductAttention):
         return context.permute(2, 0, 1, 3).reshape(seq, batch, -1)
 
 
-#: score elements per row above which a CPU segment keeps the fused kernel (each takes three activations'
-#: worth per layer: the mask, and the scores and probabilities the backward keeps)
+#: score elements per row (on this TP rank's heads) above which a CPU segment keeps the fused kernel: the
+#: backward keeps every row's probabilities per layer, so a micro-batch of N rows holds N times this many
 MATERIALISE_MAX = 1 << 22
 
 
@@ -106,18 +106,20 @@ def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
             scale: float) -> torch.Tensor:
-    """softmax(q·kᵀ·scale where allowed)·v for [N, heads, L, dim] queries over [N, groups, S, dim] keys;
-    a row's result depends on that row alone, whatever N is."""
+    """softmax(q·kᵀ·scale where allowed)·v for [N, heads, L, dim] queries over [N, groups, S, dim] keys; for
+    fixed segment shapes a row's result does not depend on N (tested on CPU)."""
     n, heads, length, dim = query.shape
     groups, keys = key.shape[1], key.shape[2]
-    if query.device.type != "cpu" or heads * length * keys > MATERIALISE_MAX:
+    # fp16 scores could overflow to inf before the softmax, where the fused kernel accumulates in fp32
+    if (query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16)
+            or heads * length * keys > MATERIALISE_MAX):
         key, value = key.repeat_interleave(heads // groups, dim=1), value.repeat_interleave(heads // groups, dim=1)
         return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
     # the heads of a query group share its keys: one [heads/groups · L, S] score matrix per group, the mask
     # added by the matmul itself; scores round to the activations' dtype, as in Megatron's unfused core
     per_group = heads // groups
-    bias = torch.zeros(allowed.shape, dtype=query.dtype).masked_fill_(~allowed, float("-inf"))
+    bias = torch.zeros_like(allowed, dtype=query.dtype).masked_fill_(~allowed, float("-inf"))
     bias = bias.unsqueeze(1).expand(n, groups, per_group, length, keys).reshape(n * groups, -1, keys)
-    scores = torch.baddbmm(bias, (query * scale).reshape(n * groups, per_group * length, dim),
-                           key.reshape(n * groups, keys, dim).transpose(1, 2))
+    scores = torch.baddbmm(bias, query.reshape(n * groups, per_group * length, dim),
+                           key.reshape(n * groups, keys, dim).transpose(1, 2), alpha=scale)
     return (scores.softmax(-1) @ value.reshape(n * groups, keys, dim)).view(n, heads, length, dim)

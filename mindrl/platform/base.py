@@ -58,7 +58,8 @@ class Platform(ABC):
         return {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True}
 
     def vllm_calls(self) -> contextlib.AbstractContextManager:
-        """The context every call into a vLLM engine runs in (vLLM brings its own device handling)."""
+        """The context a vLLM engine is built, generates and loads weights in (vLLM brings its own device
+        handling)."""
         return contextlib.nullcontext()
 
     @property

@@ -91,7 +91,8 @@ class VllmEngine(RolloutEngine):
             with self.platform.vllm_calls():
                 self._llm: LLM | None = LLM(**kwargs)
         finally:
-            # vLLM reads the config once, at start: gone now, it is not left behind by a killed job
+            # vLLM reads the config once, at start (generate always passes SamplingParams, so vLLM never
+            # looks for a generation config there later): gone now, it is not left behind by a killed job
             shutil.rmtree(model_dir, ignore_errors=True)
 
     def _check_usable(self) -> None:
@@ -165,7 +166,8 @@ class VllmEngine(RolloutEngine):
     def abort_weight_update(self) -> None:
         if self._updating:
             self._updating = False
-            self._llm.collective_rpc("abort_weight_update")
+            with self.platform.vllm_calls():
+                self._llm.collective_rpc("abort_weight_update")
         self.broken = True
 
     def release_memory(self) -> None:
