@@ -7,8 +7,9 @@ For grpo_tiny_cpu and grpo_small_cpu at 16 prompts × 8 samples, 64 (tiny) / 128
 tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
 precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/s (prompt +
 response tokens of every sample over the step's seconds, whole machine), seconds per stage,
-and achieved GFLOP/s — the matmul FLOPs of the rollout, the reference pass, the old-log-prob
-pass when it runs, and the update's forward and backward (where the actor packed a prompt's
+and achieved GFLOP/s, for the step and for each stage that computes — the matmul FLOPs of the
+rollout, the reference pass, the old-log-prob pass when it runs, and the update's forward and
+backward (where the actor packed a prompt's
 samples behind one copy of it, `actor/prompt_packed`, that prompt counts once, and so do the whole
 KV blocks of its prefill where the engine caches prefixes) — beside a plain
 matmul's GFLOP/s in the same precision on the same two cores, measured right before and right after
@@ -149,14 +150,19 @@ def _summary(model: str, lines: list[dict], prefix_caching: bool) -> dict:
     if prefix_caching:  # a prompt's whole cache blocks are prefilled once; the tail, and the last token, per sample
         cached = (round(prompt) - 1) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
         rollout -= (samples - prompts) * forward_flops(arch, cached, cached * (cached + 1) / 2)
-    passes = 1 + (1 - mean["old_log_p/from_update"]) + 3  # reference, old (if run), update forward + backward
     # one forward over a whole sequence costs what the engine's prefill of it does
-    flops = rollout + passes * _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
+    forward = _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
+    stage_flops = {"rollout": rollout, "reference_model": forward,
+                   "old_log_p": (1 - mean["old_log_p/from_update"]) * forward, "update": 3 * forward}
+    flops = sum(stage_flops.values())
     seconds = mean["timing/all"]
     return {"e2e_tokens_per_s": round(samples * (prompt + response) / seconds, 1),
             "e2e_tps_per_rank": round(mean["e2e_tps"], 1), "step_s": round(seconds, 2),
             "stage_s": {stage: round(mean.get(f"timing/{stage}", 0.0), 3) for stage in STAGES},
-            "gflops": round(flops / seconds / 1e9, 1), "prompt_len": round(prompt, 1),
+            "gflops": round(flops / seconds / 1e9, 1),
+            "stage_gflops": {stage: round(f / mean[f"timing/{stage}"] / 1e9, 1)
+                             for stage, f in stage_flops.items() if f and mean.get(f"timing/{stage}")},
+            "prompt_len": round(prompt, 1),
             "response_len": round(response, 1), "old_log_p_skipped": bool(mean["old_log_p/from_update"]),
             "prompt_packed": packed}
 
@@ -185,6 +191,7 @@ def main() -> None:
                 measured = _summary(model, lines, _prefix_caching(model, args.prefix_caching))
                 measured["matmul_gflops"] = round(matmul, 1)
                 measured["share_of_matmul"] = round(measured["gflops"] / matmul, 2)
+                measured["stage_share"] = {stage: round(g / matmul, 2) for stage, g in measured["stage_gflops"].items()}
                 if not args.no_trl:
                     trl = _trl(model, dtype, 2, tokenizer, data)  # no warm-up to leave out: 2 steps
                     measured["trl"] = trl
