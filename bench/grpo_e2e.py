@@ -9,10 +9,10 @@ precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/
 response tokens of every sample over the step's seconds, whole machine), seconds per stage,
 and achieved GFLOP/s, for the step and for each stage that computes — the matmul FLOPs of the
 rollout, the reference pass, the old-log-prob pass when it runs, and the update's forward and
-backward (where the actor packed a prompt's
-samples behind one copy of it, `actor/prompt_packed`, that prompt counts once, and so do the whole
-KV blocks of its prefill where the engine caches prefixes) — beside a plain
-matmul's GFLOP/s in the same precision on the same two cores, measured right before and right after
+backward (where the actor packed a prompt's samples behind one copy of it, `actor/prompt_packed`,
+that prompt counts once, and so do the whole KV blocks of its prefill where the engine caches
+prefixes) — beside a plain matmul's GFLOP/s in the same precision on the same two cores, measured
+right before and right after
 each configuration (the higher of the two counts: the machine's speed drifts on a shared host). Each
 configuration runs the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch

@@ -11,8 +11,8 @@ to the batch's longest) where the row as one masked matrix costs (P + k·R)².
 On CPU a segment whose score matrix is small is computed as Megatron's unfused core does it: two batched
 matmuls with a softmax between them. torch's CPU flash kernel runs these head_dim-64 segments far below the
 matmul rate: the small model's response segments for one micro-batch of 16 (bf16, forward + backward)
-take it 66 ms, the matmuls 18 ms. Large segments, and every segment on an accelerator, keep the fused
-kernel, which never holds the score matrix.
+take it 66 ms, the matmuls 18 ms. Large segments, fp16 ones, and every segment on an accelerator keep the
+fused kernel, which never holds the score matrix.
 """
 
 from __future__ import annotations
