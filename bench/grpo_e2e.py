@@ -12,9 +12,9 @@ rollout, the reference pass, the old-log-prob pass when it runs, and the update'
 backward (where the actor packed a prompt's samples behind one copy of it, `actor/prompt_packed`,
 that prompt counts once, and so do the whole KV blocks of its prefill where the engine caches
 prefixes) — beside a plain matmul's GFLOP/s in the same precision on the same two cores, measured
-right before and right after
-each configuration (the higher of the two counts: the machine's speed drifts on a shared host). Each
-configuration runs the real trainer in a fresh process; the first step (engine warm-up) is left out of the means.
+right before and right after each configuration (the higher of the two counts: the machine's speed
+drifts on a shared host). Each configuration runs the real trainer in a fresh process; the first step
+(engine warm-up) is left out of the means.
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
 (bench/trl_grpo.py; TRL is installed into .bench-trl/ on first use, not into the project's
 environment), and the ratio of the two e2e rates. Updates run in micro-batches of 16 samples
