@@ -110,14 +110,14 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed
     fixed segment shapes a row's result does not depend on N (tested on CPU)."""
     n, heads, length, dim = query.shape
     groups, keys = key.shape[1], key.shape[2]
+    per_group = heads // groups
     # fp16 scores could overflow to inf before the softmax, where the fused kernel accumulates in fp32
     if (query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16)
             or heads * length * keys > MATERIALISE_MAX):
-        key, value = key.repeat_interleave(heads // groups, dim=1), value.repeat_interleave(heads // groups, dim=1)
+        key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
     # the heads of a query group share its keys: one [heads/groups · L, S] score matrix per group, the mask
     # added by the matmul itself; scores round to the activations' dtype, as in Megatron's unfused core
-    per_group = heads // groups
     bias = torch.zeros_like(allowed, dtype=query.dtype).masked_fill_(~allowed, float("-inf"))
     bias = bias.unsqueeze(1).expand(n, groups, per_group, length, keys).reshape(n * groups, -1, keys)
     scores = torch.baddbmm(bias, query.reshape(n * groups, per_group * length, dim),
