@@ -77,7 +77,7 @@ def gathered_log_probs(logits: torch.Tensor, source: torch.Tensor, labels: torch
     `source` [rows, S] names as flat indices (−1: no score, 0 there). Packed rows score several rows'
     tokens at one position (the shared prompt's last), so the positions are picked before the softmax."""
     valid = source >= 0
-    picked = logits.reshape(-1, logits.shape[-1])[source[valid]]
+    picked = logits.reshape(-1, logits.shape[-1]).index_select(0, source[valid])  # whole rows: no index kernel
     zeros = torch.zeros(source.shape, dtype=torch.float32, device=logits.device)
     log_probs = zeros.masked_scatter(valid, vocab_parallel_log_probs(picked, labels[valid], temperature, vocab_size))
     entropy = None
