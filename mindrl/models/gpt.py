@@ -3,7 +3,9 @@
 The local spec is used everywhere because it needs neither Transformer Engine nor apex,
 so the same modules — and therefore the same parameter names and numerics — exist on
 CPU, GPU and NPU. Fused kernels are off for the same reason; the attention core is
-torch's scaled_dot_product_attention (mindrl/models/attention.py), which every platform has.
+torch's scaled_dot_product_attention (mindrl/models/attention.py), which every platform has; SwiGLU
+and RMSNorm are plain-torch autograd functions with their gradients written out (mindrl/models/swiglu.py,
+mindrl/models/rmsnorm.py).
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import ModuleSpec, TransformerConfig
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import arch_fields as af
 from mindrl.models.attention import SDPAttention
+from mindrl.models.rmsnorm import RMSNorm
+from mindrl.models.swiglu import SwiGLU
 from mindrl.platform import Platform, get_platform
 
 
@@ -108,19 +113,29 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     mindrl.distributed.init_model_parallel); the stage is taken from it.
     """
     platform = platform or get_platform()
-    config = transformer_config(arch, par, params_dtype, platform, **config_overrides)
+    # megatron-core builds the MLP's activation from the spec only under this flag (named for TE's modules)
+    config = transformer_config(arch, par, params_dtype, platform,
+                                **{"use_te_activation_func": arch.swiglu, **config_overrides})
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Apex is not installed.*")
         spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    if config.use_te_activation_func:
+        spec.submodules.mlp.submodules.activation_func = SwiGLU
+    block: ModuleSpec | TransformerBlockSubmodules = spec
+    if arch.normalization == "RMSNorm":
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
+        # the final norm comes from the block's submodules, which the layer spec alone leaves at torch's
+        block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
                   pre_process=parallel_state.is_pipeline_first_stage(),
                   post_process=parallel_state.is_pipeline_last_stage(), position_embedding_type="rope",
                   rotary_base=int(arch.rotary_base))
     if arch.has_score_head:
-        model = RewardGPTModel(config, spec, arch.num_labels, **kwargs)
+        model = RewardGPTModel(config, block, arch.num_labels, **kwargs)
     else:
-        model = PositionedGPTModel(config, spec, share_embeddings_and_output_weights=arch.tied_embeddings, **kwargs)
+        model = PositionedGPTModel(config, block, share_embeddings_and_output_weights=arch.tied_embeddings,
+                                   **kwargs)
     # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
     # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one.
     return model.to(device=platform.device(), dtype=params_dtype)
