@@ -8,7 +8,7 @@ from mindrl.config import ParallelConfig, load_model_arch
 from mindrl.distributed import init_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import sharding
-from mindrl.models.gpt import build_gpt_model, load_stage_weights
+from mindrl.models.gpt import build_gpt_model, load_stage_weights, transformer_config
 from mindrl.models.rmsnorm import RMSNorm, _RMSNorm
 from mindrl.models.swiglu import SwiGLU
 
@@ -75,8 +75,6 @@ def test_swiglu_module_equals_megatron_cores_unfused_mlp_bit_for_bit(dtype):
 
 def test_the_modules_refuse_what_they_do_not_compute():
     arch = load_model_arch("tiny_qwen")
-    from mindrl.models.gpt import transformer_config
-
     config = transformer_config(arch, ParallelConfig(1, 1), use_te_activation_func=True)
     config.glu_linear_offset = 1.0
     with pytest.raises(ValueError, match="glu_linear_offset"):
