@@ -1,10 +1,11 @@
 """RMSNorm with its gradient written out, for megatron-core's local layer spec.
 
-The local spec's norm is torch.nn.RMSNorm, whose gradient autograd derives from the composite forward:
-on CPU in bf16 that backward is a chain of mixed-precision elementwise ops (a bf16 tensor times an fp32
-one runs ~25× slower than the same product after an explicit cast) and took ~4–6 ms per call on the small
-model's micro-batch, for a forward of ~0.5 ms. Here the forward is the same `F.rms_norm` call (outputs
-unchanged, bit for bit) and the backward is the closed form in fp32 (fp64 for fp64) with explicit casts: ~1–3 ms.
+The local spec's norm is torch.nn.RMSNorm, whose gradient autograd derives from the composite forward: a
+chain of about ten elementwise products, reductions and casts over the activation. Here the forward is the
+same `F.rms_norm` call (outputs unchanged, bit for bit) and the backward is the closed form in fp32 (fp64
+for fp64), every operand cast explicitly (a bf16 tensor times an fp32 one runs ~25× slower on CPU than the
+same product after a cast) and the result rounded once. A profiled bf16 update of the small model (64
+samples, one core) spent ~0.65 s of self time in the norms' ops before and ~0.47 s after.
 """
 
 from __future__ import annotations

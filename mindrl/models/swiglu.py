@@ -1,8 +1,9 @@
 """SwiGLU as one autograd step: silu(gate) · up over fc1's [..., 2F] output, gate first.
 
 megatron-core's unfused MLP computes `silu(gate) * (up + glu_linear_offset)`: the zero offset is added into
-a copy of `up`, and autograd joins the two halves' gradients with a concatenation — two extra passes over
-fc1's output, each as long as the activation itself on CPU. This module reaches the MLP through
+a copy of `up`, and autograd joins the two halves' gradients with a concatenation: two extra passes over
+fc1's output (bf16, one core, the small model's micro-batch: forward 2.1–2.7 → 1.6 ms, forward and
+backward 6.6–7.3 → 5.7–5.9 ms, measured in isolation). This module reaches the MLP through
 megatron-core's activation-module hook (`use_te_activation_func`, which builds the MLP's
 `submodules.activation_func`), computes the same products, and writes both halves' gradients into one
 buffer. Forward and gradients equal megatron-core's unfused ones bit for bit (tested).
