@@ -46,15 +46,15 @@ def grouped_batch(vocab: int, seed: int = 3, prompts: tuple = PROMPTS, responses
 
 def _visible(layout, flat: int) -> set[int]:
     """The keys (Megatron's flat [W, G] indices) that the query at `flat` attends to under `layout`."""
-    for g, index in enumerate(layout.prompt_index):
-        for i in layout.prompt_real[g].nonzero().flatten().tolist():
-            if index[i] == flat:
-                return set(index[layout.prompt_allowed[g, 0, i]].tolist())
-    for s, index in enumerate(layout.response_index):
-        for i in layout.response_real[s].nonzero().flatten().tolist():
-            if index[i] == flat:
-                keys = torch.cat([layout.prompt_index[layout.response_group[s]], index])
-                return set(keys[layout.response_allowed[s, 0, i]].tolist())
+    for g, i in (divmod(row, layout.prompt_index.shape[1]) for row in layout.prompt_rows.tolist()):
+        index = layout.prompt_index[g]
+        if index[i] == flat:
+            return set(index[layout.prompt_allowed[g, 0, i]].tolist())
+    for s, i in (divmod(row, layout.response_index.shape[1]) for row in layout.response_rows.tolist()):
+        index = layout.response_index[s]
+        if index[i] == flat:
+            keys = torch.cat([layout.prompt_index[layout.response_group[s]], index])
+            return set(keys[layout.response_allowed[s, 0, i]].tolist())
     raise AssertionError(f"{flat} is no prompt's or response's token")
 
 

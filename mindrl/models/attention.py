@@ -35,8 +35,8 @@ class PackedLayout:
     response_group: torch.Tensor  # [G·K] the group whose prompt each slot follows
     response_allowed: torch.Tensor  # [G·K, 1, R, P + R] over the group's prompt, then the slot's own tokens
     destination: torch.Tensor  # [T] the real tokens: prompts' (row-major over prompt_index), then responses'
-    prompt_real: torch.Tensor  # [G, P] True on a prompt's tokens
-    response_real: torch.Tensor  # [G·K, R] True on a response's tokens
+    prompt_rows: torch.Tensor  # the prompts' real tokens as flat positions in prompt_index ([G·P]), in order
+    response_rows: torch.Tensor  # the responses' real tokens as flat positions in response_index ([G·K·R])
 
     def to(self, device: torch.device | str) -> PackedLayout:
         return PackedLayout(*(getattr(self, f.name).to(device) for f in fields(self)))
@@ -95,10 +95,9 @@ def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         rows = x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
         return rows.transpose(-3, -2)  # [N, L, heads, dim] → [N, heads, L, dim]
 
-    def real(out: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    def real(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         n, heads, length, dim = out.shape
-        rows = out.transpose(1, 2).reshape(n * length, heads, dim)
-        return rows.index_select(0, kept.reshape(-1).nonzero().squeeze(1))
+        return out.transpose(1, 2).reshape(n * length, heads, dim).index_select(0, rows)
 
     prompt_key, prompt_value = take(key, layout.prompt_index), take(value, layout.prompt_index)
     prompt_out = _attend(take(query, layout.prompt_index), prompt_key, prompt_value, layout.prompt_allowed,
@@ -109,7 +108,7 @@ def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                             take(value, layout.response_index)], dim=2)
     response_out = _attend(take(query, layout.response_index), slot_key, slot_value, layout.response_allowed,
                            scale)
-    rows = torch.cat([real(prompt_out, layout.prompt_real), real(response_out, layout.response_real)])
+    rows = torch.cat([real(prompt_out, layout.prompt_rows), real(response_out, layout.response_rows)])
     return query.new_zeros(query.shape).index_copy(0, layout.destination, rows)
 
 

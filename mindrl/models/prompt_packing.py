@@ -107,9 +107,11 @@ def _layout(prompt_index: torch.Tensor, prompt_lengths: torch.Tensor, response_i
     prompt_allowed = torch.ones(p, p, dtype=torch.bool).tril() & visible_prompt.unsqueeze(1)
     own = torch.ones(r, r, dtype=torch.bool).tril() & response_real.unsqueeze(1)
     response_allowed = torch.cat([visible_prompt[group].unsqueeze(1).expand(-1, r, -1), own], dim=2)
-    destination = torch.cat([prompt_index[prompt_real], response_index[response_real]])
+    # found once here, not in every layer's attention
+    prompt_rows, response_rows = (real.reshape(-1).nonzero().squeeze(1) for real in (prompt_real, response_real))
+    destination = torch.cat([prompt_index.reshape(-1)[prompt_rows], response_index.reshape(-1)[response_rows]])
     return PackedLayout(prompt_index, prompt_allowed.unsqueeze(1), response_index, group,
-                        response_allowed.unsqueeze(1), destination, prompt_real, response_real)
+                        response_allowed.unsqueeze(1), destination, prompt_rows, response_rows)
 
 
 def packing_pays(arch: ModelArch, plain: tuple[int, int], packed: list[Packed]) -> bool:
