@@ -2,6 +2,7 @@
 
     python bench/grpo_e2e.py [--steps 3] [--models tiny,small] [--dtypes fp32,bf16] [--no-trl]
                              [--prompt-packing auto|false] [--prefix-caching true|false]
+                             [--rollout-backend vllm|megatron]
 
 For grpo_tiny_cpu and grpo_small_cpu at 16 prompts × 8 samples, 64 (tiny) / 128 (small) new
 tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
@@ -29,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -65,7 +67,7 @@ def _data(folder: Path) -> tuple[Path, Path]:
 
 
 def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path,
-           packing: str, prefix_caching: str | None) -> list[dict]:
+           packing: str, prefix_caching: str | None, backend: str | None) -> list[dict]:
     bf16 = dtype == "bf16"
     overrides = {"rl_config.prompt_packing": packing,
         "megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
@@ -79,6 +81,8 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out:
         "generate_config.sampling_config.max_tokens": NEW_TOKENS[model]}
     if prefix_caching is not None:
         overrides["generate_config.enable_prefix_caching"] = prefix_caching
+    if backend is not None:
+        overrides["generate_config.backend"] = backend
     args = [f"{'' if key in _FILE_KEYS[model] else '+'}{key}={value}" for key, value in overrides.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
     run = subprocess.run([sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", f"grpo_{model}_cpu",
@@ -130,15 +134,18 @@ def _pass_flops(arch: ModelArch, prompts: int, n: int, prompt: int, response: in
     return packed * shared + (1 - packed) * plain
 
 
-def _prefix_caching(model: str, arg: str | None) -> bool:
-    """Whether the runs' engines cache prefixes: as asked, or as the config ships (the key's default)."""
-    if arg is not None:
-        return arg == "true"
+def _shared_prefill(model: str, args: argparse.Namespace) -> Callable[[int], int]:
+    """How many of a prompt's tokens the runs' engine prefills once for all its samples: the Megatron engine
+    the whole prompt; vLLM, with prefix caching (as asked, or as the config ships), its whole KV blocks."""
     shipped = _SHIPPED[model]["generate_config"]
-    return bool(shipped.get("enable_prefix_caching", GenerateConfig.enable_prefix_caching))
+    if (args.rollout_backend or shipped.get("backend", GenerateConfig.backend)) == "megatron":
+        return lambda prompt: prompt
+    caching = args.prefix_caching == "true" if args.prefix_caching is not None else bool(
+        shipped.get("enable_prefix_caching", GenerateConfig.enable_prefix_caching))
+    return lambda prompt: (prompt - 1) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK if caching else 0
 
 
-def _summary(model: str, lines: list[dict], prefix_caching: bool) -> dict:
+def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]) -> dict:
     arch = load_model_arch(f"{model}_qwen")
     timed = lines[1:] or lines
     mean = {key: sum(line.get(key) or 0.0 for line in timed) / len(timed) for key in timed[0]}
@@ -147,9 +154,8 @@ def _summary(model: str, lines: list[dict], prefix_caching: bool) -> dict:
     prompt, response = mean["prompt_length/mean"], mean["response_length/mean"]
     packed = mean.get("actor/prompt_packed", 0.0)
     rollout = samples * flops_per_request(arch, round(prompt), round(response))
-    if prefix_caching:  # a prompt's whole cache blocks are prefilled once; the tail, and the last token, per sample
-        cached = (round(prompt) - 1) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
-        rollout -= (samples - prompts) * forward_flops(arch, cached, cached * (cached + 1) / 2)
+    shared = shared_prefill(round(prompt))  # prefilled once per prompt, the rest of the prompt per sample
+    rollout -= (samples - prompts) * forward_flops(arch, shared, shared * (shared + 1) / 2)
     # one forward over a whole sequence costs what the engine's prefill of it does
     forward = _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
     stage_flops = {"rollout": rollout, "reference_model": forward,
@@ -177,18 +183,21 @@ def main() -> None:
                         help="rl_config.prompt_packing of the runs (default auto, as the configs ship)")
     parser.add_argument("--prefix-caching", choices=["true", "false"],
                         help="generate_config.enable_prefix_caching of the runs (default: as the configs ship)")
+    parser.add_argument("--rollout-backend", choices=["vllm", "megatron"],
+                        help="generate_config.backend of the runs (default: as the configs ship)")
     args = parser.parse_args()
     result: dict = {"bench": "grpo_e2e", "prompts": 16, "samples": 8, "threads": 2,
-                    "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped"}
+                    "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped",
+                    "rollout_backend": args.rollout_backend or "as shipped"}
     with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
         tokenizer, data = _data(Path(tmp))
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
                 before = run_ranks(_matmul, 1, dtype, 2)[0]
                 lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}",
-                               args.prompt_packing, args.prefix_caching)
+                               args.prompt_packing, args.prefix_caching, args.rollout_backend)
                 matmul = max(before, run_ranks(_matmul, 1, dtype, 2)[0])
-                measured = _summary(model, lines, _prefix_caching(model, args.prefix_caching))
+                measured = _summary(model, lines, _shared_prefill(model, args))
                 measured["matmul_gflops"] = round(matmul, 1)
                 measured["share_of_matmul"] = round(measured["gflops"] / matmul, 2)
                 measured["stage_share"] = {stage: round(g / matmul, 2) for stage, g in measured["stage_gflops"].items()}

@@ -62,6 +62,11 @@ class Platform(ABC):
         handling)."""
         return contextlib.nullcontext()
 
+    def megatron_generation_calls(self) -> contextlib.AbstractContextManager:
+        """The context the Megatron rollout engine decodes in (its forward is plain torch calls on the
+        actor's modules)."""
+        return contextlib.nullcontext()
+
     @property
     def vllm_can_sleep(self) -> bool:
         """Whether a vLLM engine here can release its KV cache and weights between rollouts."""

@@ -37,6 +37,12 @@ class CpuPlatform(Platform):
         # its model outside it, so the compiled graphs stay valid.
         return cpu_patches.device_mode_suspended()
 
+    def megatron_generation_calls(self) -> contextlib.AbstractContextManager:
+        # The engine's decode forward reaches none of megatron-core's CUDA-shaped calls (TP=1/2, PP=2
+        # tested), and the mode's hook on each of its ~160 k torch calls per rollout cost 0.6 s of 3.6
+        # (small model, bf16, 64 rows of 142 + 128 tokens, one thread).
+        return cpu_patches.device_mode_suspended()
+
     @property
     def vllm_can_sleep(self) -> bool:
         return False

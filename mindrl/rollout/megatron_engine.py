@@ -89,7 +89,7 @@ class MegatronEngine(RolloutEngine):
         # per-request seeds), so it does not depend on how the rows are batched.
         seed = secrets.randbits(62) if sampling.seed is None else sampling.seed
         per_wave = max(1, self.max_num_seqs // n)
-        with generation_mode(self.model):
+        with generation_mode(self.model), get_platform().megatron_generation_calls():
             for start in range(0, len(prompts), per_wave):
                 wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n)
                 result.responses += wave.responses
@@ -135,20 +135,17 @@ class MegatronEngine(RolloutEngine):
         pads = (width - lengths).unsqueeze(1)
         slots = torch.arange(width, device=device)
         valid = slots >= pads
-        cache = KVCache(len(self.stage.layers), count, self.stage.kv_heads, width + longest - 1, self.stage.head_dim,
-                        self.dtype, device)
-        cache.valid[:, :width] = valid.repeat_interleave(n, dim=0)
+        cache = KVCache(len(self.stage.layers), len(prompts), n, self.stage.kv_heads, width, max(longest - 1, 1),
+                        self.stage.head_dim, self.dtype, device)
+        cache.prompt_bias.masked_fill_(~valid, float("-inf"))
         rows = DecodeRows(lengths.repeat_interleave(n), budgets,
                           [torch.Generator(device=device).manual_seed(seed + row) for row in range(count)])
         responses = Responses(count, longest, self.eos)
-        first = self._prefill(tokens, (slots - pads).clamp(min=0), valid, cache, n)
+        first = self._prefill(tokens, (slots - pads).clamp(min=0), valid, cache)
         drawn, log_probs = self._draw(None if first is None else first.repeat_interleave(n, dim=0), sampling, rows)
         for step in range(longest):
-            if step:  # feed token step - 1 of every row at its slot, draw token step
-                slot = width + step - 1
-                cache.valid[:cache.rows, slot] = True
-                mask = cache.valid[:cache.rows, None, None, :slot + 1]
-                logits = self._run(drawn.unsqueeze(1), rows.position.unsqueeze(1), mask, DecodeWriter(cache, slot))
+            if step:  # feed token step - 1 of every row at its response slot, draw token step
+                logits = self._run(drawn.unsqueeze(1), rows.position.unsqueeze(1), DecodeWriter(cache, step - 1))
                 rows.position = rows.position + 1
                 drawn, log_probs = self._draw(logits, sampling, rows)
             alive = responses.record(step, rows, drawn, log_probs)
@@ -156,15 +153,15 @@ class MegatronEngine(RolloutEngine):
                 break
             if cache.rows - alive >= _COMPACT_SHARE * cache.rows:
                 keep = rows.live.nonzero().squeeze(1)
-                cache.keep(keep, width + step)
+                cache.keep(keep, step)
                 rows.keep(keep)
                 drawn = drawn[keep]
         return responses.result()
 
-    def _prefill(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: KVCache,
-                 copies: int) -> torch.Tensor | None:
-        """Each prompt once, in chunks of at most max_num_batched_tokens padded tokens; its keys and
-        values go to the rows of all its samples. The sampler gets the last position's logits."""
+    def _prefill(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                 cache: KVCache) -> torch.Tensor | None:
+        """Each prompt once, in chunks of at most max_num_batched_tokens padded tokens, into the prompt
+        cache its samples share. The sampler gets the last position's logits."""
         count, width = tokens.shape
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         itself = torch.eye(width, dtype=torch.bool, device=self.device)  # a padding query attends only to itself
@@ -173,19 +170,18 @@ class MegatronEngine(RolloutEngine):
         for start in range(0, count, per_chunk):
             chunk = slice(start, start + per_chunk)
             mask = (causal & (valid[chunk].unsqueeze(1) | itself)).unsqueeze(1)
-            logits = self._run(tokens[chunk], positions[chunk], mask, PrefillWriter(cache, start * copies, copies))
+            logits = self._run(tokens[chunk], positions[chunk], PrefillWriter(cache, start, mask))
             if logits is not None:
                 firsts.append(logits)
         return torch.cat(firsts) if firsts else None
 
-    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-             writer: KVWriter) -> torch.Tensor | None:
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor | None:
         """This stage's share of one forward: full-vocabulary logits [rows, vocab] on the sampler, None elsewhere."""
         inputs = tokens
         if not self.stage.first:
             inputs = self.links.receive_hidden((tokens.shape[1], tokens.shape[0], self.hidden_size), self.dtype,
                                                self.device)
-        out = self.stage(inputs, positions, mask, writer)
+        out = self.stage(inputs, positions, writer)
         if not self.stage.last:
             self.links.send_hidden(out)
             return None

@@ -1,69 +1,138 @@
-"""The KV cache of one pipeline stage while a batch of responses is generated.
+"""The KV cache of one pipeline stage while a batch of responses is generated, and attention over it.
 
-Rows are left-padded and slot-aligned: every prompt ends at slot `prompt_slots - 1` and
-response token k of every row sits at slot `prompt_slots + k`, so a decode step writes
-one slot of every row with a plain slice, and `valid` (which slots hold a real token)
-masks the padding. Keys are stored after RoPE, at each row's own positions, so a decode
-step rotates only the new token's query and key instead of the whole cached prefix.
-Buffers are [rows, kv_heads, slots, head_dim], the layout scaled_dot_product_attention
-reads without copying; the live rows are always a prefix, so dropping finished rows moves
-the survivors to the front and the batch shrinks in place.
+The n samples of a prompt share it, so its keys and values are kept once, in a prompt cache
+[prompts, kv_heads, prompt_slots, head_dim]; each row's own response tokens go to a response
+cache [rows, kv_heads, response_slots, head_dim]. A decode step attends in two parts — the
+queries of a prompt's samples together over the prompt's keys (one matmul per prompt and
+KV head), each row over its own response — and takes one softmax over both. Reading a
+prompt's cache once per step rather than once per sample is what decode time is made of on
+a CPU: with the prompt copied into every row, torch's fused attention took 8.3 s of a 10.7 s
+rollout (small model, bf16, 64 rows of a 142-token prompt + 128 new tokens, one thread).
+
+Prompts are left-padded to the longest one (padding slots get a -inf bias) and keys are stored
+after RoPE, at each row's own positions. Response token k of every row sits at response slot k,
+so a step writes one slot of every live row with a slice. Rows are numbered in the grid of
+prompts × samples; the live rows are always a prefix of the response cache, so dropping finished
+rows moves the survivors to the front and the batch shrinks in place.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 class KVCache:
-    def __init__(self, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, layers: int, prompts: int, samples: int, kv_heads: int, prompt_slots: int,
+                 response_slots: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         # Zeros, not empty: attention multiplies masked slots by a zero weight, and 0 × NaN from
         # uninitialised memory would still be NaN.
-        shape = (rows, kv_heads, slots, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.valid = torch.zeros(rows, slots, dtype=torch.bool, device=device)
-        self.rows = rows
+        prompt_shape = (prompts, kv_heads, prompt_slots, head_dim)
+        response_shape = (prompts * samples, kv_heads, response_slots, head_dim)
+        self.prompt_keys = [torch.zeros(prompt_shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.prompt_values = [torch.zeros(prompt_shape, dtype=dtype, device=device) for _ in range(layers)]
+        # response keys transposed, [rows, kv_heads, head_dim, slots]: a bf16 batched q·kᵀ with a
+        # transposed operand took 2.8x as long here (618 vs 219 µs, 256 heads' matrices of 2 × 100)
+        self.keys_t = [torch.zeros(response_shape, dtype=dtype, device=device).transpose(2, 3).contiguous()
+                       for _ in range(layers)]
+        self.values = [torch.zeros(response_shape, dtype=dtype, device=device) for _ in range(layers)]
+        #: 0 where a prompt slot holds a token, -inf on its left padding
+        self.prompt_bias = torch.zeros(prompts, prompt_slots, dtype=dtype, device=device)
+        self.samples = samples
+        #: each live row's place in the prompts × samples grid
+        self.grid = torch.arange(prompts * samples, device=device)
+
+    @property
+    def rows(self) -> int:
+        return self.grid.numel()
 
     def keep(self, rows: torch.Tensor, slots: int) -> None:
-        """Keep only `rows` (indices into the live rows), moved to the front; the first `slots` slots count."""
+        """Keep only `rows` (indices into the live rows), moved to the front; the first `slots` response
+        slots count."""
         count = rows.numel()
-        for buffer in (*self.keys, *self.values):
-            buffer[:count, :, :slots] = buffer[rows, :, :slots]
-        self.valid[:count, :slots] = self.valid[rows, :slots]
-        self.rows = count
+        for buffer in self.keys_t:
+            buffer[:count, ..., :slots] = buffer[..., :slots].index_select(0, rows)
+        for buffer in self.values:
+            buffer[:count, :, :slots] = buffer[:, :, :slots].index_select(0, rows)
+        self.grid = self.grid.index_select(0, rows)
 
 
 class PrefillWriter:
-    """Prompt keys/values of a chunk of prompts into the cache rows of their `copies` samples each.
+    """Prompt keys/values of a chunk of prompts into their prompt cache rows; attention runs over
+    the chunk's own keys (the whole prefix) under `mask` [prompts, 1, s, s] (True: attend)."""
 
-    The samples of a prompt share its prompt, so each prompt is prefilled once; attention
-    runs over the chunk's own keys, which are the whole prefix.
-    """
+    def __init__(self, cache: KVCache, first_prompt: int, mask: torch.Tensor) -> None:
+        self.cache, self.first_prompt, self.mask = cache, first_prompt, mask
 
-    def __init__(self, cache: KVCache, first_row: int, copies: int) -> None:
-        self.cache, self.first_row, self.copies = cache, first_row, copies
-
-    def attend_over(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        prompts, heads, length, dim = keys.shape
-        rows = slice(self.first_row, self.first_row + prompts * self.copies)
-        for source, buffer in ((keys, self.cache.keys[layer]), (values, self.cache.values[layer])):
-            target = buffer[rows].view(prompts, self.copies, heads, -1, dim)
-            target[:, :, :, :length] = source.unsqueeze(1)
-        return keys, values
+    def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        prompts, _, length, _ = keys.shape
+        chunk = slice(self.first_prompt, self.first_prompt + prompts)
+        self.cache.prompt_keys[layer][chunk, :, :length] = keys
+        self.cache.prompt_values[layer][chunk, :, :length] = values
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=self.mask, scale=scale,
+                                              enable_gqa=True)
 
 
 class DecodeWriter:
-    """One new token per live row into `slot`; attention runs over the cached slots up to it."""
+    """One new token per live row into response slot `slot`; attention over the row's prompt and its
+    response slots up to it."""
 
     def __init__(self, cache: KVCache, slot: int) -> None:
         self.cache, self.slot = cache, slot
 
-    def attend_over(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, end = self.cache.rows, self.slot + 1
-        cached_keys = self.cache.keys[layer][:rows]
-        cached_values = self.cache.values[layer][:rows]
-        cached_keys[:, :, self.slot] = keys[:, :, 0]
-        cached_values[:, :, self.slot] = values[:, :, 0]
-        return cached_keys[:, :, :end], cached_values[:, :, :end]
+    def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        """[rows, heads, 1, dim] queries, [rows, kv_heads, 1, dim] new keys and values."""
+        cache, end = self.cache, self.slot + 1
+        rows, heads, _, dim = query.shape
+        own_keys_t, own_values = cache.keys_t[layer][:rows], cache.values[layer][:rows]
+        own_keys_t[..., self.slot] = keys[:, :, 0]
+        own_values[:, :, self.slot] = values[:, :, 0]
+        prompts, kv_heads, width, _ = cache.prompt_keys[layer].shape
+        per_group = heads // kv_heads
+        query = query.view(rows, kv_heads, per_group, dim)
+        # over the prompt: each prompt's samples' queries as one [samples · heads of a group, width] score matrix
+        grid = _to_grid(query, cache)
+        bias = cache.prompt_bias[:, None, None, :].expand(prompts, kv_heads, 1, width).reshape(-1, 1, width)
+        shared = torch.baddbmm(bias, _by_prompt(grid, cache.samples).view(prompts * kv_heads, -1, dim),
+                               cache.prompt_keys[layer].view(prompts * kv_heads, width, dim).transpose(1, 2),
+                               alpha=scale)
+        shared = _from_grid(_by_row(shared.view(prompts, kv_heads, -1, width), cache.samples), cache)
+        flat_query = query.reshape(rows * kv_heads, per_group, dim)
+        own = torch.baddbmm(flat_query.new_empty(()), flat_query,
+                            own_keys_t[..., :end].reshape(rows * kv_heads, dim, end),
+                            beta=0, alpha=scale).view(rows, kv_heads, per_group, end)
+        probs = torch.cat([shared, own], dim=-1).softmax(-1, dtype=torch.float32).to(query.dtype)
+        shared_probs, own_probs = probs.split([width, end], dim=-1)
+        context = _by_prompt(_to_grid(shared_probs, cache), cache.samples).view(prompts * kv_heads, -1, width)
+        context = torch.bmm(context, cache.prompt_values[layer].view(prompts * kv_heads, width, dim))
+        context = _from_grid(_by_row(context.view(prompts, kv_heads, -1, dim), cache.samples), cache)
+        context = context + torch.matmul(own_probs, own_values[:, :, :end])
+        return context.reshape(rows, heads, 1, dim)
+
+
+def _to_grid(rows: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Live rows [rows, ...] at their places in the prompts × samples grid (zeros for finished rows)."""
+    full = cache.prompt_bias.shape[0] * cache.samples
+    if rows.shape[0] == full:  # nobody has left: the grid is the rows, in order
+        return rows
+    return rows.new_zeros(full, *rows.shape[1:]).index_copy_(0, cache.grid, rows)
+
+
+def _from_grid(grid: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    return grid if grid.shape[0] == cache.rows else grid.index_select(0, cache.grid)
+
+
+def _by_prompt(grid: torch.Tensor, samples: int) -> torch.Tensor:
+    """[prompts · samples, kv_heads, per_group, x] → [prompts, kv_heads, samples · per_group, x]."""
+    _, kv_heads, per_group, last = grid.shape
+    grouped = grid.view(-1, samples, kv_heads, per_group, last).transpose(1, 2)
+    return grouped.reshape(-1, kv_heads, samples * per_group, last)
+
+
+def _by_row(grouped: torch.Tensor, samples: int) -> torch.Tensor:
+    """The inverse of `_by_prompt`."""
+    prompts, kv_heads, _, last = grouped.shape
+    rows = grouped.view(prompts, kv_heads, samples, -1, last).transpose(1, 2)
+    return rows.reshape(prompts * samples, kv_heads, -1, last)

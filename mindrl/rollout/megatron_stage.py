@@ -7,14 +7,13 @@ decoding ~2.5x slower than HF transformers' generate. Here every computation is 
 done by the actor's own Megatron modules (embedding, norms, the QKV and output projections
 with their TP communication, Megatron's RoPE, the MLP and residual adds, the output layer),
 and only the attention core differs from training: queries and keys are rotated at each
-row's own positions, keys and values go to the cache, and torch's scaled_dot_product_attention
-reads the grouped cache directly. No module of the actor is modified.
+row's own positions, and the KV writer stores keys and values and attends over the grouped
+cache directly (mindrl/rollout/megatron_kv_cache.py). No module of the actor is modified.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.identity_op import IdentityOp
@@ -43,19 +42,18 @@ class StageForward:
         self.first, self.last = model.pre_process, model.post_process
         self._rope = torch.empty(0)
 
-    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                 writer: KVWriter) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor:
         """Token ids [b, s] (first stage) or hidden states [s, b, h] in; hidden states [s, b, h]
         out, or on the last stage the vocab-parallel logits of the last position, [b, vocab / TP].
 
-        `positions` [b, s] are each token's position in its own sequence; `mask` is
-        scaled_dot_product_attention's boolean mask (True: attend), [b, 1, s, cached slots].
+        `positions` [b, s] are each token's position in its own sequence; `writer` caches the keys
+        and values and computes attention over the cache.
         """
         model = self.model
         hidden = model.embedding(input_ids=inputs, position_ids=positions) if self.first else inputs
         rope = self._rope_at(positions)
         for index, layer in enumerate(self.layers):
-            hidden = self._layer(layer, index, hidden, rope, mask, writer)
+            hidden = self._layer(layer, index, hidden, rope, writer)
         if not self.last:
             return hidden
         hidden = model.decoder.final_layernorm(hidden[-1:])
@@ -72,21 +70,19 @@ class StageForward:
         return self._rope[:, 0, 0][positions.t()].unsqueeze(2)
 
     def _layer(self, layer: TransformerLayer, index: int, hidden: torch.Tensor, rope: torch.Tensor,
-               mask: torch.Tensor, writer: KVWriter) -> torch.Tensor:
+               writer: KVWriter) -> torch.Tensor:
         """TransformerLayer.forward for a dense layer, with `_attention` as the attention core."""
         fused = layer.config.bias_dropout_fusion
-        attention = self._attention(layer.self_attention, index, layer.input_layernorm(hidden), rope, mask, writer)
+        attention = self._attention(layer.self_attention, index, layer.input_layernorm(hidden), rope, writer)
         hidden = layer.self_attn_bda(False, fused)(attention, hidden, layer.hidden_dropout)
         mlp = layer.mlp(layer.pre_mlp_layernorm(hidden))
         return layer.mlp_bda(False, fused)(mlp, hidden, layer.hidden_dropout)
 
-    def _attention(self, attention, index: int, hidden: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor,
+    def _attention(self, attention, index: int, hidden: torch.Tensor, rope: torch.Tensor,
                    writer: KVWriter) -> tuple[torch.Tensor, torch.Tensor | None]:
         query, key, value = attention.get_query_key_value_tensors(hidden)  # [s, b, heads, dim]
         query = apply_rotary_pos_emb(query, rope, config=attention.config)
         key = apply_rotary_pos_emb(key, rope, config=attention.config)
-        keys, values = writer.attend_over(index, key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3))
-        context = F.scaled_dot_product_attention(query.permute(1, 2, 0, 3), keys, values, attn_mask=mask,
-                                                 scale=self.softmax_scale, enable_gqa=True)
+        context = writer.attend(index, *(t.permute(1, 2, 0, 3) for t in (query, key, value)), self.softmax_scale)
         seq, batch = hidden.shape[:2]
         return attention.linear_proj(context.permute(2, 0, 1, 3).reshape(seq, batch, -1))
