@@ -19,9 +19,8 @@ class _Rows:
     def __init__(self, dtype: torch.dtype) -> None:
         self.gen = torch.Generator().manual_seed(0)
         self.dtype = dtype
-        self.cache = KVCache(1, PROMPTS, SAMPLES, KV_HEADS, WIDTH, RESPONSE_SLOTS, DIM, dtype, torch.device("cpu"))
         valid = torch.arange(WIDTH) >= WIDTH - torch.tensor(LENGTHS).unsqueeze(1)
-        self.cache.prompt_bias.masked_fill_(~valid, float("-inf"))
+        self.cache = KVCache(1, valid, SAMPLES, KV_HEADS, RESPONSE_SLOTS, DIM, dtype)
         # padding slots hold keys and values like any other (as a prefill computes them); the bias hides them
         keys, values = self._draw(PROMPTS, WIDTH), self._draw(PROMPTS, WIDTH)
         mask = (torch.ones(WIDTH, WIDTH, dtype=torch.bool).tril() & valid.unsqueeze(1)) | torch.eye(WIDTH, dtype=bool)

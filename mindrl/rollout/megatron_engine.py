@@ -89,7 +89,7 @@ class MegatronEngine(RolloutEngine):
         # per-request seeds), so it does not depend on how the rows are batched.
         seed = secrets.randbits(62) if sampling.seed is None else sampling.seed
         per_wave = max(1, self.max_num_seqs // n)
-        with generation_mode(self.model), get_platform().megatron_generation_calls():
+        with generation_mode(self.model), get_platform().rollout_calls():
             for start in range(0, len(prompts), per_wave):
                 wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n)
                 result.responses += wave.responses
@@ -135,9 +135,8 @@ class MegatronEngine(RolloutEngine):
         pads = (width - lengths).unsqueeze(1)
         slots = torch.arange(width, device=device)
         valid = slots >= pads
-        cache = KVCache(len(self.stage.layers), len(prompts), n, self.stage.kv_heads, width, max(longest - 1, 1),
-                        self.stage.head_dim, self.dtype, device)
-        cache.prompt_bias.masked_fill_(~valid, float("-inf"))
+        cache = KVCache(len(self.stage.layers), valid, n, self.stage.kv_heads, max(longest - 1, 1), self.stage.head_dim,
+                        self.dtype)
         rows = DecodeRows(lengths.repeat_interleave(n), budgets,
                           [torch.Generator(device=device).manual_seed(seed + row) for row in range(count)])
         responses = Responses(count, longest, self.eos)

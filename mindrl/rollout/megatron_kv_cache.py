@@ -23,10 +23,13 @@ import torch.nn.functional as F
 
 
 class KVCache:
-    def __init__(self, layers: int, prompts: int, samples: int, kv_heads: int, prompt_slots: int,
-                 response_slots: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, layers: int, prompt_valid: torch.Tensor, samples: int, kv_heads: int, response_slots: int,
+                 head_dim: int, dtype: torch.dtype) -> None:
+        """`prompt_valid` [prompts, prompt_slots]: True where a left-padded prompt's slot holds a token."""
         # Zeros, not empty: attention multiplies masked slots by a zero weight, and 0 × NaN from
         # uninitialised memory would still be NaN.
+        prompts, prompt_slots = prompt_valid.shape
+        device = prompt_valid.device
         prompt_shape = (prompts, kv_heads, prompt_slots, head_dim)
         response_shape = (prompts * samples, kv_heads, response_slots, head_dim)
         self.prompt_keys = [torch.zeros(prompt_shape, dtype=dtype, device=device) for _ in range(layers)]
@@ -36,9 +39,11 @@ class KVCache:
         self.keys_t = [torch.zeros(response_shape, dtype=dtype, device=device).transpose(2, 3).contiguous()
                        for _ in range(layers)]
         self.values = [torch.zeros(response_shape, dtype=dtype, device=device) for _ in range(layers)]
-        #: 0 where a prompt slot holds a token, -inf on its left padding
-        self.prompt_bias = torch.zeros(prompts, prompt_slots, dtype=dtype, device=device)
+        #: per prompt and KV head [prompts · kv_heads, 1, prompt_slots]: 0 on the prompt's tokens, -inf on its padding
+        bias = torch.zeros(prompt_valid.shape, dtype=dtype, device=device).masked_fill_(~prompt_valid, float("-inf"))
+        self.prompt_bias = bias.repeat_interleave(kv_heads, dim=0).unsqueeze(1)
         self.samples = samples
+        self.places = prompts * samples
         #: each live row's place in the prompts × samples grid
         self.grid = torch.arange(prompts * samples, device=device)
 
@@ -94,8 +99,7 @@ class DecodeWriter:
         query = query.view(rows, kv_heads, per_group, dim)
         # over the prompt: each prompt's samples' queries as one [samples · heads of a group, width] score matrix
         grid = _to_grid(query, cache)
-        bias = cache.prompt_bias[:, None, None, :].expand(prompts, kv_heads, 1, width).reshape(-1, 1, width)
-        shared = torch.baddbmm(bias, _by_prompt(grid, cache.samples).view(prompts * kv_heads, -1, dim),
+        shared = torch.baddbmm(cache.prompt_bias, _by_prompt(grid, cache.samples).view(prompts * kv_heads, -1, dim),
                                cache.prompt_keys[layer].view(prompts * kv_heads, width, dim).transpose(1, 2),
                                alpha=scale)
         shared = _from_grid(_by_row(shared.view(prompts, kv_heads, -1, width), cache.samples), cache)
@@ -114,14 +118,13 @@ class DecodeWriter:
 
 def _to_grid(rows: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Live rows [rows, ...] at their places in the prompts × samples grid (zeros for finished rows)."""
-    full = cache.prompt_bias.shape[0] * cache.samples
-    if rows.shape[0] == full:  # nobody has left: the grid is the rows, in order
+    if rows.shape[0] == cache.places:  # nobody has left: the grid is the rows, in order
         return rows
-    return rows.new_zeros(full, *rows.shape[1:]).index_copy_(0, cache.grid, rows)
+    return rows.new_zeros(cache.places, *rows.shape[1:]).index_copy_(0, cache.grid, rows)
 
 
 def _from_grid(grid: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    return grid if grid.shape[0] == cache.rows else grid.index_select(0, cache.grid)
+    return grid if cache.rows == cache.places else grid.index_select(0, cache.grid)
 
 
 def _by_prompt(grid: torch.Tensor, samples: int) -> torch.Tensor:
