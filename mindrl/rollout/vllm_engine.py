@@ -88,7 +88,7 @@ class VllmEngine(RolloutEngine):
             # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
             kwargs["distributed_executor_backend"] = "external_launcher"
         try:
-            with self.platform.vllm_calls():
+            with self.platform.rollout_calls():
                 self._llm: LLM | None = LLM(**kwargs)
         finally:
             # vLLM reads the config once, at start (generate always passes SamplingParams, so vLLM never
@@ -114,7 +114,7 @@ class VllmEngine(RolloutEngine):
                     top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.logprobs,
                     detokenize=False, stop_token_ids=self.eos_token_ids,
                     seed=None if sampling.seed is None else sampling.seed + i * n + j))
-        with self.platform.vllm_calls():
+        with self.platform.rollout_calls():
             outputs = self._llm.generate(requests, params, use_tqdm=False)
         responses, log_probs, reasons = [], [], []
         for output in outputs:
@@ -132,7 +132,7 @@ class VllmEngine(RolloutEngine):
 
         self._check_usable()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        with self.platform.vllm_calls():
+        with self.platform.rollout_calls():
             outputs = self._llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
                                          use_tqdm=False)
         return [[position[token].logprob for position, token in zip(output.prompt_logprobs[1:], sequence[1:],
@@ -142,7 +142,7 @@ class VllmEngine(RolloutEngine):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         bucket = list(weights)
         try:
-            with self.platform.vllm_calls():
+            with self.platform.rollout_calls():
                 if not self._updating:
                     self._llm.collective_rpc("begin_weight_update")
                     self._updating = True
@@ -153,7 +153,7 @@ class VllmEngine(RolloutEngine):
 
     def finish_weight_update(self) -> None:
         try:
-            with self.platform.vllm_calls():
+            with self.platform.rollout_calls():
                 self._llm.collective_rpc("end_weight_update", args=(self.arch.tied_embeddings,))
                 self._llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         except BaseException:
@@ -166,7 +166,7 @@ class VllmEngine(RolloutEngine):
     def abort_weight_update(self) -> None:
         if self._updating:
             self._updating = False
-            with self.platform.vllm_calls():
+            with self.platform.rollout_calls():
                 self._llm.collective_rpc("abort_weight_update")
         self.broken = True
 
