@@ -159,6 +159,63 @@ def test_unexpected_tensors_are_not_dropped_silently(tmp_path, qwen_dir):
     assert not (tmp_path / "mg").exists()
 
 
+def _replace_hf_tensor(folder: Path, name: str, tensor: torch.Tensor) -> None:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shard = folder / index["weight_map"][name]
+    save_file({**load_file(shard), name: tensor}, shard, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("name, rows", [
+    ("model.layers.1.input_layernorm.weight", 32),  # fewer bytes than the config's shape would read
+    ("model.embed_tokens.weight", -1),
+    ("model.embed_tokens.weight", +1),  # a row more than config.json's vocab_size would be dropped
+    ("model.layers.0.mlp.gate_proj.weight", +32),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tensor_shaped_unlike_config_json_is_refused_before_writing(tmp_path, qwen_dir, name, rows, dtype):
+    """Each rank tensor is cut by the shape config.json gives; a stored tensor of another shape would be
+    read past its end (into its neighbour's bytes) or cut short, whether mapped as is or converted."""
+    original = read_hf(qwen_dir)[name]
+    size = rows if original.dim() == 1 else original.shape[0] + rows
+    _replace_hf_tensor(qwen_dir, name, torch.ones(size, *original.shape[1:]))
+    with pytest.raises(ConfigError, match=rf"^the HF checkpoint's {name} has shape \[{size}"
+                                          rf"(, \d+)?\] but config.json gives \[{original.shape[0]}"):
+        hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", 1, 2, params_dtype=dtype, progress=False)
+    assert not (tmp_path / "mg").exists()
+
+
+@pytest.mark.parametrize("sliding", [
+    {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "layer_types": None},
+    {"layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+     "sliding_window": 8},
+])
+def test_sliding_window_attention_is_refused(tmp_path, qwen_dir, sliding):
+    """mindrl's models attend over the whole sequence in every layer: such a model would convert but
+    compute other logits than HF's."""
+    config = json.loads((qwen_dir / "config.json").read_text())
+    (qwen_dir / "config.json").write_text(json.dumps({**config, **sliding}))
+    with pytest.raises(ConfigError, match=r"uses sliding-window attention \(window \d+\) in [23] of its 4 layers"):
+        hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", progress=False)
+    assert not (tmp_path / "mg").exists()
+
+
+@pytest.mark.parametrize("target", ["load_dir", "its_parent"])
+@pytest.mark.parametrize("direction", ["hf2mcore", "mcore2hf", "mcore2mcore"])
+def test_overwrite_never_replaces_a_directory_holding_the_input(tmp_path, qwen_dir, direction, target):
+    (tmp_path / "notes.txt").write_text("keep me")
+    source = qwen_dir if direction == "hf2mcore" else hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2",
+                                                                   progress=False)
+    save = source if target == "load_dir" else tmp_path
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    convert = {"hf2mcore": lambda: hf_to_mcore(source, save, "qwen2", overwrite=True, progress=False),
+               "mcore2hf": lambda: mcore_to_hf(source, save, overwrite=True, progress=False),
+               "mcore2mcore": lambda: mcore_to_mcore(source, save, overwrite=True, progress=False)}[direction]
+    with pytest.raises(FileExistsError, match=r"is or holds the input .*, which writing there would delete; "
+                                              r"choose a save directory outside it\.$"):
+        convert()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_refuses_a_non_empty_target_and_overwrites_only_when_told(tmp_path, qwen_dir):
     target = tmp_path / "mg"
     target.mkdir()
@@ -328,6 +385,10 @@ def test_mg_to_mg_equals_going_through_hf(tmp_path, case):
      "tensor_model_parallel_size=4 does not divide num_query_groups=2"),
     (["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen3"],
      "config.json has model_type 'qwen2' but --model-type-hf qwen3 expects 'qwen3'"),
+    (["--load-model-type", "hf", "--save-model-type", "mg", "--model-type-hf", "qwen2",
+      "--target-tensor-parallel-size", "0"], "--target-tensor-parallel-size must be a positive integer, got 0."),
+    (["--load-model-type", "mg", "--save-model-type", "mg", "--target-pipeline-parallel-size", "0"],
+     "--target-pipeline-parallel-size must be a positive integer, got 0."),
 ])
 def test_cli_refuses_in_one_sentence(tmp_path, qwen_dir, capsys, argv, message):
     source = qwen_dir if "hf" in argv[1] else hf_to_mcore(qwen_dir, tmp_path / "mg", "qwen2", progress=False)

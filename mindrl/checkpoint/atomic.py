@@ -10,13 +10,18 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
-def check_target(target: str | Path, overwrite: bool) -> Path:
-    """Refuse a non-empty target unless told to overwrite (before any work starts)."""
+def check_target(target: str | Path, overwrite: bool, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """Refuse a non-empty target unless told to overwrite, and a target that is or holds one of the
+    `inputs` the work reads: replacing it would delete them (checked before any work starts)."""
     target = Path(target)
+    for source in filter(None, inputs):
+        if Path(source).resolve().is_relative_to(target.resolve()):
+            raise FileExistsError(f"the save directory {target} is or holds the input {source}, which writing "
+                                  f"there would delete; choose a save directory outside it.")
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"{target} exists and is not a directory; choose another save directory.")
     if target.is_dir() and any(target.iterdir()) and not overwrite:

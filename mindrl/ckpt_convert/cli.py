@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         _check_flags(args, direction)
-        tp, pp = args.target_tensor_parallel_size or 1, args.target_pipeline_parallel_size or 1
+        tp, pp = _size(args, "target_tensor_parallel_size"), _size(args, "target_pipeline_parallel_size")
         progress = not args.no_progress
         if direction == HF2MG:
             hf_to_mcore(args.load_dir, args.save_dir, args.model_type_hf, tp, pp, args.num_layer_list,
@@ -125,3 +125,13 @@ def _check_flags(args: argparse.Namespace, direction: str) -> None:
         if getattr(args, dest) not in (None, False) and direction not in directions:
             flag = "--" + dest.replace("_", "-")
             raise ConfigError(f"{flag} applies to {' and '.join(directions)} only, not {direction}; remove it.")
+
+
+def _size(args: argparse.Namespace, dest: str) -> int:
+    """A parallel size flag, 1 where it is not given; 0 is refused, not read as absent."""
+    value = getattr(args, dest)
+    if value is None:
+        return 1
+    if value < 1:
+        raise ConfigError(f"--{dest.replace('_', '-')} must be a positive integer, got {value}.")
+    return value

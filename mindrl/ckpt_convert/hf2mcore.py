@@ -37,8 +37,10 @@ def read_hf_config(folder: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def check_hf_names(weights: HFWeights, arch: ModelArch) -> None:
-    """Every tensor the architecture needs is present and every present tensor is used."""
+def check_hf_tensors(weights: HFWeights, arch: ModelArch) -> None:
+    """Every tensor the architecture needs is present in the shape config.json gives it, and every
+    present tensor is used: a tensor cut by the config's shape from a differently shaped one
+    would read its neighbour's bytes or drop rows without a word."""
     expected = set(hfm.hf_global_names(arch))
     for i in range(arch.num_layers):
         expected.update(hfm.hf_layer_prefix(i) + n for n in hfm.hf_layer_names(arch))
@@ -55,6 +57,13 @@ def check_hf_names(weights: HFWeights, arch: ModelArch) -> None:
         hint = " (QKV biases: a Qwen2-family model takes --model-type-hf qwen2)" if qkv_bias else ""
         raise ConfigError(f"the HF checkpoint has {len(unexpected)} tensors the architecture does not use, "
                           f"e.g. {unexpected[0]}{hint}; nothing is dropped silently, so fix --model-type-hf.")
+    shapes = hfm.hf_param_shapes(arch)
+    wrong = [name for name in shapes if weights.shape(name) != shapes[name]]
+    if wrong:
+        name = wrong[0]
+        raise ConfigError(f"the HF checkpoint's {name} has shape {list(weights.shape(name))} but config.json "
+                          f"gives {list(shapes[name])} ({len(wrong)} tensors differ); the weights and "
+                          f"config.json are from different models, so pair them.")
 
 
 def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, tp: int = 1, pp: int = 1,
@@ -69,9 +78,9 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     par = ParallelConfig(tp, pp, num_layer_list=num_layer_list)
     validate_parallel(arch, par)
     weights = HFWeights(load_dir)
-    check_hf_names(weights, arch)
+    check_hf_tensors(weights, arch)
     tokenizer = tokenizer_files(tokenizer_model, arch.padded_vocab_size) if tokenizer_model else []
-    check_target(save_dir, overwrite)
+    check_target(save_dir, overwrite, inputs=(load_dir, tokenizer_model))
 
     args = mg.checkpoint_args(arch, par, params_dtype, model_type_hf=model_type_hf, hf_config=config)
     bar = tqdm(total=arch.num_layers * tp, desc="hf2mcore", unit="slice", disable=not progress)

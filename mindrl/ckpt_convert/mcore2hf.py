@@ -35,7 +35,7 @@ def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str |
     family = source.model_type_hf or hfm.model_type_hf_of(source.arch)
     hfm.check_hf_can_hold(source.arch, family)
     tokenizer = tokenizer_files(tokenizer_model, source.hf_vocab) if tokenizer_model else []
-    check_target(save_dir, overwrite)
+    check_target(save_dir, overwrite, inputs=(load_dir, hf_config_dir, tokenizer_model))
 
     bar = tqdm(total=source.arch.num_layers, desc="mcore2hf", unit="layer", disable=not progress)
     with atomic_directory(save_dir, overwrite) as tmp:

@@ -41,7 +41,7 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
     par = ParallelConfig(tp, pp, num_layer_list=num_layer_list)
     validate_parallel(arch, par)
     tokenizer = tokenizer_files(tokenizer_model, arch.padded_vocab_size) if tokenizer_model else []
-    check_target(save_dir, overwrite)
+    check_target(save_dir, overwrite, inputs=(load_dir, hf_config_dir, tokenizer_model))
 
     extra = {}
     if source.model_type_hf is not None:

@@ -77,6 +77,9 @@ class HFWeights:
     def dtype(self, name: str) -> torch.dtype:
         return self._entries[name].dtype
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._entries[name].shape
+
     def get(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """The tensor `name` (or only its rows [start, stop)), mapped from the file.
 
@@ -87,6 +90,8 @@ class HFWeights:
             raise KeyError(f"{self.folder} has no tensor {name!r}.")
         path, dtype, shape, offset = self._entries[name]
         if rows is not None:
+            if not 0 <= rows[0] <= rows[1] <= shape[0]:
+                raise ValueError(f"{name} has {shape[0]} rows; rows {rows[0]}:{rows[1]} are outside it.")
             offset += rows[0] * math.prod(shape[1:]) * dtype.itemsize
             shape = (rows[1] - rows[0], *shape[1:])
         mapped = torch.UntypedStorage.from_file(str(path), False, self.shard_bytes[path.name])

@@ -130,7 +130,7 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
                   pre_process=parallel_state.is_pipeline_first_stage(),
                   post_process=parallel_state.is_pipeline_last_stage(), position_embedding_type="rope",
-                  rotary_base=int(arch.rotary_base))
+                  rotary_base=arch.rotary_base)
     if arch.has_score_head:
         model = RewardGPTModel(config, block, arch.num_labels, **kwargs)
     else:

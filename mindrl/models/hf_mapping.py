@@ -195,6 +195,17 @@ def hf_num_labels(config: Mapping[str, Any]) -> int | None:
     return len(labels) if labels else int(config.get("num_labels", 2))
 
 
+def _sliding_window_layers(config: Mapping[str, Any]) -> list[int]:
+    """Layers an HF config gives a sliding window: its layer_types where saved (transformers ≥ 5),
+    else the layers from max_window_layers on when use_sliding_window is set, as Qwen2/Qwen3 read it."""
+    layer_types = config.get("layer_types")
+    if layer_types:
+        return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if not (config.get("use_sliding_window") and config.get("sliding_window")):
+        return []
+    return list(range(config.get("max_window_layers", 0), config["num_hidden_layers"]))
+
+
 def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str = "hf_model",
                         add_qkv_bias: bool = False, orm: bool | None = False) -> ModelArch:
     """The ModelArch of an HF config.json, checked against the --model-type-hf the user named and
@@ -222,6 +233,12 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if config.get("attention_bias") or config.get("mlp_bias"):
         raise ConfigError("HF config sets attention_bias/mlp_bias (biases on every projection); "
                           "mindrl converts QKV-only biases (Qwen2) or no biases (Llama).")
+    sliding = _sliding_window_layers(config)
+    if sliding:
+        raise ConfigError(f"HF config uses sliding-window attention (window {config.get('sliding_window')}) in "
+                          f"{len(sliding)} of its {config['num_hidden_layers']} layers, which mindrl's models do "
+                          f"not compute; use a model with full attention in every layer (use_sliding_window: "
+                          f"false).")
     return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, num_labels=num_labels,
                      **af.arch_values_from_hf(config))
 
