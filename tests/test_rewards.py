@@ -169,6 +169,55 @@ CASES = [
     ("answer_sentence", "I think the answer is 28.", "28", 0.0),
     ("answer_sentence", "The answer is 28. The answer is 29.", "28", 0.0),
     ("answer_sentence", "The answer is twenty.", "20", 0.0),
+    # --- a comma inside a pair, interval or set separates items, not thousands ---
+    ("acc", "\\boxed{(2,500)}", "(2, 500)", 1.0),
+    ("acc", "\\boxed{2500}", "(2,500)", -0.5),
+    ("acc", "\\boxed{(2,500)}", "2500", -0.5),
+    ("acc", "\\boxed{[0, 100]}", "[0,100]", 1.0),
+    ("acc", "\\boxed{\\{100,0\\}}", "\\{0,100\\}", 1.0),
+    ("acc", "\\boxed{1\\,000}", "1000", 1.0),                                # thin-space separators
+    ("acc", "\\boxed{1 000 000}", "10^6", 1.0),
+    # --- words that scale, divide or negate a number, and units that differ ---
+    ("acc", "\\boxed{1 fifth}", "1", -0.5),
+    ("acc", "\\boxed{5 tens}", "5", -0.5),
+    ("acc", "\\boxed{twice 5}", "5", -0.5),
+    ("acc", "\\boxed{reciprocal of 5}", "5", -0.5),
+    ("acc", "\\boxed{cannot be 5}", "5", -0.5),
+    ("acc", "\\boxed{5 trillion}", "5", -0.5),
+    ("acc", "\\boxed{5 minutes}", "5 seconds", -0.5),
+    ("acc", "\\boxed{5 cm}", "5 m", -0.5),
+    ("acc", "\\boxed{\\$18}", "18 cents", -0.5),
+    ("acc", "\\boxed{5\\text{ inches}}", "5 inch", 1.0),
+    ("acc", "\\boxed{12 \\text{ square feet}}", "12", 1.0),
+    ("acc", "\\boxed{50 percent}", "50", 1.0),
+    ("acc", "\\boxed{exactly 5}", "5", 1.0),
+    ("acc", "\\boxed{\\text{5 cm}}", "5", 1.0),
+    ("acc", "\\boxed{\\text{\\$}18}", "18", 1.0),
+    # --- word answers keep their meaning through punctuation and styling; choices by their letter ---
+    ("acc", "\\boxed{\\text{Yes.}}", "\\text{yes}", 1.0),
+    ("acc", "\\boxed{\\textbf{\\text{yes}}}", "\\text{yes}", 1.0),
+    ("acc", "\\boxed{\\text{(yes)}}", "\\text{yes}", 1.0),
+    ("acc", "\\boxed{\\text{Option B}}", "B", 1.0),
+    ("acc", "\\boxed{\\text{(B) } 12}", "(B)", 1.0),
+    ("acc", "\\boxed{\\text{Option C}}", "B", -0.5),
+    # --- the last box with an argument ---
+    ("acc", "\\boxed 5", "5", 1.0),
+    ("acc", "\\boxed5", "5", 1.0),
+    ("acc", "\\boxed{5}. Remember to put the answer in \\boxed.", "5", 1.0),
+    ("acc", "\\boxed{5} (I used \\boxed as asked)", "5", 1.0),
+    ("acc", "\\boxed{}", "5", -1.0),                                         # an empty box is no answer
+    ("acc", "<answer>\\boxed{ }</answer>", "5", -1.0),
+    # --- digits of other scripts, fractions after ####, repeating decimals, doubled groups ---
+    ("acc", "\\boxed{٥}", "5", 1.0),
+    ("acc", "\\boxed{५}", "6", -0.5),
+    ("acc", "\\boxed{➖ 5}", "-5", 1.0),
+    ("gsm8k", "#### ٥", "5", 1.0),
+    ("gsm8k", "#### 1/2", "0.5", 1.0),
+    ("acc", "\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 1.0),
+    ("acc", "\\boxed{-0.1\\overline{6}}", "-1/6", 1.0),
+    ("acc", "\\boxed{0.\\overline{3}}", "0.3", -0.5),
+    ("acc", "\\boxed{" + "{" * 16 + "5" + "}" * 16 + "}", "5", 1.0),         # math-verify took > 10 s
+    ("acc", "\\boxed{" + "(" * 60 + "5" + ")" * 60 + "}", "5", 1.0),
 ]
 
 
@@ -249,6 +298,9 @@ LOOPS = {
     "open boxes after a closed answer": _loop("\\boxed{ ", head="<think>a</think><answer>x</answer>"),
     "thousands chain": _loop("1,111,"),
     "digits": _loop("1"),
+    "empty boxes": _loop("\\boxed{} "),
+    "boxes without an argument": _loop("\\boxed "),
+    "doubled groups": _loop("{{(("),
 }
 
 

@@ -27,8 +27,11 @@ END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "
 
 # A thousands-grouped number may not start right after "digit,": inside a long comma chain
 # every such start would rescan the rest of the chain.
-_NUMBER = re.compile(r"(?<!\d,)-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?\d+(?:\.\d+)?|-?\.\d+")
+_NUMBER = re.compile(r"(?<!\d,)-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?\d+/\d+|-?\d+(?:\.\d+)?|-?\.\d+")
 _BRACES = re.compile(r"[{}]")
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+# What an unbraced \boxed takes: a number (the digits a policy means, where TeX would take one) or a command.
+_TOKEN = re.compile(r"-?\d+(?:\.\d+)?|\\(?!(?:boxed|fbox)(?![A-Za-z]))[A-Za-z]+")
 
 
 def response_only(text: str) -> str:
@@ -47,18 +50,28 @@ def response_only(text: str) -> str:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}), nested braces matched; None if absent."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    brace = text.find("{", start)
-    if brace < 0 or text[start:brace].strip() not in ("\\boxed", "\\fbox"):
-        return None
-    depth = 0
-    for match in _BRACES.finditer(text, brace):
-        depth += 1 if match.group() == "{" else -1
-        if depth == 0:
-            return text[brace + 1:match.start()].strip()
+    """The argument of the last \\boxed (or \\fbox) that has one: a braced group, nested braces matched,
+    or, as TeX reads `\\boxed 5`, a number or command right after it. A box without an argument (an
+    empty `\\boxed{}`, or the word in prose: `put it in \\boxed.`) is passed over for the one before;
+    an unclosed last group means no answer (the response was cut off mid-answer). None if none."""
+    for command in reversed(list(_BOX.finditer(text))):
+        start = command.end()
+        while start < len(text) and text[start].isspace():
+            start += 1
+        if text.startswith("{", start):
+            depth = 0
+            for match in _BRACES.finditer(text, start):
+                depth += 1 if match.group() == "{" else -1
+                if depth == 0:
+                    break
+            else:
+                return None
+            argument = text[start + 1:match.start()].strip()
+        else:
+            token = _TOKEN.match(text, start)
+            argument = token.group(0) if token else ""
+        if argument:
+            return argument
     return None
 
 
@@ -80,8 +93,8 @@ def extract_answer(response: str) -> str | None:
     if boxed is not None:
         return boxed
     tagged = answer_tag(text)
-    if tagged:
-        return last_boxed(tagged) or tagged
+    if tagged and not _BOX.search(tagged):  # a box in the tag without an argument is no answer
+        return tagged
     return None
 
 

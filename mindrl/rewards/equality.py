@@ -7,13 +7,18 @@ equal" only for two integers (math-verify could say nothing else) and for word a
 1. the same canonical spelling (see normalise): equal;
 2. both plain numbers (integer, decimal, a/b, \\frac{a}{b}): equal when the values are;
    two integers are decided either way (by their digits, so a 10k-digit loop costs nothing);
-3. a word answer on either side (`\\text{yes}`, `\\text{North}`): both sides compare by
-   their words, ignoring case; math-verify reads a bare word as a product of symbols
-   (`yes` = `sey`), so it must not decide these;
-4. one number with only words around it (`72 dollars`, `\\$18`, `so it is 12`): equal when
-   the numbers are, unless a word changes the value (`negative 3`, `3 million`) — a LaTeX
-   command, operator, bracket, second number or one-letter variable never qualifies;
-5. math-verify (LaTeX parsing, then numeric and symbolic equality) decides the rest.
+3. a multiple-choice label (`B`, `(B)`): the letter the answer picks (`\\text{Option B}`,
+   `(B) 12`) when it names one;
+4. a word answer on either side (`\\text{yes}`, `\\textbf{\\text{Yes.}}`, `North`): both sides
+   compare by their words, ignoring case and the punctuation around them; math-verify reads a
+   bare word as a product of symbols (`yes` = `sey`), so it must not decide these;
+5. one number with only words around it (`72 dollars`, `\\$18`, `\\text{5 cm}`, `so it is 12`):
+   equal when the numbers are and no two units differ (`5 cm` is not `5 m`); not equal to a
+   number when a word changes its value (`negative 3`, `3 million`, `1 fifth`, `twice 5`): only
+   a few filler words may stand before the number, and none that scales, divides or negates it
+   after. A LaTeX command, operator, bracket, second number or one-letter variable never
+   qualifies;
+6. math-verify (LaTeX parsing, then numeric and symbolic equality) decides the rest.
 
 Labels repeat across the samples of a GRPO group and policies repeat answers, so the work
 on each distinct label, answer and pair is done once per process (bounded caches; very
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
 
@@ -39,19 +44,32 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _CACHED_LENGTH = 1000
 _NUMBER = re.compile(r"(-?)(?:(\d+)|(\d*\.\d+)|(-?\d+)/(\d+)|\\frac\{(-?\d+)\}\{(\d+)\}|\\frac(\d)(\d))")
-_WRAPPED_WORDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\{([A-Za-z][A-Za-z' -]*)\}")
-_PLAIN_WORDS = re.compile(r"[A-Za-z][A-Za-z' -]*")
+# 0.\\overline{3} = 1/3: the repeating digits over as many nines (math-verify reads no \\overline)
+_REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d{1,50})\}")
+_WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mathrm|mathbf|mbox|emph)\{([^{}]*)\}")
+_WORDS = re.compile(r"[A-Za-z][A-Za-z' -]*")
 _TWO_LETTERS = re.compile(r"[A-Za-z]{2}")
-_QUANTITY = re.compile(r"((?:[A-Za-z]{2,} )*(?:[A-Za-z]{2,}: ?)?)(?:\\\$ ?|[€£¥₹] ?)?(-?(?:\d+(?:\.\d+)?|\.\d+))"
-                       r"((?: [A-Za-z]{2,})*)")
-# Words that change a number's value or say something other than "it is this number".
+_PUNCTUATION = " .,;:!?()'\""
+_CHOICE_LABEL = re.compile(r"\(?([A-J])\)?")
+_CHOICE = re.compile(r"(?:(?:option|choice|answer) ?:? ?)?(?:\(([A-J])\)(?: .*)?|([A-J])(?:[.):](?: .*)?)?)",
+                     re.IGNORECASE)
+# Lead-in words, or a label ending in a colon (`Total cost: 18`); currency; the number; words after it.
+_QUANTITY = re.compile(r"(?:(?:[A-Za-z]{2,} )*[A-Za-z]{2,}: ?|((?:[A-Za-z]{2,} )*))(\\\$ ?|[€£¥₹] ?)?"
+                       r"(-?(?:\d+(?:\.\d+)?|\.\d+))((?: [A-Za-z]+)*)")
+_CURRENCY = {"\\$": "dollar", "€": "euro", "£": "pound", "¥": "yen", "₹": "rupee"}
+# What may stand before a number that is the answer: "so it is 12", "the answer is 12".
+_FILLER = frozenset("the answer answers final result total value is are so thus therefore hence it we get equals "
+                    "equal to of exactly".split())
+# Words after (or before) a number that change its value or say something other than "it is this number".
 _VALUE_WORDS = frozenset("""
     negative minus plus not no never less more fewer greater smaller larger than least most over under above below
     about approximately approx around roughly nearly almost between and or to up from except times divided point
-    squared cubed square cube root sqrt half halves third thirds quarter quarters fourths fifths sixths sevenths
-    eighths ninths tenths hundredths thousandths percent percentage pct dozen dozens hundred hundreds thousand
-    thousands million millions billion billions trillion trillions pi log ln exp sin cos tan cot sec csc inf
-    infinity infty factorial power mod modulo
+    squared cubed root sqrt half halves third thirds quarter quarters fourth fourths fifth fifths
+    sixth sixths seventh sevenths eighth eighths ninth ninths tenth tenths eleventh twelfth twentieth hundredth
+    hundredths thousandth thousandths millionth millionths billionth billionths dozen
+    dozens score scores gross ten tens hundred hundreds thousand thousands grand lakh lakhs crore crores million
+    millions billion billions trillion trillions fold double doubled triple tripled halved twice thrice
+    reciprocal inverse opposite pi log ln exp sin cos tan cot sec csc inf infinity infty factorial power mod modulo
 """.split())
 
 
@@ -62,7 +80,11 @@ class _Answer:
     integer: str | None = None  # sign and digits without leading zeros: no int() limit on its length
     words: str | None = None
     wrapped: bool = False
+    choice: str | None = None  # the letter a multiple-choice answer picks
     quantity: Fraction | None = None
+    amount: Fraction | None = None  # the number of a number with words, whatever the words
+    unit: str = ""  # the words after that number (or its currency), singular, lower case
+    rescaled: bool = False  # one number whose words change its value: equal to no plain number
 
 
 def _fraction(match: re.Match[str]) -> Fraction | None:
@@ -80,23 +102,60 @@ def _fraction(match: re.Match[str]) -> Fraction | None:
 def _build(raw: str) -> _Answer:
     tidied = tidy(raw)
     text = canonical(tidied)
+    repeating = _REPEATING.fullmatch(text)
+    if repeating:
+        sign, whole, fixed, period = repeating.groups()
+        value = Fraction(int(whole + fixed + period) - int(whole + fixed or "0"),
+                         10 ** len(fixed) * (10 ** len(period) - 1))
+        return _Answer(text, value=-value if sign else value, quantity=-value if sign else value)
     number = _NUMBER.fullmatch(text)
     if number:
         value = _fraction(number)
         digits = number.group(2).lstrip("0") if number.group(2) else None
         integer = None if digits is None else f"{number.group(1)}{digits}" if digits else "0"
         return _Answer(text, value=value, integer=integer, quantity=value)
-    wrapped = _WRAPPED_WORDS.fullmatch(text)
-    words = wrapped.group(1) if wrapped else text if _PLAIN_WORDS.fullmatch(text) else None
-    if words is not None and _TWO_LETTERS.search(words):
-        return _Answer(text, words=" ".join(words.lower().split()), wrapped=wrapped is not None)
-    quantity = _QUANTITY.fullmatch(tidied)
-    if quantity and _VALUE_WORDS.isdisjoint(re.findall("[a-z]+", (quantity.group(1) + quantity.group(3)).lower())):
+    plain = _unwrapped(tidied)
+    choice = _CHOICE.fullmatch(plain)
+    letter = (choice.group(1) or choice.group(2)).upper() if choice else None
+    words = plain.strip(_PUNCTUATION)
+    if _WORDS.fullmatch(words) and _TWO_LETTERS.search(words):
+        return _Answer(text, words=" ".join(words.lower().split()), wrapped=plain != tidied, choice=letter)
+    quantity = _QUANTITY.fullmatch(plain)
+    if quantity:
+        lead, currency, amount, unit = quantity.groups()
         try:
-            return _Answer(text, quantity=Fraction(quantity.group(2)))
+            value = Fraction(amount)
         except ValueError:
-            pass
-    return _Answer(text)
+            return _Answer(text, choice=letter)
+        lead_words, unit_words = (lead or "").lower().split(), unit.lower().split()
+        if not _FILLER.issuperset(lead_words) or not _VALUE_WORDS.isdisjoint(unit_words):
+            return _Answer(text, choice=letter, rescaled=True)
+        unit = " ".join(map(_singular, unit_words)) or _CURRENCY.get((currency or "").strip(), "")
+        # `2 x` may be a variable, `3 m` a unit: not a quantity, but a unit another one can contradict
+        quantity = value if all(len(word) > 1 for word in unit_words) else None
+        return _Answer(text, choice=letter, quantity=quantity, amount=value, unit=unit)
+    return _Answer(text, choice=letter)
+
+
+def _unwrapped(tidied: str) -> str:
+    """The answer with its text-style wrappers opened (`\\textbf{\\text{Yes.}}` → `Yes.`), spaces collapsed."""
+    while True:
+        opened = _WRAPPER.sub(lambda m: f" {m.group(1)} ", tidied)
+        if opened == tidied:
+            return " ".join(tidied.split())
+        tidied = opened
+
+
+def _singular(word: str) -> str:
+    if word.endswith(("ches", "shes", "sses", "xes")):
+        return word[:-2]
+    return word[:-1] if word.endswith("s") and not word.endswith("ss") else word
+
+
+def _choice_label(text: str) -> str | None:
+    """The letter of a multiple-choice label (`B`, `(B)`, `\\text{(B)}`), None for any other label."""
+    label = _CHOICE_LABEL.fullmatch(_unwrapped(text))
+    return label.group(1) if label else None
 
 
 _build_cached = lru_cache(maxsize=16384)(_build)
@@ -108,7 +167,8 @@ def _answer(raw: str) -> _Answer:
 
 @lru_cache(maxsize=4096)
 def _reference(label: str) -> _Answer:
-    return _build(reference_answer(label))
+    answer = _build(reference_answer(label))
+    return replace(answer, choice=_choice_label(answer.text))
 
 
 def _parse(text: str) -> tuple:
@@ -140,10 +200,16 @@ def answers_equal(predicted: str | None, reference: str) -> bool:
         return pred.integer == gold.integer
     if pred.value is not None and pred.value == gold.value:
         return True
+    if gold.choice is not None and pred.choice is not None:
+        return pred.choice == gold.choice
     if pred.wrapped or gold.wrapped:
         return pred.words is not None and pred.words == gold.words
+    if pred.amount is not None and pred.amount == gold.amount and pred.unit and gold.unit:
+        return pred.unit == gold.unit
     if pred.quantity is not None and pred.quantity == gold.quantity:
         return True
+    if (pred.rescaled and gold.quantity is not None) or (gold.rescaled and pred.quantity is not None):
+        return False
     if len(pred.text) > _CACHED_LENGTH:
         return _math_verify_equal(gold.text, pred.text)
     return _math_verify_equal_cached(gold.text, pred.text)

@@ -1,21 +1,25 @@
 """One spelling per answer, so that equal answers written differently compare as strings.
 
 Every rewrite here keeps the meaning: unicode look-alikes become the ASCII or LaTeX they
-stand for (a policy copying `−3` from a web page means -3, not 3), LaTeX spacing commands
-go, `$` delimiters go, thousands separators go, and whitespace stays only where it
-separates two letters or digits (`\\pi r`, `2 3`). LaTeX's row separator `\\\\` is read as
-one token before any spacing command, so `1 \\\\ 2` keeps its rows. Nothing is deleted
-that could carry a value: `\\text{...}` keeps its content, units are left to math-verify.
+stand for (a policy copying `−3` from a web page means -3, not 3; `٥` is 5), LaTeX spacing
+commands go, `$` delimiters go, thousands separators go (commas only outside brackets and
+set braces, where `(2,500)` is a pair; spaces only in an answer that is one number,
+`1\\,000`), a group doubled inside itself (`{{5}}`, `((5))`) is written once, and whitespace
+stays only where it separates two letters or digits (`\\pi r`, `2 3`). LaTeX's row separator
+`\\\\` is read as one token before any spacing command, so `1 \\\\ 2` keeps its rows. Nothing
+is deleted that could carry a value: `\\text{...}` keeps its content, units are left to the
+equality steps.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _MINUS = "-"
 _CHARACTERS = {
     "\u2212": _MINUS, "\u2010": _MINUS, "\u2011": _MINUS, "\u2012": _MINUS, "\u2013": _MINUS,
-    "\ufe63": _MINUS, "\uff0d": _MINUS,
+    "\ufe63": _MINUS, "\uff0d": _MINUS, "\u2796": _MINUS, "\u2795": "+",
     "\u00d7": "\\times ", "\u2715": "\\times ", "\u00f7": "\\div ",
     "\u00b7": "\\cdot ", "\u22c5": "\\cdot ", "\u2219": "\\cdot ",
     "\u221e": "\\infty ", "\u03c0": "\\pi ", "\u2264": "\\le ", "\u2265": "\\ge ", "\u2260": "\\ne ",
@@ -29,6 +33,7 @@ _TRANSLATION = str.maketrans(_CHARACTERS)
 _SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
 _SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+")
 _ROOT = re.compile("\u221a(\\d+|[A-Za-z])?")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 
 # `\\\\` first, so that the backslash ending a row separator never starts a spacing command.
 _LATEX_NOISE = re.compile(r"\\\\|\\[,!;: ]|\\q?quad(?![A-Za-z])|\\(?:left|right)(?![A-Za-z])")
@@ -37,6 +42,9 @@ _DOLLAR = re.compile(r"(?<!\\)\$")
 # No start right after a digit, point or comma: `1,2,345` is a list, and a start inside a
 # long comma chain would rescan the chain (quadratic on repetition loops).
 _THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+)(?![\d,])")
+# Where a comma separates the items of a pair, interval or set, `2,500` is two numbers.
+_LIST_OPENER = re.compile(r"[(\[]|\\\{|\\langle")
+_SPACED_THOUSANDS = re.compile(r"-?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _SPACES = re.compile(r"\s+")
 _LOOSE_SPACE = re.compile(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])")
 
@@ -47,7 +55,14 @@ def plain_characters(text: str) -> str:
         return text
     text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", text)
     text = _ROOT.sub(lambda m: f"\\sqrt{{{m.group(1)}}}" if m.group(1) else "\\sqrt ", text)
+    text = _NON_ASCII.sub(_ascii_digit, text)
     return text.translate(_TRANSLATION)
+
+
+def _ascii_digit(match: re.Match[str]) -> str:
+    """A decimal digit of any script as its ASCII digit (`٥`, `५` → 5); other characters as they are."""
+    char = match.group(0)
+    return str(unicodedata.decimal(char)) if char.isdecimal() else char
 
 
 def _drop_noise(match: re.Match[str]) -> str:
@@ -64,10 +79,32 @@ def tidy(answer: str) -> str:
     text = _LATEX_NOISE.sub(_drop_noise, text)
     text = _STYLED_FRACTION.sub(r"\\frac", text)
     text = _DOLLAR.sub("", text)
-    text = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), text)
-    return _SPACES.sub(" ", text).strip().rstrip(".").rstrip()
+    if not _LIST_OPENER.search(text):
+        text = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), text)
+    text = _SPACES.sub(" ", text).strip().rstrip(".").rstrip()
+    return text.replace(" ", "") if _SPACED_THOUSANDS.fullmatch(text) else text
+
+
+def single_groups(text: str) -> str:
+    """`{{x}}` as `{x}` and `((x))` as `(x)`: the same group, and LaTeX parsers take time exponential
+    in such nesting (`{` × 16 around a 5 took math-verify over 10 s). Escaped `\\{` is not a group;
+    brackets that do not pair up as groups (intervals such as `[0, 1)`) leave the text as it is."""
+    if "{{" not in text and "((" not in text:
+        return text
+    closing, stack = {}, []
+    for i, char in enumerate(text):
+        if char in "{(" and text[i - 1:i] != "\\":
+            stack.append(i)
+        elif char in "})" and text[i - 1:i] != "\\" and stack:
+            opening = stack.pop()
+            if (text[opening] == "{") != (char == "}"):
+                return text
+            closing[opening] = i
+    doubled = {i for opening, end in closing.items()
+               if closing.get(opening + 1) == end - 1 and text[opening] == text[opening + 1] for i in (opening, end)}
+    return "".join(char for i, char in enumerate(text) if i not in doubled)
 
 
 def canonical(tidied: str) -> str:
     """A tidied answer in the one spelling string equality compares: no space beside a non-alphanumeric."""
-    return _LOOSE_SPACE.sub("", tidied)
+    return single_groups(_LOOSE_SPACE.sub("", tidied))
