@@ -122,8 +122,37 @@ MISTAKES = {
     "filter metric": (["+rl_config.filter_groups_enable=true", "+rl_config.filter_groups_metric=strict_format"],
                       ["filter_groups_metric"]),
     "hydra override": (["rl_config.no_such_key=1"], ["no_such_key"]),
+    "group given a number": (["model=5"], ["model=5"]),
+    "section not a mapping": (["actor_config=5"], ["actor_config", "mapping"]),
+    "sampling type": (["generate_config.sampling_config.temperature=hot"], ["sampling_config.temperature", "number"]),
+    "generate type": (["generate_config.enforce_eager=maybe"], ["enforce_eager", "true or false"]),
+    "weights not a list": (["rl_config.verifier_weight=1.0"], ["verifier_weight", "list"]),
+    "verifiers not a list": (["rl_config.verifier_function=acc"], ["verifier_function", "list"]),
+    "reward type": (["rl_config.overlong_buffer=192.5"], ["overlong_buffer", "integer"]),
+    "model type": (["+actor_config.norm_epsilon=abc"], ["norm_epsilon", "number"]),
+    "model bool": (["+actor_config.untie_embeddings_and_output_weights=yes"], ["untie_embeddings_and_output_weights"]),
+    "negative lr": (["actor_config.lr=-1"], ["actor_config.lr", ">= 0"]),
+    "min_lr above lr": (["actor_config.min_lr=5.0"], ["actor_config.min_lr=5.0"]),
+    "adam beta": (["actor_config.adam_beta1=1.5"], ["actor_config.adam_beta1", "[0, 1)"]),
+    "vLLM-CPU prefill": (["generate_config.max_num_batched_tokens=100"], ["max_num_batched_tokens=100", "768"]),
+    "no HF family": (["+actor_config.qk_layernorm=true"], ["QK layer norms", "HF family"]),
+    "score head on the policy": (["+model.tiny_qwen.num_labels=1"], ["num_labels=1", "LM head"]),
     "missing config": None,
 }
+
+
+@pytest.mark.parametrize("source, words", [
+    ("this is not python(", ["fails to load", "SyntaxError"]),
+    ("def f(response, label):\n    return 1.0\n", ["declares no worst score", "verifier_fail_score"]),
+])
+def test_a_custom_verifier_is_checked_before_ray(tmp_path, source, words):
+    """Its module loads and its fail score is known at config time, not in a scorer on the cluster."""
+    (tmp_path / "mine.py").write_text(source)
+    with pytest.raises(ConfigError) as err:
+        load_trainer_config("grpo_tiny_cpu", [f"rl_config.verifier_function=[acc,{tmp_path / 'mine.py'}:f]",
+                                              "rl_config.verifier_weight=[1.0,1.0]"])
+    _one_sentence(str(err.value))
+    assert all(word in str(err.value) for word in words), err.value
 
 
 def _one_sentence(message: str) -> None:

@@ -79,7 +79,7 @@ def test_start_point_mistakes(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["+actor_config.no_save_optim=true"], "actor_config.no_save_optim: True is not supported by the trainer"),
+    (["+actor_config.no_save_optim=true"], "actor_config.no_save_optim: true is not supported by the trainer"),
     (["rl_config.use_integrated_worker=false", "+rl_config.colocate_actor_ref=true"],
      "a reference sharing the actor's devices runs inside the actor's processes"),
 ])

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from mindrl.config.errors import ConfigError
 from mindrl.config.paths import MODEL_CONFIGS_DIR
+from mindrl.config.values import check_types
 
 # Keys MindSpeed-RL model yamls carry that only choose kernels or legacy code paths. They
 # change no numbers, so they are accepted and have no effect.
@@ -68,6 +69,7 @@ class ModelArch:
     num_labels: int | None = None
 
     def __post_init__(self) -> None:
+        check_types(f"model {self.name}", self)
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                     "padded_vocab_size", "max_position_embeddings"):
             value = getattr(self, key)
@@ -151,8 +153,12 @@ class ModelArch:
         if kwargs.get("attention_bias") and kwargs.get("disable_bias_linear", True):
             raise ConfigError(f"model {name}: attention_bias: true contradicts disable_bias_linear: "
                               f"true; use add_qkv_bias for a QKV-only bias.")
-        if "norm_epsilon" in kwargs:
-            kwargs["norm_epsilon"] = float(kwargs["norm_epsilon"])
+        if isinstance(kwargs.get("norm_epsilon"), str):  # YAML 1.1 reads `1e-6` as a string
+            try:
+                kwargs["norm_epsilon"] = float(kwargs["norm_epsilon"])
+            except ValueError:
+                raise ConfigError(f"model {name}: norm_epsilon must be a number, got "
+                                  f"{kwargs['norm_epsilon']!r}.") from None
         try:
             return cls(name=name, **kwargs)
         except TypeError as err:

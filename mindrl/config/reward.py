@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mindrl.config.errors import ConfigError
+from mindrl.config.values import check_types
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class RewardConfig:
     rollout_max_tokens: int = 2048
 
     def __post_init__(self) -> None:
+        check_types("", self)  # RLConfig names the section
+        if not all(isinstance(name, str) for name in self.verifier_function):
+            raise ConfigError(f"verifier_function must be a list of verifier names, got {self.verifier_function!r}.")
         names, weights = list(self.verifier_function), list(self.verifier_weight)
         if not names:
             raise ConfigError("verifier_function is empty; name at least one verifier, e.g. [acc].")

@@ -64,7 +64,11 @@ def read_columns(path: str | Path, columns: tuple[str, ...]) -> dict[str, list]:
     if not path.is_file():
         raise ConfigError(f"no prompt file at {path}; run cli/preprocess_data.py for this dataset or point "
                           f"megatron_training.data_path at its output folder.")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowException as err:
+        raise ConfigError(f"{path} is not a parquet file ({err}); it must be the output of "
+                          f"cli/preprocess_data.py.") from None
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise ConfigError(f"{path} lacks the columns {missing}; it must be the output of cli/preprocess_data.py.")

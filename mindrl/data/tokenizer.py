@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mindrl.config.errors import ConfigError
+from mindrl.config.model import ModelArch
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -19,15 +20,26 @@ CHATML_TEMPLATE = (
 )
 
 
-def load_tokenizer(path: str | Path):
-    """An HF tokenizer from a local directory (never the hub)."""
+def load_tokenizer(path: str | Path, model: ModelArch | None = None):
+    """An HF tokenizer from a local directory (never the hub); with `model`, one whose every token id
+    has a row in the model's embedding (a larger id would index past it in the first forward pass)."""
     from transformers import AutoTokenizer
 
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"tokenizer_name_or_path {path} is not a directory; point it at a local HF model "
                           f"or tokenizer directory.")
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"tokenizer_name_or_path {path} holds no tokenizer transformers can load ({first}); point "
+                          f"it at a local HF model or tokenizer directory.") from None
+    if model is not None and len(tokenizer) > model.padded_vocab_size:
+        raise ConfigError(f"the tokenizer at {path} has {len(tokenizer)} token ids but model {model.name} has "
+                          f"{model.padded_vocab_size} embedding rows; use the model's own tokenizer or a model with "
+                          f"padded_vocab_size >= {len(tokenizer)}.")
+    return tokenizer
 
 
 def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 1024,

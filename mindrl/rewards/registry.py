@@ -84,12 +84,17 @@ def _load_custom(spec: str) -> Verifier:
             raise ConfigError(f"custom verifier {spec!r}: {path} does not exist.")
         module_spec = importlib.util.spec_from_file_location(f"mindrl_custom_verifier_{path.stem}", path)
         module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as err:  # the user's module: anything it raises while loading is its mistake
+            raise ConfigError(f"custom verifier {spec!r}: {path} fails to load ({type(err).__name__}: "
+                              f"{err}).") from None
     else:
         try:
             module = importlib.import_module(target)
-        except ImportError as err:
-            raise ConfigError(f"custom verifier {spec!r}: cannot import {target!r} ({err}).") from None
+        except Exception as err:  # ImportError, or whatever the module raises while it loads
+            raise ConfigError(f"custom verifier {spec!r}: cannot import {target!r} ({type(err).__name__}: "
+                              f"{err}).") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"custom verifier {spec!r}: {target} has no function {attr!r}.")

@@ -29,6 +29,12 @@ class ScoreResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def fail_scores(config: RewardConfig) -> list[float]:
+    """Each verifier's score for a timed-out or failed sample (raises for a verifier that has none)."""
+    configured = config.verifier_fail_score or [None] * len(config.verifier_function)
+    return [fail_score(name, value) for name, value in zip(config.verifier_function, configured, strict=True)]
+
+
 class RewardScorer:
     """Scores batches with the verifiers and weights of a RewardConfig."""
 
@@ -37,8 +43,7 @@ class RewardScorer:
         self.names = tuple(config.verifier_function)
         for name in self.names:  # fail on a bad name now, not in the middle of a run
             get_verifier(name)
-        configured = config.verifier_fail_score or [None] * len(self.names)
-        self.fail_scores = [fail_score(name, value) for name, value in zip(self.names, configured, strict=True)]
+        self.fail_scores = fail_scores(config)
         self._pool: VerifierPool | None = None
 
     def score(self, responses: list[str], labels: list[str],

@@ -14,6 +14,7 @@ from typing import Any
 
 from mindrl.config.errors import ConfigError
 from mindrl.config.keys import Keys, normalise
+from mindrl.config.values import check_types
 
 BACKENDS = ("auto", "vllm", "megatron")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -49,6 +50,7 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        check_types("generate_config.sampling_config", self)
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ConfigError(f"sampling_config.max_tokens must be a positive integer, got {self.max_tokens!r}.")
         if not isinstance(self.logprobs, int) or self.logprobs < 0:
@@ -98,6 +100,7 @@ class GenerateConfig:
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
+        check_types("generate_config", self)
         if self.backend not in BACKENDS:
             raise ConfigError(f"generate_config.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}.")
         if self.dtype not in DTYPES:
@@ -136,6 +139,14 @@ class GenerateConfig:
                 raise ConfigError(f"generate_config.sampling_config must be a mapping of keys, got {sampling!r}.")
             kwargs["sampling_config"] = SamplingConfig.from_dict(sampling, keys)
         return cls(**kwargs)
+
+    def check_vllm_prefill(self, platform: str, chunks_seeded_prefill: bool) -> None:
+        """vLLM on some platforms (CPU) cannot split a seeded prompt's prefill over steps: one step must
+        then hold a whole sequence."""
+        if not chunks_seeded_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(f"on {platform} vLLM cannot split a seeded prompt's prefill over steps, so "
+                              f"generate_config.max_num_batched_tokens={self.max_num_batched_tokens} must be at "
+                              f"least max_model_len={self.max_model_len}; raise it.")
 
     def offloads_anything(self) -> bool:
         return self.offload_train_param or self.offload_train_grad or self.offload_train_optimizer

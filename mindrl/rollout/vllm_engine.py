@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mindrl.config import ConfigError, ModelArch
+from mindrl.config import ModelArch
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import Platform, get_platform
 from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult
@@ -58,10 +58,7 @@ class VllmEngine(RolloutEngine):
         self.arch, self.cfg, self.seed = arch, cfg, seed
         self.eos_token_ids = list(eos_token_ids)
         self.platform = platform or get_platform()
-        if not self.platform.vllm_chunks_seeded_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
-            raise ConfigError(f"on {self.platform.name} vLLM cannot split a seeded prompt's prefill over steps, so "
-                              f"generate_config.max_num_batched_tokens={cfg.max_num_batched_tokens} must be at "
-                              f"least max_model_len={cfg.max_model_len}; raise it.")
+        cfg.check_vllm_prefill(self.platform.name, self.platform.vllm_chunks_seeded_prefill)
         self._hf_config = dict(hf_config) if hf_config else hfm.hf_config_from_arch(
             arch, hfm.model_type_hf_of(arch), _TORCH_DTYPES[cfg.dtype])
         self._sleep_logged = False

@@ -7,12 +7,15 @@ collective, a shape error in the update, or a truncated rollout after the cluste
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mindrl.algorithms.advantages import GROUP_ESTIMATORS
 from mindrl.algorithms.group_filter import TOTAL_SCORE
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
+from mindrl.models import hf_mapping as hfm
+from mindrl.platform import PLATFORMS
 from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.reward_model import REWARD_MODEL
 
@@ -73,6 +76,26 @@ def check_layouts(cfg: TrainerConfig) -> None:
                                            1)) from None
 
 
+def check_rollout(cfg: TrainerConfig) -> None:
+    """The policy has an LM head; what vLLM on the actor's devices and the final HF export need."""
+    gen, actor = cfg.generate_config, cfg.actor_config
+    if actor.arch.has_score_head:
+        raise ConfigError(f"actor_config: model {actor.arch.name} has num_labels={actor.arch.num_labels}, a score head "
+                          f"that makes it a reward model; a policy samples from an LM head, so remove num_labels.")
+    vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    if vllm:
+        platform = cfg.rl_config.resources["actor_resource"].platform
+        gen.check_vllm_prefill(platform, PLATFORMS[platform].vllm_chunks_seeded_prefill)
+    if vllm or actor.save:
+        try:
+            hfm.check_hf_can_hold(actor.arch, hfm.model_type_hf_of(actor.arch))
+        except ConfigError as err:
+            reason = str(err).split(";")[0].rstrip(".")
+            raise ConfigError(f"actor_config: {reason}, but vLLM rollouts and the HF export after the last step "
+                              f"need an HF family to hold it; use such a model, or backend: megatron without "
+                              f"save.") from None
+
+
 def check_batches(cfg: TrainerConfig) -> None:
     rl, actor = cfg.rl_config, cfg.actor_config
     gbs, n = actor.global_batch_size, rl.n_samples_per_prompt
@@ -128,10 +151,13 @@ def check_lengths(cfg: TrainerConfig) -> None:
 def check_rewards(cfg: TrainerConfig) -> None:
     rl = cfg.rl_config
     if rl.rule_reward:
-        from mindrl.rewards import get_verifier  # the verifier modules load only when rewards are checked
+        # the verifier modules load only when rewards are checked
+        from mindrl.rewards import get_verifier
+        from mindrl.rewards.scorer import fail_scores
 
         for name in rl.reward.verifier_function:
             get_verifier(name)
+        fail_scores(rl.reward)
         if "labels" not in cfg.actor_config.dataset_additional_keys:
             raise ConfigError("rule rewards grade against each prompt's answer, so megatron_training."
                               "dataset_additional_keys must contain 'labels'.")

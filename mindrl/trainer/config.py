@@ -102,7 +102,7 @@ class TrainerConfig:
             if key not in SECTIONS:
                 keys.unknown("", key, SECTIONS)
                 data.pop(key)
-        for key in ("rl_config", "generate_config", "megatron_training"):
+        for key in SECTIONS:
             if not isinstance(data.get(key) or {}, Mapping):
                 raise ConfigError(f"{key} must be a mapping of keys, got {data[key]!r}.")
         models = data.get("model") or {}
@@ -127,6 +127,7 @@ class TrainerConfig:
                   frozenset(k for k in data if data[k] is not None))
         checks.check_colocation(cfg)
         checks.check_layouts(cfg)
+        checks.check_rollout(cfg)
         checks.check_batches(cfg)
         checks.check_lengths(cfg)
         checks.check_rewards(cfg)
@@ -155,8 +156,8 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: str | P
     try:
         with initialize_config_dir(config_dir=str(directory), version_base=None):
             composed = hydra_compose(config_name, overrides=[*overrides, *search])
-    except (HydraException, OmegaConfBaseException) as err:
-        first = str(err).strip().splitlines()[0].rstrip(".")
+    except (HydraException, OmegaConfBaseException, ValueError) as err:  # ValueError: a group given a non-name
+        first = str(err).strip().splitlines()[0].rstrip(".").replace(". ", "; ")
         raise ConfigError(f"Hydra cannot compose {config_name} with overrides {list(overrides)} ({first}); check the "
                           f"key names (a key the file lacks needs a leading +) and the values' syntax.") from None
     return OmegaConf.to_container(composed, resolve=True)

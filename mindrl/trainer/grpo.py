@@ -91,7 +91,7 @@ class GRPOTrainer:
         # gives the old log-probs, so the separate pass is skipped.
         self.on_policy = rl.epochs == 1 and rl.mini_batch_size == self.train_groups and rl.rollout_is == "none"
         self.sampling: SamplingConfig = cfg.generate_config.sampling_config
-        self.tokenizer = load_tokenizer(actor.tokenizer_name_or_path)
+        self.tokenizer = load_tokenizer(actor.tokenizer_name_or_path, actor.arch)
         self.loader = PromptLoader(read_prompts(split_path(actor.data_path, "train")), actor.global_batch_size,
                                    actor.seed, shuffle=not actor.no_shuffle)
         test_path = split_path(actor.data_path, "test")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.parallel import parse_layer_list
-from mindrl.trainer.values import check_types, positive
+from mindrl.config.values import check_types, positive
 
 if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorConfig
@@ -87,6 +87,15 @@ class MegatronConfig:
                               f"{self.lr_decay_style!r}.")
         if not 0.0 <= self.lr_warmup_fraction < 1.0:
             raise ConfigError(f"{section}.lr_warmup_fraction must be in [0, 1), got {self.lr_warmup_fraction}.")
+        for key in ("lr", "min_lr", "weight_decay", "clip_grad"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{section}.{key} must be >= 0, got {getattr(self, key)}.")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"{section}.min_lr={self.min_lr} is above lr={self.lr}; the schedule decays from lr "
+                              f"to min_lr, so lower min_lr.")
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{section}.{key} must be in [0, 1), got {getattr(self, key)}.")
         if self.num_layer_list is not None:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
 
@@ -116,9 +125,9 @@ class MegatronConfig:
         """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""
         for key, wanted in (("no_save_optim", False), ("no_save_rng", False), ("use_distributed_optimizer", True)):
             if getattr(self, key) != wanted:
-                raise ConfigError(f"{section}.{key}: {getattr(self, key)} is not supported by the trainer (its "
-                                  f"checkpoints always hold the distributed optimizer and RNG state); set it to "
-                                  f"{wanted}.")
+                raise ConfigError(f"{section}.{key}: {str(getattr(self, key)).lower()} is not supported by the trainer "
+                                  f"(its checkpoints always hold the distributed optimizer and RNG state); set it to "
+                                  f"{str(wanted).lower()}.")
 
     def saves_at(self, step: int) -> bool:
         """Whether a checkpoint is written after `step`: every save_interval steps and at the last one."""

@@ -22,6 +22,8 @@ from mindrl.config.errors import ConfigError
 #: config key → Ray resource name
 RESOURCE_KEYS = {"num_npus": "NPU", "num_gpus": "GPU", "num_cpus": "CPU"}
 _KEY_OF = {kind: key for key, kind in RESOURCE_KEYS.items()}
+#: the mindrl.platform a rank on each kind of device runs
+PLATFORM_OF = {"NPU": "npu", "GPU": "cuda", "CPU": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class RoleResource:
     @property
     def key(self) -> str:
         return _KEY_OF[self.kind]
+
+    @property
+    def platform(self) -> str:
+        return PLATFORM_OF[self.kind]
 
     def __str__(self) -> str:
         return f"{self.key}: {self.count}"

@@ -20,9 +20,9 @@ from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
 from mindrl.config import ConfigError
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.reward import RewardConfig
+from mindrl.config.values import check_types, positive
 from mindrl.trainer.resources import RoleResource
 from mindrl.trainer.reward_model import NORMALISATIONS
-from mindrl.trainer.values import check_types, positive
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
 _RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource")

@@ -26,7 +26,7 @@ class SFTTrainer:
 
         self.cfg, t = cfg, cfg.training
         self.start: StartPoint = start_point(t, JOB_SFT, section="megatron_training")
-        self.tokenizer = load_tokenizer(t.tokenizer_name_or_path)
+        self.tokenizer = load_tokenizer(t.tokenizer_name_or_path, t.arch)
         path = split_path(t.data_path, "train")
         examples, too_long = read_sft_examples(path, self.tokenizer, cfg.sft.response_format, t.seq_length)
         print(f"[mindrl] {len(examples)} SFT examples from {path}"

@@ -19,11 +19,11 @@ from mindrl.config import ConfigError
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.parallel import validate_parallel
 from mindrl.config.paths import CONFIGS_DIR
+from mindrl.config.values import check_types, positive
 from mindrl.trainer import resources
 from mindrl.trainer.config import compose
 from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.resources import Cluster, RoleResource
-from mindrl.trainer.values import check_types, positive
 
 SFT_CONFIGS_DIR = CONFIGS_DIR / "sft"
 SECTIONS = ("model", "megatron_training", "sft_config")

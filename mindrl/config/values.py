@@ -31,7 +31,8 @@ def _accepts(part: str, value: Any) -> bool:
 
 
 def check_types(section: str, obj: Any) -> None:
-    """Raise for the first field whose value does not match its annotation; ints become floats."""
+    """Raise for the first field whose value does not match its annotation; ints become floats.
+    `section` names the field in the message (`section.field`); empty where the caller adds it."""
     for f in dataclasses.fields(obj):
         if f.name.startswith("_") or not f.init:
             continue
@@ -39,7 +40,7 @@ def check_types(section: str, obj: Any) -> None:
         parts = [p.strip() for p in str(f.type).split("|")]
         if not any(_accepts(p, value) for p in parts):
             wanted = " or ".join(_WORDS.get(p, "a list" if p.startswith("list") else p) for p in parts)
-            raise ConfigError(f"{section}.{f.name} must be {wanted}, got {value!r}.")
+            raise ConfigError(f"{f'{section}.' if section else ''}{f.name} must be {wanted}, got {value!r}.")
         if "float" in parts and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(obj, f.name, float(value))
         if any(p.startswith("list") for p in parts) and isinstance(value, tuple):
