@@ -4,15 +4,16 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mindrl.config import ConfigError
+from mindrl.config import ConfigError, load_model_arch
 from mindrl.data.preprocess import PreprocessConfig, preprocess
-from mindrl.data.readers import read_rows
+from mindrl.data.readers import read_columns, read_rows
 from mindrl.data.synthetic import generate_problems
 from mindrl.data.templates import get_template
 from mindrl.data.tokenizer import load_tokenizer
@@ -68,6 +69,23 @@ def test_tiny_tokenizer_round_trips_and_fits_the_tiny_model(tokenizer_dir):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in ids and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_a_folder_without_a_tokenizer_and_a_tokenizer_larger_than_the_model_are_one_sentence(tmp_path,
+                                                                                         tokenizer_dir):
+    (tmp_path / "notes.txt").write_text("not a tokenizer")
+    with pytest.raises(ConfigError, match=r"^tokenizer_name_or_path .* holds no tokenizer transformers can load"):
+        load_tokenizer(tmp_path)
+    small = replace(load_model_arch("tiny_qwen"), padded_vocab_size=100)
+    with pytest.raises(ConfigError, match=r"has \d+ token ids but model tiny_qwen has 100 embedding rows"):
+        load_tokenizer(tokenizer_dir, small)
+
+
+def test_a_prompt_file_that_is_not_parquet_is_one_sentence(tmp_path):
+    (tmp_path / "train.parquet").write_text("{}")
+    with pytest.raises(ConfigError, match=r"train.parquet is not a parquet file .*; it must be the output of "
+                                          r"cli/preprocess_data.py\.$"):
+        read_columns(tmp_path / "train.parquet", ("prompt",))
 
 
 def test_synthetic_problems_are_deterministic_and_correct():

@@ -218,6 +218,33 @@ CASES = [
     ("acc", "\\boxed{0.\\overline{3}}", "0.3", -0.5),
     ("acc", "\\boxed{" + "{" * 16 + "5" + "}" * 16 + "}", "5", 1.0),         # math-verify took > 10 s
     ("acc", "\\boxed{" + "(" * 60 + "5" + ")" * 60 + "}", "5", 1.0),
+    ("acc", "\\boxed{⅕}", "0.2", 1.0),
+    # --- a list is not one number; a choice is one letter ---
+    ("acc", "\\boxed{5, 125}", "125, 5", 1.0),
+    ("acc", "\\boxed{10200}", "10, 200", -0.5),
+    ("acc", "\\boxed{x=-2 \\text{ or } x=100}", "-2, 100", 1.0),
+    ("acc", "\\boxed{(A) or (B)}", "(A)", -0.5),
+    ("acc", "\\boxed{\\text{(B) and (D)}}", "B", -0.5),
+    # --- a number's words worked in: counts, signs, scales, unit names ---
+    ("acc", "\\boxed{7 times}", "7", 1.0),
+    ("acc", "\\boxed{4 more}", "4", 1.0),
+    ("acc", "\\boxed{negative 7}", "-7", 1.0),
+    ("acc", "\\boxed{3 million}", "3000000", 1.0),
+    ("acc", "\\boxed{9 twentieths}", "9", -0.5),
+    ("acc", "\\boxed{2 fifteenths}", "2", -0.5),
+    ("acc", "\\boxed{5 \\text{ feet}}", "5\\text{ ft}", 1.0),
+    ("acc", "\\boxed{6 \\text{ hrs}}", "6 \\text{ hours}", 1.0),
+    ("acc", "\\boxed{12 apples}", "13", -0.5),
+    ("acc", "\\boxed{20 \\text{ sq ft}}", "20 \\text{ square feet}", 1.0),
+    ("acc", "\\boxed{The answer is B}", "B", 1.0),
+    # --- the final answer comes after the thinking ---
+    ("acc", PROMPT_TAIL + "<think>\nMaybe \\boxed{5}? No wait\n</think>\n<answer>7</answer><|im_end|>", "5", -0.5),
+    ("acc", PROMPT_TAIL + "<think>\nMaybe \\boxed{5}? No wait\n</think>\n<answer>7</answer><|im_end|>", "7", 1.0),
+    ("acc", "<think>so it is \\boxed{5}</think>", "5", 1.0),                 # answered only while thinking
+    ("math_17k_acc", "<think>\\boxed{4}</think> so \\boxed{5}", "5", 1.0),
+    ("gsm8k", "<think>\nfirst guess #### 70, hmm no\n</think>\nThe answer is 72.", "72", 1.0),
+    ("gsm8k", "The total is 1,234, which is the answer.", "1234", 1.0),
+    ("gsm8k", "#### \\$1{,}234", "1234", 1.0),
 ]
 
 

@@ -27,7 +27,7 @@ END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "
 
 # A thousands-grouped number may not start right after "digit,": inside a long comma chain
 # every such start would rescan the rest of the chain.
-_NUMBER = re.compile(r"(?<!\d,)-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?\d+/\d+|-?\d+(?:\.\d+)?|-?\.\d+")
+_NUMBER = re.compile(r"(?<!\d,)-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d|,\d)|-?\d+/\d+|-?\d+(?:\.\d+)?|-?\.\d+")
 _BRACES = re.compile(r"[{}]")
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 # What an unbraced \boxed takes: a number (the digits a policy means, where TeX would take one) or a command.
@@ -86,27 +86,40 @@ def answer_tag(text: str) -> str | None:
     return found.strip() if found is not None else None
 
 
+def after_thinking(text: str) -> str:
+    """What follows the last `</think>`: where the final answer of a reasoning response is, so a guess
+    the policy dropped while thinking is not taken for it. The whole text if there is no `</think>`."""
+    end = text.rfind("</think>")
+    return text if end < 0 else text[end + len("</think>"):]
+
+
 def extract_answer(response: str) -> str | None:
-    """The final answer of a response: its last \\boxed{}, else its last <answer> tag."""
+    """The final answer of a response: its last \\boxed{}, else its last <answer> tag — searched after
+    the thinking first, then (for a response that answers only inside it) in the whole text."""
     text = response_only(response)
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    tagged = answer_tag(text)
-    if tagged and not _BOX.search(tagged):  # a box in the tag without an argument is no answer
-        return tagged
+    for part in (after_thinking(text), text):
+        boxed = last_boxed(part)
+        if boxed is not None:
+            return boxed
+        tagged = answer_tag(part)
+        if tagged:
+            return None if _BOX.search(tagged) else tagged  # a box in the tag without an argument is no answer
     return None
 
 
 def gsm8k_answer(response: str) -> str | None:
-    """GSM8K convention: the text after the last `####`, else the last number in the response."""
-    text = plain_characters(response_only(response))  # so that `−12` keeps its sign
-    if "####" in text:
-        tail = text.rsplit("####", 1)[1].strip()
-        number = _NUMBER.search(tail.replace("$", ""))
-        return number.group(0) if number else (tail or None)
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+    """GSM8K convention: the text after the last `####`, else the last number in the response —
+    after the thinking first (see after_thinking), then in the whole text."""
+    text = plain_characters(response_only(response)).replace("{,}", ",")  # `−12` keeps its sign; LaTeX's `1{,}234`
+    for part in (after_thinking(text), text):
+        if "####" in part:
+            tail = part.rsplit("####", 1)[1].strip()
+            number = _NUMBER.search(tail.replace("$", ""))
+            return number.group(0) if number else (tail or None)
+        numbers = _NUMBER.findall(part)
+        if numbers:
+            return numbers[-1]
+    return None
 
 
 def reference_answer(label: str) -> str:

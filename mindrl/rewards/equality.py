@@ -13,11 +13,11 @@ equal" only for two integers (math-verify could say nothing else) and for word a
    compare by their words, ignoring case and the punctuation around them; math-verify reads a
    bare word as a product of symbols (`yes` = `sey`), so it must not decide these;
 5. one number with only words around it (`72 dollars`, `\\$18`, `\\text{5 cm}`, `so it is 12`):
-   equal when the numbers are and no two units differ (`5 cm` is not `5 m`); not equal to a
-   number when a word changes its value (`negative 3`, `3 million`, `1 fifth`, `twice 5`): only
-   a few filler words may stand before the number, and none that scales, divides or negates it
-   after. A LaTeX command, operator, bracket, second number or one-letter variable never
-   qualifies;
+   its value decides, `negative`/`minus` before it and `dozen` … `trillion` after it included
+   (`3 million` is 3000000), and two units must name the same one (`5 ft` is `5 feet`, `5 cm`
+   is not `5 m`). Only a few filler words may stand before the number; any other word that
+   changes the value (`1 fifth`, `twice 5`, `about 12`) makes it equal to no number. A LaTeX
+   command, operator, bracket, second number or one-letter variable never qualifies;
 6. math-verify (LaTeX parsing, then numeric and symbolic equality) decides the rest.
 
 Labels repeat across the samples of a GRPO group and policies repeat answers, so the work
@@ -51,8 +51,9 @@ _WORDS = re.compile(r"[A-Za-z][A-Za-z' -]*")
 _TWO_LETTERS = re.compile(r"[A-Za-z]{2}")
 _PUNCTUATION = " .,;:!?()'\""
 _CHOICE_LABEL = re.compile(r"\(?([A-J])\)?")
-_CHOICE = re.compile(r"(?:(?:option|choice|answer) ?:? ?)?(?:\(([A-J])\)(?: .*)?|([A-J])(?:[.):](?: .*)?)?)",
-                     re.IGNORECASE)
+# A letter, then maybe the option's text, but not a second option (`(A) or (B)` picks neither).
+_CHOICE = re.compile(r"(?:(?:the )?(?:option|choice|answer)(?: is)? ?:? ?)?(?:\(([A-J])\)|([A-J])(?:[.):])?)"
+                     r"(?: (?!.*\([A-J]\))(?!.*\b(?:or|and)\b).*)?", re.IGNORECASE)
 # Lead-in words, or a label ending in a colon (`Total cost: 18`); currency; the number; words after it.
 _QUANTITY = re.compile(r"(?:(?:[A-Za-z]{2,} )*[A-Za-z]{2,}: ?|((?:[A-Za-z]{2,} )*))(\\\$ ?|[€£¥₹] ?)?"
                        r"(-?(?:\d+(?:\.\d+)?|\.\d+))((?: [A-Za-z]+)*)")
@@ -60,17 +61,33 @@ _CURRENCY = {"\\$": "dollar", "€": "euro", "£": "pound", "¥": "yen", "₹": 
 # What may stand before a number that is the answer: "so it is 12", "the answer is 12".
 _FILLER = frozenset("the answer answers final result total value is are so thus therefore hence it we get equals "
                     "equal to of exactly".split())
-# Words after (or before) a number that change its value or say something other than "it is this number".
+_NEGATIONS = frozenset({"negative", "minus"})
+# Words after a number that multiply it: `3 million` is 3000000.
+_SCALES = {"dozen": 12, "hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+# Words around a number that change its value in a way not worked out here, or say it is not this number.
 _VALUE_WORDS = frozenset("""
-    negative minus plus not no never less more fewer greater smaller larger than least most over under above below
-    about approximately approx around roughly nearly almost between and or to up from except times divided point
-    squared cubed root sqrt half halves third thirds quarter quarters fourth fourths fifth fifths
-    sixth sixths seventh sevenths eighth eighths ninth ninths tenth tenths eleventh twelfth twentieth hundredth
-    hundredths thousandth thousandths millionth millionths billionth billionths dozen
-    dozens score scores gross ten tens hundred hundreds thousand thousands grand lakh lakhs crore crores million
-    millions billion billions trillion trillions fold double doubled triple tripled halved twice thrice
-    reciprocal inverse opposite pi log ln exp sin cos tan cot sec csc inf infinity infty factorial power mod modulo
+    not no never than least most over under above below about approximately approx around roughly nearly almost
+    between and or to up from except divided squared cubed root sqrt half halves quarter quarters score scores gross
+    ten tens grand lakh lakhs crore crores fold double doubled triple tripled halved twice thrice reciprocal inverse
+    opposite pi log ln exp sin cos tan cot sec csc inf infinity infty factorial power mod modulo
 """.split())
+_ORDINAL = re.compile(r"(?:third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
+                      r"(?:thir|four|fif|six|seven|eigh|nine)teenth|(?:twen|thir|for|fif|six|seven|eigh|nine)tieth|"
+                      r"hundredth|thousandth|millionth|billionth|trillionth)s?")
+# One name per unit, so that `5 ft` is `5 feet` and `6 hrs` is `6 hours`.
+_UNIT_NAMES = {
+    **dict.fromkeys(("ft", "feet", "foot"), "foot"), **dict.fromkeys(("in", "inch"), "inch"),
+    **dict.fromkeys(("yd", "yard"), "yard"), **dict.fromkeys(("mi", "mile"), "mile"),
+    **dict.fromkeys(("mm", "millimeter", "millimetre"), "mm"),
+    **dict.fromkeys(("cm", "centimeter", "centimetre"), "cm"),
+    **dict.fromkeys(("m", "meter", "metre"), "m"), **dict.fromkeys(("km", "kilometer", "kilometre"), "km"),
+    **dict.fromkeys(("g", "gram"), "g"), **dict.fromkeys(("kg", "kilogram"), "kg"),
+    **dict.fromkeys(("lb", "pound"), "pound"), **dict.fromkeys(("oz", "ounce"), "ounce"),
+    **dict.fromkeys(("l", "liter", "litre"), "liter"), **dict.fromkeys(("ml", "milliliter", "millilitre"), "ml"),
+    **dict.fromkeys(("s", "sec", "second"), "second"), **dict.fromkeys(("min", "minute"), "minute"),
+    **dict.fromkeys(("h", "hr", "hour"), "hour"), **dict.fromkeys(("mph", "mile per hour"), "mile per hour"),
+    **dict.fromkeys(("sq ft", "square foot", "square feet"), "square foot"), **dict.fromkeys(("cent", "¢"), "cent"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +144,16 @@ def _build(raw: str) -> _Answer:
             value = Fraction(amount)
         except ValueError:
             return _Answer(text, choice=letter)
-        lead_words, unit_words = (lead or "").lower().split(), unit.lower().split()
-        if not _FILLER.issuperset(lead_words) or not _VALUE_WORDS.isdisjoint(unit_words):
+        lead_words, unit_words = (lead or "").lower().split(), [_singular(w) for w in unit.lower().split()]
+        if lead_words and lead_words[-1] in _NEGATIONS:
+            value, lead_words = -value, lead_words[:-1]
+        if unit_words and unit_words[0] in _SCALES:
+            value, unit_words = value * _SCALES[unit_words[0]], unit_words[1:]
+        if (not _FILLER.issuperset(lead_words) or not _VALUE_WORDS.isdisjoint(unit_words)
+                or any(_ORDINAL.fullmatch(word) for word in unit_words)):
             return _Answer(text, choice=letter, rescaled=True)
-        unit = " ".join(map(_singular, unit_words)) or _CURRENCY.get((currency or "").strip(), "")
+        words = " ".join(unit_words)
+        unit = _UNIT_NAMES.get(words, words) or _CURRENCY.get((currency or "").strip(), "")
         # `2 x` may be a variable, `3 m` a unit: not a quantity, but a unit another one can contradict
         quantity = value if all(len(word) > 1 for word in unit_words) else None
         return _Answer(text, choice=letter, quantity=quantity, amount=value, unit=unit)
@@ -206,6 +229,9 @@ def answers_equal(predicted: str | None, reference: str) -> bool:
         return pred.words is not None and pred.words == gold.words
     if pred.amount is not None and pred.amount == gold.amount and pred.unit and gold.unit:
         return pred.unit == gold.unit
+    if pred.quantity is not None and gold.quantity is not None and (pred.amount is not None or
+                                                                    gold.amount is not None):
+        return pred.quantity == gold.quantity  # a number with words: its value decides, whatever math-verify reads
     if pred.quantity is not None and pred.quantity == gold.quantity:
         return True
     if (pred.rescaled and gold.quantity is not None) or (gold.rescaled and pred.quantity is not None):

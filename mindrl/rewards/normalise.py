@@ -5,10 +5,10 @@ stand for (a policy copying `−3` from a web page means -3, not 3; `٥` is 5), 
 commands go, `$` delimiters go, thousands separators go (commas only outside brackets and
 set braces, where `(2,500)` is a pair; spaces only in an answer that is one number,
 `1\\,000`), a group doubled inside itself (`{{5}}`, `((5))`) is written once, and whitespace
-stays only where it separates two letters or digits (`\\pi r`, `2 3`). LaTeX's row separator
-`\\\\` is read as one token before any spacing command, so `1 \\\\ 2` keeps its rows. Nothing
-is deleted that could carry a value: `\\text{...}` keeps its content, units are left to the
-equality steps.
+stays only where it separates two letters or digits (`\\pi r`, `2 3`) or follows a comma
+(`5, 125`, a list). LaTeX's row separator `\\\\` is read as one token before any spacing
+command, so `1 \\\\ 2` keeps its rows. Nothing is deleted that could carry a value:
+`\\text{...}` keeps its content, units are left to the equality steps.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ _CHARACTERS = {
     "\u00b7": "\\cdot ", "\u22c5": "\\cdot ", "\u2219": "\\cdot ",
     "\u221e": "\\infty ", "\u03c0": "\\pi ", "\u2264": "\\le ", "\u2265": "\\ge ", "\u2260": "\\ne ",
     "\u00bd": "\\frac{1}{2}", "\u2153": "\\frac{1}{3}", "\u2154": "\\frac{2}{3}", "\u00bc": "\\frac{1}{4}",
-    "\u00be": "\\frac{3}{4}",
+    "\u00be": "\\frac{3}{4}", "\u2155": "\\frac{1}{5}", "\u2156": "\\frac{2}{5}", "\u2157": "\\frac{3}{5}",
+    "\u2158": "\\frac{4}{5}", "\u2159": "\\frac{1}{6}", "\u215a": "\\frac{5}{6}", "\u2150": "\\frac{1}{7}",
+    "\u215b": "\\frac{1}{8}", "\u215c": "\\frac{3}{8}", "\u215d": "\\frac{5}{8}", "\u215e": "\\frac{7}{8}",
+    "\u2151": "\\frac{1}{9}", "\u2152": "\\frac{1}{10}",
     "\u00a0": " ", "\u2002": " ", "\u2003": " ", "\u2007": " ", "\u2009": " ", "\u200a": " ", "\u202f": " ",
     "\u3000": " ", "\u200b": "",
 }
@@ -46,7 +49,9 @@ _THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+)(?![\d,])")
 _LIST_OPENER = re.compile(r"[(\[]|\\\{|\\langle")
 _SPACED_THOUSANDS = re.compile(r"-?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _SPACES = re.compile(r"\s+")
-_LOOSE_SPACE = re.compile(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])")
+_LOOSE_SPACE = re.compile(r"(?<![A-Za-z0-9,]) | (?![A-Za-z0-9])")
+# Items keep one space after their comma: `5, 125` is a list, and math-verify reads `5,125` as 5125.
+_COMMA = re.compile(r", ?")
 
 
 def plain_characters(text: str) -> str:
@@ -66,8 +71,9 @@ def _ascii_digit(match: re.Match[str]) -> str:
 
 
 def _drop_noise(match: re.Match[str]) -> str:
+    """A row separator stays; a negative thin space joins (`10,\\!000` is ten thousand); other spacing is a space."""
     token = match.group(0)
-    return token if token == "\\\\" else " "
+    return token if token == "\\\\" else "" if token == "\\!" else " "
 
 
 def tidy(answer: str) -> str:
@@ -107,4 +113,4 @@ def single_groups(text: str) -> str:
 
 def canonical(tidied: str) -> str:
     """A tidied answer in the one spelling string equality compares: no space beside a non-alphanumeric."""
-    return single_groups(_LOOSE_SPACE.sub("", tidied))
+    return single_groups(_COMMA.sub(", ", _LOOSE_SPACE.sub("", tidied)))

@@ -9,6 +9,8 @@
 | strict_format | one of each tag and one \\boxed, in order, nothing outside | 1.0 / -0.5 | -0.5 |
 | gsm8k | number after the last `####` (else the last number) equals the label | 1.0 / 0.0 | 0.0 |
 
+The answer verifiers look after the last `</think>` first, so that a guess the policy dropped
+while thinking is not graded in place of its final answer (the whole response when there is none).
 A sample that times out or raises gets the verifier's worst score (MindSpeed-RL gives 0.0,
 which under `acc` beats a wrong answer: a policy would learn to make the verifier time out).
 The layout checks are plain scans that give the same verdicts as MindSpeed-RL's regexes
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from mindrl.rewards.answers import extract_answer, gsm8k_answer, last_boxed, response_only
+from mindrl.rewards.answers import after_thinking, extract_answer, gsm8k_answer, last_boxed, response_only
 from mindrl.rewards.equality import answers_equal
 from mindrl.rewards.registry import register_verifier
 
@@ -80,7 +82,9 @@ def accuracy(response: str, label: str) -> float:
 
 @register_verifier("math_17k_acc", worst_score=0.0)
 def boxed_accuracy(response: str, label: str) -> float:
-    return 1.0 if answers_equal(last_boxed(response_only(response)), label) else 0.0
+    text = response_only(response)
+    boxed = last_boxed(after_thinking(text))
+    return 1.0 if answers_equal(last_boxed(text) if boxed is None else boxed, label) else 0.0
 
 
 @register_verifier("base_acc", worst_score=0.0)
