@@ -15,6 +15,8 @@ from mindrl.platform.cuda import CudaPlatform
 from mindrl.platform.npu import NpuPlatform
 
 PLATFORMS: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform, "npu": NpuPlatform}
+#: the platform a rank runs, by the Ray resource it holds
+RESOURCE_PLATFORMS = {"NPU": "npu", "GPU": "cuda", "CPU": "cpu"}
 _current: Platform | None = None
 
 
@@ -44,4 +46,4 @@ def get_platform(device: str | None = None) -> Platform:
     return _current
 
 
-__all__ = ["PLATFORMS", "Platform", "detect", "get_platform"]
+__all__ = ["PLATFORMS", "RESOURCE_PLATFORMS", "Platform", "detect", "get_platform"]

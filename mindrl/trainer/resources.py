@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindrl.config.errors import ConfigError
+from mindrl.platform import RESOURCE_PLATFORMS
 
 #: config key → Ray resource name
 RESOURCE_KEYS = {"num_npus": "NPU", "num_gpus": "GPU", "num_cpus": "CPU"}
 _KEY_OF = {kind: key for key, kind in RESOURCE_KEYS.items()}
-#: the mindrl.platform a rank on each kind of device runs
-PLATFORM_OF = {"NPU": "npu", "GPU": "cuda", "CPU": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class RoleResource:
 
     @property
     def platform(self) -> str:
-        return PLATFORM_OF[self.kind]
+        return RESOURCE_PLATFORMS[self.kind]
 
     def __str__(self) -> str:
         return f"{self.key}: {self.count}"
