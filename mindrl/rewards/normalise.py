@@ -36,7 +36,7 @@ _TRANSLATION = str.maketrans(_CHARACTERS)
 _SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
 _SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+")
 _ROOT = re.compile("\u221a(\\d+|[A-Za-z])?")
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_OTHER_DIGIT = re.compile(r"(?![0-9])\d")  # a decimal digit of another script
 
 # `\\\\` first, so that the backslash ending a row separator never starts a spacing command.
 _LATEX_NOISE = re.compile(r"\\\\|\\[,!;: ]|\\q?quad(?![A-Za-z])|\\(?:left|right)(?![A-Za-z])")
@@ -60,14 +60,8 @@ def plain_characters(text: str) -> str:
         return text
     text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPTS) + "}", text)
     text = _ROOT.sub(lambda m: f"\\sqrt{{{m.group(1)}}}" if m.group(1) else "\\sqrt ", text)
-    text = _NON_ASCII.sub(_ascii_digit, text)
+    text = _OTHER_DIGIT.sub(lambda m: str(unicodedata.decimal(m.group(0))), text)
     return text.translate(_TRANSLATION)
-
-
-def _ascii_digit(match: re.Match[str]) -> str:
-    """A decimal digit of any script as its ASCII digit (`٥`, `५` → 5); other characters as they are."""
-    char = match.group(0)
-    return str(unicodedata.decimal(char)) if char.isdecimal() else char
 
 
 def _drop_noise(match: re.Match[str]) -> str:
@@ -91,7 +85,7 @@ def tidy(answer: str) -> str:
     return text.replace(" ", "") if _SPACED_THOUSANDS.fullmatch(text) else text
 
 
-def single_groups(text: str) -> str:
+def _single_groups(text: str) -> str:
     """`{{x}}` as `{x}` and `((x))` as `(x)`: the same group, and LaTeX parsers take time exponential
     in such nesting (`{` × 16 around a 5 took math-verify over 10 s). Escaped `\\{` is not a group;
     brackets that do not pair up as groups (intervals such as `[0, 1)`) leave the text as it is."""
@@ -112,5 +106,6 @@ def single_groups(text: str) -> str:
 
 
 def canonical(tidied: str) -> str:
-    """A tidied answer in the one spelling string equality compares: no space beside a non-alphanumeric."""
-    return single_groups(_COMMA.sub(", ", _LOOSE_SPACE.sub("", tidied)))
+    """A tidied answer in the one spelling string equality compares: no space beside a non-alphanumeric
+    but one after each comma, and doubled groups written once."""
+    return _single_groups(_COMMA.sub(", ", _LOOSE_SPACE.sub("", tidied)))
