@@ -1,14 +1,12 @@
 """The trainer's prompt order and start point: what a resume depends on, checked without Ray."""
 
-import argparse
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 from mindrl.checkpoint import megatron as mg
-from mindrl.config import ConfigError
+from mindrl.config import ConfigError, ParallelConfig, load_model_arch
 from mindrl.trainer.config import load_trainer_config
 from mindrl.trainer.grpo import check_runnable, sampling_for_step
 from mindrl.trainer.prompts import Prompt, PromptLoader, read_prompts
@@ -48,8 +46,9 @@ def test_too_few_prompts_and_a_missing_file_are_one_sentence(tmp_path):
         read_prompts(tmp_path / "bad.parquet")
 
 
-def _save_rank(root, iteration, extra=None):
-    args = argparse.Namespace(pipeline_model_parallel_size=1)
+def _save_rank(root, iteration, extra=None, model="tiny_qwen", tp=1):
+    """A checkpoint's args and trainer state as the driver reads them (one rank file of one weight)."""
+    args = mg.checkpoint_args(load_model_arch(model), ParallelConfig(tp, 1), torch.float32)
     mg.save_rank(root, iteration, 0, 0, {"w": torch.zeros(1)}, args, extra=extra or {})
     mg.write_tracker(root, iteration)
 
@@ -76,6 +75,13 @@ def test_start_point_mistakes(tmp_path):
     _save_rank(tmp_path / "foreign", 10)
     with pytest.raises(ConfigError, match="records no data position\\); set finetune: true"):
         start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={tmp_path / 'foreign'}"]).actor_config)
+    # another model or layout is refused here, before Ray, not by the workers once they start
+    _save_rank(tmp_path / "small", "release", model="small_qwen")
+    with pytest.raises(ConfigError, match="holds a different architecture than model tiny_qwen: num_layers"):
+        start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={tmp_path / 'small'}"]).actor_config)
+    _save_rank(tmp_path / "tp2", "release", tp=2)
+    with pytest.raises(ConfigError, match=r"is sharded TP=2 PP=1 but the model is TP=1 PP=1; re-shard it"):
+        start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={tmp_path / 'tp2'}"]).actor_config)
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -153,6 +153,14 @@ def load_rank(root: str | Path, tp_rank: int, pp_rank: int, expect_arch: ModelAr
               mmap: bool = True) -> dict[str, Any]:
     """One rank's state, after checking the checkpoint matches the model it is loaded into."""
     iteration = read_tracker(root) if iteration is None else iteration
+    stored_par = check_checkpoint(root, iteration, expect_arch, expect_par)
+    return read_rank(existing_rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp), mmap)
+
+
+def check_checkpoint(root: str | Path, iteration: int | str, expect_arch: ModelArch | None = None,
+                     expect_par: ParallelConfig | None = None) -> ParallelConfig:
+    """Refuse a checkpoint another model or layout would be loaded from (read from its args alone, so a
+    driver can ask before any worker starts); returns its layout."""
     args = load_args(root, iteration)
     stored_arch, stored_par = arch_of(args, str(root)), parallel_of(args)
     if megatron_args.virtual_stages(args) > 1:
@@ -173,4 +181,4 @@ def load_rank(root: str | Path, tp_rank: int, pp_rank: int, expect_arch: ModelAr
             raise ConfigError(
                 f"checkpoint {root} holds a different architecture than model {expect_arch.name}: "
                 + ", ".join(diffs[:4]) + "; point load at the right checkpoint or fix the model yaml.")
-    return read_rank(existing_rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp), mmap)
+    return stored_par

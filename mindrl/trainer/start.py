@@ -56,6 +56,7 @@ def _start_point(actor: MegatronConfig, job: str) -> StartPoint:
         raise ConfigError(f"actor_config.load={actor.load} holds no {mg.TRACKER}; point it at a checkpoint from "
                           f"cli/convert_ckpt.py (hf → mg) or from a previous run's `save`.")
     iteration = mg.read_tracker(root)
+    mg.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
     if iteration == "release" or actor.finetune:
         return StartPoint(0, str(root))
     extra = saved_extra(root, iteration)
