@@ -41,9 +41,8 @@ def check_hf_tensors(weights: HFWeights, arch: ModelArch) -> None:
     """Every tensor the architecture needs is present in the shape config.json gives it, and every
     present tensor is used: a tensor cut by the config's shape from a differently shaped one
     would read its neighbour's bytes or drop rows without a word."""
-    expected = set(hfm.hf_global_names(arch))
-    for i in range(arch.num_layers):
-        expected.update(hfm.hf_layer_prefix(i) + n for n in hfm.hf_layer_names(arch))
+    shapes = hfm.hf_param_shapes(arch)
+    expected = set(shapes)
     present = {n for n in weights.names() if not n.endswith(_IGNORED_SUFFIXES)}
     if arch.tied_embeddings and hfm.OUTPUT[0] in present:
         present.discard(hfm.OUTPUT[0])  # some exports save the tied head too; it is the embedding
@@ -57,7 +56,6 @@ def check_hf_tensors(weights: HFWeights, arch: ModelArch) -> None:
         hint = " (QKV biases: a Qwen2-family model takes --model-type-hf qwen2)" if qkv_bias else ""
         raise ConfigError(f"the HF checkpoint has {len(unexpected)} tensors the architecture does not use, "
                           f"e.g. {unexpected[0]}{hint}; nothing is dropped silently, so fix --model-type-hf.")
-    shapes = hfm.hf_param_shapes(arch)
     wrong = [name for name in shapes if weights.shape(name) != shapes[name]]
     if wrong:
         name = wrong[0]

@@ -67,16 +67,6 @@ def hf_layer_names(arch: ModelArch) -> list[str]:
     return names
 
 
-def hf_global_names(arch: ModelArch) -> list[str]:
-    """HF tensor names outside the decoder layers."""
-    names = [EMBEDDING[0], FINAL_NORM[0]]
-    if arch.has_output_layer:
-        names.append(OUTPUT[0])
-    if arch.has_score_head:
-        names.append(SCORE[0])
-    return names
-
-
 def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     """Every HF tensor of `arch` with its shape, in checkpoint order."""
     h, hd, ffn = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
