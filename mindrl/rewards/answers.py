@@ -86,18 +86,24 @@ def answer_tag(text: str) -> str | None:
     return found.strip() if found is not None else None
 
 
-def after_thinking(text: str) -> str:
-    """What follows the last `</think>`: where the final answer of a reasoning response is, so a guess
-    the policy dropped while thinking is not taken for it. The whole text if there is no `</think>`."""
+def answer_regions(text: str) -> tuple[str, ...]:
+    """Where to look for the final answer, in order: what follows the last `</think>` (so a guess the
+    policy dropped while thinking is not taken for it), then the whole text for a response that answers
+    only while thinking; just the text when there is no `</think>`."""
     end = text.rfind("</think>")
-    return text if end < 0 else text[end + len("</think>"):]
+    return (text,) if end < 0 else (text[end + len("</think>"):], text)
+
+
+def final_boxed(text: str) -> str | None:
+    """The last boxed answer of the first answer region that has one."""
+    return next((boxed for part in answer_regions(text) if (boxed := last_boxed(part)) is not None), None)
 
 
 def extract_answer(response: str) -> str | None:
     """The final answer of a response: its last \\boxed{}, else its last <answer> tag — searched after
     the thinking first, then (for a response that answers only inside it) in the whole text."""
     text = response_only(response)
-    for part in (after_thinking(text), text):
+    for part in answer_regions(text):
         boxed = last_boxed(part)
         if boxed is not None:
             return boxed
@@ -109,9 +115,9 @@ def extract_answer(response: str) -> str | None:
 
 def gsm8k_answer(response: str) -> str | None:
     """GSM8K convention: the text after the last `####`, else the last number in the response —
-    after the thinking first (see after_thinking), then in the whole text."""
+    searched by answer_regions."""
     text = plain_characters(response_only(response)).replace("{,}", ",")  # `−12` keeps its sign; LaTeX's `1{,}234`
-    for part in (after_thinking(text), text):
+    for part in answer_regions(text):
         if "####" in part:
             tail = part.rsplit("####", 1)[1].strip()
             number = _NUMBER.search(tail.replace("$", ""))

@@ -123,8 +123,8 @@ def _build(raw: str) -> _Answer:
     if repeating:
         sign, whole, fixed, period = repeating.groups()
         value = Fraction(int(whole + fixed + period) - int(whole + fixed or "0"),
-                         10 ** len(fixed) * (10 ** len(period) - 1))
-        return _Answer(text, value=-value if sign else value, quantity=-value if sign else value)
+                         10 ** len(fixed) * (10 ** len(period) - 1)) * (-1 if sign else 1)
+        return _Answer(text, value=value, quantity=value)
     number = _NUMBER.fullmatch(text)
     if number:
         value = _fraction(number)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from mindrl.rewards.answers import after_thinking, extract_answer, gsm8k_answer, last_boxed, response_only
+from mindrl.rewards.answers import extract_answer, final_boxed, gsm8k_answer, last_boxed, response_only
 from mindrl.rewards.equality import answers_equal
 from mindrl.rewards.registry import register_verifier
 
@@ -82,9 +82,7 @@ def accuracy(response: str, label: str) -> float:
 
 @register_verifier("math_17k_acc", worst_score=0.0)
 def boxed_accuracy(response: str, label: str) -> float:
-    text = response_only(response)
-    boxed = last_boxed(after_thinking(text))
-    return 1.0 if answers_equal(last_boxed(text) if boxed is None else boxed, label) else 0.0
+    return 1.0 if answers_equal(final_boxed(response_only(response)), label) else 0.0
 
 
 @register_verifier("base_acc", worst_score=0.0)
