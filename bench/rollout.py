@@ -109,7 +109,7 @@ def _engine_generate(backend: str, actor, cfg, prompts: list[list[int]], args: a
     compiled = backend == "vllm-compiled"  # vLLM's torch.compile path: slower start, faster steps
     cfg = dataclasses.replace(cfg, backend="vllm" if compiled else backend, enforce_eager=not compiled)
     start = time.perf_counter()
-    engine = make_engine(actor, cfg, eos_token_ids=[])
+    engine = make_engine(actor.model, actor.arch, actor.par, cfg, [], actor.cfg.seed)
     out: dict = {"start_s": time.perf_counter() - start}
     dtype = DTYPES["fp32" if cfg.dtype == "float32" else "bf16"]
     if compiled:

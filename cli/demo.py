@@ -6,7 +6,9 @@ Needs the facts tokenizer and data (scripts/demo.sh makes them). Runs cli/train_
 (sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with cli/evaluate.py,
 runs cli/train_grpo.py (grpo_facts_cpu) from it, evaluates the result the same way, writes the
 reward / accuracy curve to `--png` and prints the before/after table, the two evaluation commands
-(run again, they print the same figures) and one JSON line. Step counts default to the configs'.
+(run again, they print the same figures) and one JSON line (every figure: `<out>/demo.json`). Each
+stage keeps what its libraries print in its own log (`<out>/sft/run.log`, `<out>/grpo/run.log`,
+`<out>/evaluate.log`); the console shows mindrl's lines. Step counts default to the configs'.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: every held-out figure of both evaluations, beside the checkpoints (the console's JSON line is the summary)
+FIGURES = "demo.json"
 
 
 def _cli(args: list[str], capture: bool = False) -> tuple[float, str]:
@@ -38,7 +42,8 @@ def evaluate_command(load: Path, data: str, tokenizer: str) -> list[str]:
     """cli/evaluate.py's arguments for the demo's held-out figures: greedy, the trainer's verifiers."""
     return [os.path.relpath(ROOT / "cli" / "evaluate.py"), "--load", str(load), "--data", data,
             "--tokenizer", tokenizer, "--max-tokens", "16", "--max-model-len", "96",
-            "--verifiers", "gsm8k", "answer_sentence", "--weights", "1.0", "0.1"]
+            "--verifiers", "gsm8k", "answer_sentence", "--weights", "1.0", "0.1",
+            "--log", os.path.relpath(load.parent / "evaluate.log")]
 
 
 def _accuracy(command: list[str]) -> dict:
@@ -119,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GRPO gain: {100 * (after['pass@1'] - before['pass@1']):+.1f} points in {grpo_s:.0f} s "
           f"(SFT {sft_s:.0f} s); curve: {png}")
     print("the held-out figures again:\n" + "\n".join(f"  python {' '.join(c)}" for c in evaluations) + "\n")
-    print(json.dumps({"seed": args.seed, "sft_accuracy": before["pass@1"], "grpo_accuracy": after["pass@1"],
-                      "gain_points": 100 * (after["pass@1"] - before["pass@1"]), "sft_seconds": sft_s,
-                      "grpo_seconds": grpo_s, "curve": str(png), "held_out": {"sft": before, "grpo": after}}),
-          flush=True)
+    summary = {"seed": args.seed, "sft_accuracy": before["pass@1"], "grpo_accuracy": after["pass@1"],
+               "gain_points": round(100 * (after["pass@1"] - before["pass@1"]), 2), "sft_seconds": round(sft_s, 1),
+               "grpo_seconds": round(grpo_s, 1), "figures": str(out / FIGURES)}
+    (out / FIGURES).write_text(json.dumps({**summary, "curve": str(png), "held_out": {"sft": before, "grpo": after}},
+                                          indent=1) + "\n")
+    print(json.dumps(summary), flush=True)
     return 0
 
 

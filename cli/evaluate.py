@@ -5,7 +5,8 @@
 
 `--load` is a Megatron checkpoint (converted, SFT or GRPO; its latest iteration) or an HF model
 folder. Greedy by default, exactly as the trainer's validation. Prints one JSON line: pass@1
-(and each pass@k), mean score and response length, overall and per data_source.
+(and each pass@k), mean score and response length, overall and per data_source. What the engines and
+libraries print on the way goes to `--log` (default runs/evaluate.log), every line kept.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindrl.config.errors import ConfigError
+from mindrl.console import error, run_log
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--output", default=None, help="parquet to write the generations and their scores to")
+    parser.add_argument("--log", default="runs/evaluate.log",
+                        help="where the engines' and libraries' own output goes (appended; default %(default)s)")
     args = parser.parse_args(argv)
     weights = args.weights or [1.0] + [0.1] * (len(args.verifiers) - 1)
     try:
@@ -50,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                          verifiers=args.verifiers, weights=weights, ks=args.k, backend=args.backend,
                          dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                          output=args.output)
-        summary = evaluate(cfg)
+        with run_log(args.log):
+            summary = evaluate(cfg)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        error(str(err))
         return 2
     print(json.dumps(summary), flush=True)
     return 0

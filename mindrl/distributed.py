@@ -6,6 +6,7 @@ same way, so data-parallel replicas start from identical weights without a broad
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 
@@ -17,6 +18,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 from mindrl.config.model import ModelArch
 from mindrl.platform import Platform, get_platform
+from mindrl.platform.precision import Bf16Speed, Precision, choose
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
@@ -88,3 +90,14 @@ def destroy() -> None:
     release_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def agreed_precision(setting: bool | str, section: str, resumed_bf16: bool | None = None) -> Precision:
+    """What every rank of the world trains in (a collective): bf16 counts as fast only where it is fast on
+    every rank, and the slowest rank's measurement is the one reported."""
+    speed = None
+    if setting is True or (setting == "auto" and resumed_bf16 is None):
+        speeds: list[Bf16Speed | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(speeds, get_platform().bf16_speed())
+        speed = min(speeds, key=lambda s: (s.fast, math.inf if s.ratio is None else s.ratio))
+    return choose(setting, speed, section, resumed_bf16)

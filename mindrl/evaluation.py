@@ -120,18 +120,17 @@ def megatron_checkpoint(load: str, workdir: Path) -> str:
 def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[list[int]],
                    eos_token_ids: tuple[int, ...]) -> Any:
     from mindrl.checkpoint import megatron as mg
-    from mindrl.rollout.colocated import ColocatedRollout
-    from mindrl.rollout.engines import make_engine
+    from mindrl.workers.colocated import ColocatedRollout
     from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
     args = mg.load_args(checkpoint)
     gen = cfg.generate_config()
     actor = ActorWorker(mg.arch_of(args, checkpoint), mg.parallel_of(args), ActorConfig(seed=cfg.seed), checkpoint)
-    engine = make_engine(actor, gen, eos_token_ids)
+    rollout = ColocatedRollout.build(actor, gen, eos_token_ids)
     try:
-        result, _ = ColocatedRollout(actor, engine, gen).generate(prompts, cfg.n_samples, gen.sampling_config)
+        result, _ = rollout.generate(prompts, cfg.n_samples, gen.sampling_config)
     finally:
-        engine.close()
+        rollout.engine.close()
     return result if rank == 0 else None
 
 

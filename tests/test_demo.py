@@ -28,7 +28,9 @@ def test_the_demo_chain_runs_sft_then_grpo_from_it_and_its_figures_reproduce(tmp
     text = log.read_text()
     assert done.returncode == 0, text[-6000:]
     summary = json.loads(text.strip().splitlines()[-1])
-    held_out = summary["held_out"]
+    figures = json.loads((out / "demo.json").read_text())
+    assert {k: figures[k] for k in summary} == summary
+    held_out = figures["held_out"]
     assert held_out["sft"]["prompts"] == held_out["grpo"]["prompts"] == 40
     assert held_out["sft"]["pass@1"] == summary["sft_accuracy"]
     assert held_out["grpo"]["pass@1"] == summary["grpo_accuracy"]

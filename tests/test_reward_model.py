@@ -186,6 +186,7 @@ def test_grpo_with_a_reward_model(tiny_math_data, reward_checkpoints, tmp_path, 
     cfg = load_trainer_config("grpo_tiny_cpu", [
         f"megatron_training.tokenizer_name_or_path={tokenizer}", f"megatron_training.data_path={root / 'math'}",
         f"megatron_training.save={tmp_path / 'run'}", "megatron_training.train_iters=2",
+        "megatron_training.bf16=false",  # the scores are compared with HF transformers' in fp32
         "rl_config.test_interval=0", "rl_config.use_tensorboard=false", "rl_config.overlong_buffer_enable=false",
         "generate_config.sampling_config.max_tokens=24", "generate_config.max_num_seqs=32",
         "rl_config.actor_resource={num_cpus: 1}", placement, f"+reward_config.load={reward_checkpoints['reward']}",

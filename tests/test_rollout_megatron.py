@@ -269,16 +269,15 @@ def test_cuda_greedy_equals_hf_and_log_probs_equal_the_actor(models):
 
 def _colocated_megatron(rank: int, checkpoint: str) -> dict:
     """A colocated rollout with the Megatron-native engine at DP=2: each replica generates half the prompts."""
-    from mindrl.rollout.colocated import ColocatedRollout
     from mindrl.rollout.config import GenerateConfig
-    from mindrl.rollout.engines import make_engine
+    from mindrl.workers.colocated import ColocatedRollout
 
     actor = _actor(checkpoint)
     cfg = GenerateConfig(backend="megatron", max_model_len=MAX_MODEL_LEN, offload_train_grad=True,
                          offload_train_optimizer=True, offload_train_param=True,
                          sampling_config=SamplingConfig(top_k=1, max_tokens=NEW_TOKENS))
-    engine = make_engine(actor, cfg, eos_token_ids=[])
-    rollout = ColocatedRollout(actor, engine, cfg)
+    rollout = ColocatedRollout.build(actor, cfg, eos_token_ids=[])
+    engine = rollout.engine
     first, _ = rollout.generate(PROMPTS, n=2)
     batch = rollout_batch(PROMPTS, first, n=2)
     actor.update({**batch, "old_log_probs": torch.zeros_like(batch["loss_mask"]),

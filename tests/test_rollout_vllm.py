@@ -38,8 +38,8 @@ def _actor(arch, par: ParallelConfig, seed: int = 3) -> ActorWorker:
 
 
 def _colocated(actor: ActorWorker, cfg: GenerateConfig = GENERATE):
-    from mindrl.rollout.colocated import ColocatedRollout
     from mindrl.rollout.vllm_engine import VllmEngine
+    from mindrl.workers.colocated import ColocatedRollout
 
     return ColocatedRollout(actor, VllmEngine(actor.arch, cfg), cfg)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from mindrl.config import ConfigError
+from mindrl.config.resources import Cluster
 from mindrl.trainer.config import TRAINER_CONFIGS_DIR, check_resources, load_mindspeed_config, load_trainer_config
-from mindrl.trainer.resources import Cluster
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -46,10 +46,10 @@ def test_too_few_prompts_and_a_missing_file_are_one_sentence(tmp_path):
         read_prompts(tmp_path / "bad.parquet")
 
 
-def _save_rank(root, iteration, extra=None, model="tiny_qwen", tp=1):
+def _save_rank(root, iteration, extra=None, model="tiny_qwen", tp=1, **state):
     """A checkpoint's args and trainer state as the driver reads them (one rank file of one weight)."""
     args = mg.checkpoint_args(load_model_arch(model), ParallelConfig(tp, 1), torch.float32)
-    mg.save_rank(root, iteration, 0, 0, {"w": torch.zeros(1)}, args, extra=extra or {})
+    mg.save_rank(root, iteration, 0, 0, {"w": torch.zeros(1)}, args, extra=extra or {}, **state)
     mg.write_tracker(root, iteration)
 
 
@@ -58,7 +58,7 @@ def test_start_point_tells_converted_weights_from_a_run_to_resume(tmp_path):
     assert start_point(cfg).initial_weights is None and start_point(cfg).iteration == 0
     release, run = tmp_path / "release", tmp_path / "run"
     _save_rank(release, "release")
-    _save_rank(run, 6, {"data": {"epoch": 1, "position": 4}, "initial_weights": str(release)})
+    _save_rank(run, 6, {"data": {"epoch": 1, "position": 4}, "initial_weights": str(release)}, optimizer={})
     from_release = start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={release}"]).actor_config)
     assert (from_release.iteration, from_release.initial_weights, from_release.resume) == (0, str(release), None)
     resume = start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={run}"]).actor_config)
@@ -72,7 +72,7 @@ def test_start_point_tells_converted_weights_from_a_run_to_resume(tmp_path):
 def test_start_point_mistakes(tmp_path):
     with pytest.raises(ConfigError, match=r"holds no latest_checkpointed_iteration\.txt; point it at a checkpoint"):
         start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={tmp_path}"]).actor_config)
-    _save_rank(tmp_path / "foreign", 10)
+    _save_rank(tmp_path / "foreign", 10, optimizer={})  # another trainer's: optimizer state, no data position
     with pytest.raises(ConfigError, match="records no data position\\); set finetune: true"):
         start_point(load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={tmp_path / 'foreign'}"]).actor_config)
     # another model or layout is refused here, before Ray, not by the workers once they start

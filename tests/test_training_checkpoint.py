@@ -150,7 +150,7 @@ def _equal_states(a: dict, b: dict) -> bool:
 def test_resume_continues_bit_identically(saved, resumed, layout):
     for before, after in zip(saved, resumed, strict=True):
         first, second = before[layout], after[layout]
-        assert second["resumed"] == training.Resumed(BEFORE, EXTRA)
+        assert second["resumed"] == training.Resumed(BEFORE, EXTRA, updates=BEFORE)
         assert second["at_load"]["stage"] == first["at_save"]["stage"]
         assert _equal_states(second["at_load"]["params"], first["at_save"]["params"])
         assert first["at_save"]["optim"].keys() == second["at_load"]["optim"].keys()
@@ -293,7 +293,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint(crashed, roots):
 def test_after_a_crash_the_previous_checkpoint_loads_and_the_next_save_cleans_up(crashed, other_dp, roots):
     side = Path(roots["side"])
     for rank, result in enumerate(other_dp):
-        assert result["recovered"] == training.Resumed(1, {"trainer_step": 1})
+        assert result["recovered"] == training.Resumed(1, {"trainer_step": 1}, updates=1)
         assert _equal_states(result["recovered_params"], torch.load(side / f"params{rank}.pt"))
     assert sorted(os.listdir(roots["crash"])) == ["iter_0000001", "iter_0000003", mg.TRACKER]
     assert mg.read_tracker(roots["crash"]) == 3

@@ -32,6 +32,8 @@ from mindrl.models import arch_fields
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RANK_FILE = "model_optim_rng.pt"
+#: the distributed optimizer's state, beside a training checkpoint's rank file
+OPTIM_FILE = "distrib_optim.pt"
 CHECKPOINT_VERSION = 3.0
 
 torch.serialization.add_safe_globals([argparse.Namespace])
@@ -43,6 +45,13 @@ def iteration_dir_name(iteration: int | str) -> str:
 
 def rank_dir_name(tp_rank: int, pp_rank: int, pp: int) -> str:
     return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+
+
+def holds_training_state(root: str | Path, iteration: int | str) -> bool:
+    """Whether the iteration keeps optimizer state beside its weights: a training checkpoint, as opposed to
+    converted or re-sharded weights (which a run can start from but not resume)."""
+    files = sorted((Path(root) / iteration_dir_name(iteration)).glob(f"mp_rank_*/{RANK_FILE}"))
+    return bool(files) and ((files[0].parent / OPTIM_FILE).is_file() or "optimizer" in load_rank_file(files[0]))
 
 
 def rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int, pp: int) -> Path:

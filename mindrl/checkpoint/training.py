@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,24 +38,43 @@ from megatron.core import parallel_state
 
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint import rng
-from mindrl.config import ConfigError
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.models import arch_fields
 from mindrl.models.gpt import load_stage_weights
 from mindrl.platform import get_platform
 
-if TYPE_CHECKING:
-    from mindrl.workers.megatron_worker import ActorWorker
-
-OPTIM_FILE = "distrib_optim.pt"
 _TMP, _OLD = ".tmp-", ".old-"
 
 
 @dataclass(frozen=True)
+class TrainState:
+    """One rank's training state, handed over by whoever trains it: the checkpoint layer writes and restores
+    these objects in place and knows nothing of the worker that holds them."""
+
+    model: torch.nn.Module
+    #: megatron-core's (distributed) optimizer over `model`
+    optimizer: Any
+    #: megatron-core's OptimizerParamScheduler
+    scheduler: Any
+    arch: ModelArch
+    par: ParallelConfig
+    #: optimizer steps taken so far (the rollout engine's weights are current when it saw this count)
+    updates: int = 0
+
+    @property
+    def ranks(self) -> tuple[int, int, int, int]:
+        """(tensor, pipeline, data-parallel rank, data-parallel size) of this process."""
+        return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+                parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
+
+
+@dataclass(frozen=True)
 class Resumed:
-    """What a load hands back to the trainer."""
+    """What a load hands back: the iteration, the caller's extra state, and the update count to continue from."""
 
     iteration: int
     extra: dict[str, Any]
+    updates: int = 0
 
 
 def _optimizers(optimizer: Any) -> list[Any]:
@@ -86,11 +105,6 @@ def check_plain(extra: dict[str, Any]) -> None:
             raise ValueError(f"extra checkpoint state {key!r} is a {type(value).__name__}; keep extra state to "
                              f"numbers, strings, None, lists, tuples, dicts and tensors, so it loads without "
                              f"running code.") from None
-
-
-def _check_onloaded(worker: ActorWorker, action: str) -> None:
-    if worker.offloader.offloaded_bytes:
-        raise RuntimeError(f"the actor's training state is offloaded; call onload() before {action}.")
 
 
 class SaveFailed(RuntimeError):
@@ -146,29 +160,27 @@ def _publish(root: Path, tmp: Path, iteration: int) -> None:
     mg.write_tracker(root, iteration)
 
 
-def save_actor(worker: ActorWorker, root: str | Path, iteration: int, extra: dict[str, Any] | None = None) -> Path:
+def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, Any] | None = None) -> Path:
     """Every rank calls this; returns the iteration's directory once the tracker names it."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
     extra = dict(extra or {})
     check_plain(extra)
-    _check_onloaded(worker, "save_checkpoint")
     root = Path(root)
-    sharded = _is_sharded(worker.optimizer)
-    dp_group = parallel_state.get_data_parallel_group()
-    rng_states: list[Any] = [None] * worker.dp_size
-    dist.all_gather_object(rng_states, rng.capture(), group=dp_group)
+    sharded = _is_sharded(state.optimizer)
+    dp_rank, dp_size = state.ranks[2:]
+    rng_states: list[Any] = [None] * dp_size
+    dist.all_gather_object(rng_states, rng.capture(), group=parallel_state.get_data_parallel_group())
     param_state = None
     if sharded:  # a collective over the data-parallel group; data-parallel rank 0 receives it
-        states = [opt.get_parameter_state_dp_zero() for opt in _optimizers(worker.optimizer)]
+        states = [opt.get_parameter_state_dp_zero() for opt in _optimizers(state.optimizer)]
         param_state = states[0] if len(states) == 1 else states
     tmp = root / f"{_TMP}{mg.iteration_dir_name(iteration)}"
     what = f"saving checkpoint iteration {iteration} to {root}"
     first = dist.get_rank() == 0
     try:
         _together(lambda: _prepare(root, tmp), first, what)
-        _together(lambda: _write_rank(worker, tmp, iteration, rng_states, param_state, extra),
-                  worker.dp_rank == 0, what)
+        _together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra), dp_rank == 0, what)
     except SaveFailed:
         if first:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -177,56 +189,56 @@ def save_actor(worker: ActorWorker, root: str | Path, iteration: int, extra: dic
     return root / mg.iteration_dir_name(iteration)
 
 
-def _write_rank(worker: ActorWorker, tmp: Path, iteration: int, rng_states: list[Any], param_state: Any,
+def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[Any], param_state: Any,
                 extra: dict[str, Any]) -> None:
-    folder = tmp / mg.rank_dir_name(worker.tp_rank, worker.pp_rank, worker.par.pp)
+    tp_rank, pp_rank, _, dp_size = state.ranks
+    folder = tmp / mg.rank_dir_name(tp_rank, pp_rank, state.par.pp)
     folder.mkdir()
     if param_state is not None:
-        _write(param_state, folder / OPTIM_FILE)
-    args = mg.checkpoint_args(worker.arch, worker.par, worker.model.config.params_dtype,
-                              data_parallel_size=worker.dp_size, use_distributed_optimizer=param_state is not None)
-    state = {
-        "model": {name: mg.compact(p.detach().cpu()) for name, p in worker.model.named_parameters()},
+        _write(param_state, folder / mg.OPTIM_FILE)
+    args = mg.checkpoint_args(state.arch, state.par, state.model.config.params_dtype,
+                              data_parallel_size=dp_size, use_distributed_optimizer=param_state is not None)
+    contents = {
+        "model": {name: mg.compact(p.detach().cpu()) for name, p in state.model.named_parameters()},
         "iteration": iteration,
         "checkpoint_version": mg.CHECKPOINT_VERSION,
         "args": args,
-        "optimizer": worker.optimizer.state_dict(),
-        "opt_param_scheduler": worker.scheduler.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "opt_param_scheduler": state.scheduler.state_dict(),
         "rng_state": rng_states,
-        "actor_updates": worker.updates,
+        "actor_updates": state.updates,
         "extra": extra,
     }
-    _write(state, folder / mg.RANK_FILE)
+    _write(contents, folder / mg.RANK_FILE)
 
 
-def load_actor(worker: ActorWorker, root: str | Path, iteration: int | None = None, load_optim: bool = True,
-               load_rng: bool = True) -> Resumed:
+def load(state: TrainState, root: str | Path, iteration: int | None = None, load_optim: bool = True,
+         load_rng: bool = True) -> Resumed:
     """Every rank calls this. Restores the weights always, the optimizer and LR scheduler unless
     `load_optim` is false (a fresh optimizer and schedule on the loaded weights), and the random
     generators unless `load_rng` is false. Everything is checked before anything is changed."""
-    _check_onloaded(worker, "load_checkpoint")
     root = Path(root)
     iteration = mg.read_tracker(root) if iteration is None else iteration
     if iteration == "release":
         raise ConfigError(f"{root} holds converted weights (release), not a training checkpoint; start the actor "
                           f"from it as its initial weights instead of resuming.")
-    _check_layout(worker, root, iteration, mg.load_args(root, iteration))
-    path = mg.existing_rank_file(root, iteration, worker.tp_rank, worker.pp_rank, worker.par.pp)
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    _check_contents(worker, path, state, load_optim, load_rng)
-    load_stage_weights(worker.model, state["model"])
+    _check_layout(state, root, iteration, mg.load_args(root, iteration))
+    tp_rank, pp_rank, dp_rank, _ = state.ranks
+    path = mg.existing_rank_file(root, iteration, tp_rank, pp_rank, state.par.pp)
+    contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    _check_contents(state, path, contents, load_optim, load_rng)
+    load_stage_weights(state.model, contents["model"])
     if load_optim:
-        _load_optimizer(worker, state, path.with_name(OPTIM_FILE))
+        _load_optimizer(state, contents, path.with_name(mg.OPTIM_FILE))
     else:
-        _fresh_optimizer(worker)
+        _fresh_optimizer(state)
     if load_rng:
-        rng.restore(state["rng_state"][worker.dp_rank])
-    worker.updates = int(state.get("actor_updates", 0))
-    return Resumed(int(state["iteration"]), dict(state.get("extra", {})))
+        rng.restore(contents["rng_state"][dp_rank])
+    return Resumed(int(contents["iteration"]), dict(contents.get("extra", {})), int(contents.get("actor_updates", 0)))
 
 
-def _check_layout(worker: ActorWorker, root: Path, iteration: int, args: Any) -> None:
-    stored, par = mg.parallel_of(args), worker.par
+def _check_layout(state: TrainState, root: Path, iteration: int, args: Any) -> None:
+    stored, par = mg.parallel_of(args), state.par
     if (stored.tp, stored.pp, stored.num_layer_list) != (par.tp, par.pp, par.num_layer_list):
         layers = f" layers {','.join(map(str, stored.num_layer_list))}" if stored.num_layer_list else ""
         raise ConfigError(
@@ -235,60 +247,61 @@ def _check_layout(worker: ActorWorker, root: Path, iteration: int, args: Any) ->
             f"--save-model-type mg --target-tensor-parallel-size {par.tp} --target-pipeline-parallel-size "
             f"{par.pp} and resume from that with no_load_optim and no_load_rng, or run the actor at "
             f"TP={stored.tp} PP={stored.pp}.")
-    diffs = arch_fields.arch_differences(mg.arch_of(args, str(root)), worker.arch, stored.tp)
+    diffs = arch_fields.arch_differences(mg.arch_of(args, str(root)), state.arch, stored.tp)
     if diffs:
         raise ConfigError(f"checkpoint {root} iteration {iteration} holds a different architecture than model "
-                          f"{worker.arch.name}: " + ", ".join(diffs[:4]) + "; point load at the right checkpoint "
+                          f"{state.arch.name}: " + ", ".join(diffs[:4]) + "; point load at the right checkpoint "
                           "or fix the model yaml.")
 
 
-def _check_contents(worker: ActorWorker, path: Path, state: dict[str, Any], load_optim: bool,
+def _check_contents(state: TrainState, path: Path, contents: dict[str, Any], load_optim: bool,
                     load_rng: bool) -> None:
     """What resuming asks for must be there: a converted or re-sharded checkpoint has weights only.
     Every rank checks the same things, so all of them stop together."""
-    root, iteration = path.parents[2], state.get("iteration")
-    if load_optim and "optimizer" not in state:
+    root, iteration = path.parents[2], contents.get("iteration")
+    dp_size = state.ranks[3]
+    if load_optim and "optimizer" not in contents:
         raise ConfigError(f"checkpoint {root} iteration {iteration} holds no optimizer state (converted or "
                           f"re-sharded weights); resume from it with no_load_optim and no_load_rng.")
-    if load_rng and "rng_state" not in state:
+    if load_rng and "rng_state" not in contents:
         raise ConfigError(f"checkpoint {root} iteration {iteration} holds no RNG state (converted or re-sharded "
                           f"weights); resume from it with no_load_rng.")
-    saved_dp = len(state["rng_state"]) if load_rng else worker.dp_size
-    if saved_dp != worker.dp_size:
+    saved_dp = len(contents["rng_state"]) if load_rng else dp_size
+    if saved_dp != dp_size:
         raise ConfigError(f"checkpoint {root} iteration {iteration} was saved with {saved_dp} data-parallel ranks "
-                          f"but the actor has {worker.dp_size}; RNG states are kept per data-parallel rank, so "
+                          f"but the actor has {dp_size}; RNG states are kept per data-parallel rank, so "
                           f"resume with no_load_rng (the optimizer state re-shards) or with {saved_dp} "
                           f"data-parallel ranks.")
-    optim_file = path.with_name(OPTIM_FILE)
-    if load_optim and _is_sharded(worker.optimizer) and not optim_file.is_file():
+    optim_file = path.with_name(mg.OPTIM_FILE)
+    if load_optim and _is_sharded(state.optimizer) and not optim_file.is_file():
         raise FileNotFoundError(f"checkpoint {root} lacks {optim_file.relative_to(root)}; it is incomplete.")
 
 
 @torch.no_grad()  # the fp32 master weights are views of parameters that require grad
-def _load_optimizer(worker: ActorWorker, state: dict[str, Any], optim_file: Path) -> None:
-    worker.optimizer.load_state_dict(state["optimizer"])
-    if _is_sharded(worker.optimizer):  # a collective: data-parallel rank 0 reads and scatters
+def _load_optimizer(state: TrainState, contents: dict[str, Any], optim_file: Path) -> None:
+    state.optimizer.load_state_dict(contents["optimizer"])
+    if _is_sharded(state.optimizer):  # a collective: data-parallel rank 0 reads and scatters
         # Two megatron-core 0.16 slips on torch's Adam, which keeps `step` per parameter: the loader
         # copies every per-parameter key from the file, which holds no `step` (it came with
         # `optimizer` above), so set it aside; and load_state_dict gave every parameter the *same*
         # step tensor, which Adam's in-place `step += 1` would then advance once per parameter.
-        steps = [(opt.optimizer.state, param, kept.pop("step")) for opt in _optimizers(worker.optimizer)
+        steps = [(opt.optimizer.state, param, kept.pop("step")) for opt in _optimizers(state.optimizer)
                  for param, kept in opt.optimizer.state.items() if "step" in kept]
         try:
-            worker.optimizer.load_parameter_state(str(optim_file))
+            state.optimizer.load_parameter_state(str(optim_file))
         finally:
             for states, param, step in steps:
                 states[param]["step"] = step.clone()
-    worker.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
-    worker.scheduler.load_state_dict(state["opt_param_scheduler"])
+    state.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
+    state.scheduler.load_state_dict(contents["opt_param_scheduler"])
 
 
 @torch.no_grad()
-def _fresh_optimizer(worker: ActorWorker) -> None:
+def _fresh_optimizer(state: TrainState) -> None:
     """Megatron's --no-load-optim: Adam's moments and the LR schedule start over (so a warm-up
     protects the fresh moments), and the master weights are taken from the loaded model."""
-    for opt in _optimizers(worker.optimizer):
+    for opt in _optimizers(state.optimizer):
         opt.optimizer.state.clear()
-    worker.optimizer.reload_model_params()
-    worker.scheduler.num_steps = 0
-    worker.scheduler.step(increment=0)
+    state.optimizer.reload_model_params()
+    state.scheduler.num_steps = 0
+    state.scheduler.step(increment=0)

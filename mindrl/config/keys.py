@@ -9,7 +9,8 @@ where a user wants the whole list at once).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mindrl.config.errors import ConfigError
@@ -86,24 +87,32 @@ def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
     return {str(key).replace("-", "_"): value for key, value in values.items()}
 
 
+@dataclass(frozen=True)
+class KeyNote:
+    """A key mindrl does not take: the section it was written in, and the sentence saying why."""
+
+    section: str
+    sentence: str
+
+
 class Keys:
     """Where key problems go: raised at once (`notes is None`) or appended to `notes`.
 
     `only` limits unknown-key reports to those keys (the rest were reported by another section).
     """
 
-    def __init__(self, notes: list[str] | None = None, only: set[str] | None = None) -> None:
+    def __init__(self, notes: list[KeyNote] | None = None, only: set[str] | None = None) -> None:
         self.notes, self.only = notes, only
 
-    def problem(self, message: str) -> None:
+    def problem(self, section: str, message: str) -> None:
         if self.notes is None:
             raise ConfigError(message)
-        self.notes.append(message)
+        self.notes.append(KeyNote(section, message))
 
     def unknown(self, section: str, key: str, known: Iterable[str]) -> None:
         if self.only is not None and key not in self.only:
             return
-        self.problem(unknown_key_message(section, key, known))
+        self.problem(section, unknown_key_message(section, key, known))
 
     def split(self, section: str, values: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
         """The known keys of `values`; every other key is a problem."""
@@ -126,3 +135,18 @@ def unknown_key_message(section: str, key: str, known: Iterable[str]) -> str:
     hint = (f"did you mean {close[0]!r}?" if close
             else f"docs/config.md lists the keys of {section or 'a trainer config'}.")
     return f"{section or 'the trainer config'} has unknown key {key!r}; {hint}"
+
+
+def unsupported_keys_message(notes: Sequence[KeyNote], also: str | None = None) -> str:
+    """Every key problem of a config in one message, grouped by section in the order they were met (one
+    problem alone is its own sentence); `also` is the error that stopped the loading after them."""
+    sentences = list(dict.fromkeys(notes))
+    if len(sentences) == 1 and also is None:
+        return sentences[0].sentence
+    lines = [f"{len(sentences)} keys of this config are not supported; nothing was started:"]
+    for section in dict.fromkeys(note.section for note in sentences):
+        lines.append(f"{section or 'top level'}:")
+        lines.extend(f"  {note.sentence}" for note in sentences if note.section == section)
+    if also is not None:
+        lines.append(f"and then: {also}")
+    return "\n".join(lines)

@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from mindrl.platform.precision import Bf16Speed
+
 
 class Platform(ABC):
     """One device kind: its torch.distributed backend, devices and Ray resource."""
@@ -31,6 +33,10 @@ class Platform(ABC):
     @abstractmethod
     def device(self, local_rank: int = 0) -> torch.device:
         """The device a process with this local rank computes on."""
+
+    @abstractmethod
+    def bf16_speed(self) -> Bf16Speed:
+        """Whether bf16 outruns fp32 on this process's device (what `bf16: auto` decides by)."""
 
     def set_device(self, local_rank: int = 0) -> None:
         """Bind this process to its device (a no-op where there is only one)."""

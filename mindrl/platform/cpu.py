@@ -8,6 +8,7 @@ import torch
 
 from mindrl.platform import cpu_patches
 from mindrl.platform.base import Platform
+from mindrl.platform.precision import Bf16Speed, cpu_bf16_speed
 
 
 class CpuPlatform(Platform):
@@ -22,6 +23,9 @@ class CpuPlatform(Platform):
 
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
+
+    def bf16_speed(self) -> Bf16Speed:
+        return cpu_bf16_speed()
 
     def setup(self) -> None:
         cpu_patches.apply()

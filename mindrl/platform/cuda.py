@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mindrl.platform.base import Platform
+from mindrl.platform.precision import Bf16Speed
 
 
 class CudaPlatform(Platform):
@@ -22,6 +23,14 @@ class CudaPlatform(Platform):
 
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+
+    def bf16_speed(self) -> Bf16Speed:
+        # Without emulation: torch's default also says yes where bf16 merely loads (pre-Ampere), then runs slowly.
+        name = torch.cuda.get_device_name()
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return Bf16Speed(True, f"{name} computes bf16 natively")
+        major, minor = torch.cuda.get_device_capability()
+        return Bf16Speed(False, f"{name} (compute capability {major}.{minor}) has no native bf16; it needs 8.0")
 
     def set_device(self, local_rank: int = 0) -> None:
         torch.cuda.set_device(self.device(local_rank))

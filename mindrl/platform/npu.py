@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from mindrl.platform.base import Platform
+from mindrl.platform.precision import Bf16Speed
 
 _type_names_patched = False
 
@@ -74,6 +75,12 @@ class NpuPlatform(Platform):
     def device(self, local_rank: int = 0) -> torch.device:
         self._import_torch_npu()
         return torch.device("npu", local_rank % max(torch.npu.device_count(), 1))
+
+    def bf16_speed(self) -> Bf16Speed:
+        name = torch.npu.get_device_name()
+        if torch.npu.is_bf16_supported():
+            return Bf16Speed(True, f"{name} computes bf16 natively")
+        return Bf16Speed(False, f"{name} has no native bf16")
 
     def set_device(self, local_rank: int = 0) -> None:
         torch.npu.set_device(self.device(local_rank))

@@ -16,33 +16,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 from mindrl.config.errors import ConfigError
-
-Verifier = Callable[[str, str], float]
-_REGISTRY: dict[str, Verifier] = {}
-
-
-def register_verifier(name: str, worst_score: float | None = None) -> Callable[[Verifier], Verifier]:
-    """Decorator: make `fn` available to `verifier_function` under `name`, with its worst score."""
-
-    def add(fn: Verifier) -> Verifier:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"a verifier named {name!r} is already registered ({_REGISTRY[name].__module__}).")
-        if worst_score is not None:
-            fn.worst_score = float(worst_score)
-        _REGISTRY[name] = fn
-        return fn
-
-    return add
+from mindrl.rewards.registration import REGISTRY, Verifier
 
 
 def known_verifiers() -> list[str]:
     _load_builtins()
-    return sorted(_REGISTRY)
+    return sorted(REGISTRY)
 
 
 def is_custom(name: str) -> bool:
@@ -52,11 +36,11 @@ def is_custom(name: str) -> bool:
 def get_verifier(name: str) -> Verifier:
     """The verifier for a registered name or a `file.py:function` / `module:function` spec."""
     _load_builtins()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
+    if name in REGISTRY:
+        return REGISTRY[name]
     if is_custom(name):
         fn = _load_custom(name)
-        _REGISTRY[name] = fn
+        REGISTRY[name] = fn
         return fn
     raise ConfigError(f"unknown verifier {name!r} in verifier_function; known: {', '.join(known_verifiers())} "
                       f"(or give your own as path/to/file.py:function or package.module:function).")
@@ -98,7 +82,23 @@ def _load_custom(spec: str) -> Verifier:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"custom verifier {spec!r}: {target} has no function {attr!r}.")
+    _check_signature(spec, attr, fn)
     return fn
+
+
+def _check_signature(spec: str, name: str, fn: Verifier) -> None:
+    """A verifier is called as fn(response, label) in every scoring process: a function that cannot take that
+    call would fail on every sample, each failure scored as the worst score, and the run would train on noise."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a C function may not describe itself: nothing to compare with
+        return
+    try:
+        signature.bind("response", "label")
+    except TypeError:
+        raise ConfigError(f"custom verifier {spec!r}: {name}{signature} cannot be called as {name}(response, label); a "
+                          f"verifier takes the response text and the label (two positional parameters) and returns a "
+                          f"float.") from None
 
 
 def _load_builtins() -> None:

@@ -23,7 +23,7 @@ import re
 
 from mindrl.rewards.answers import extract_answer, final_boxed, gsm8k_answer, last_boxed, response_only
 from mindrl.rewards.equality import answers_equal
-from mindrl.rewards.registry import register_verifier
+from mindrl.rewards.registration import register_verifier
 
 _THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")

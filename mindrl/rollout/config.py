@@ -17,7 +17,7 @@ from mindrl.config.keys import Keys, normalise
 from mindrl.config.values import check_types
 
 BACKENDS = ("auto", "vllm", "megatron")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # generate_config keys of MindSpeed-RL that ask for something mindrl's rollout does not do.
 _UNSUPPORTED = {
     "infer_expert_parallel_size": "expert parallelism (MoE)",
@@ -80,7 +80,8 @@ class GenerateConfig:
     backend: str = "auto"
     infer_tensor_parallel_size: int = 1
     infer_pipeline_parallel_size: int = 1
-    dtype: str = "bfloat16"
+    #: the engine's weights; auto: the actor's training precision (bfloat16 where it trains in bf16, else float32)
+    dtype: str = "auto"
     max_num_seqs: int = 256
     max_model_len: int = 2048
     max_num_batched_tokens: int = 8192
@@ -128,8 +129,8 @@ class GenerateConfig:
         for key, feature in _UNSUPPORTED.items():
             value = values.pop(key, None)
             if not _is_off(value):
-                keys.problem(f"generate_config.{key}={value!r} asks for {feature}, which mindrl's rollout does "
-                             f"not do; remove it.")
+                keys.problem("generate_config", f"generate_config.{key}={value!r} asks for {feature}, which "
+                                                f"mindrl's rollout does not do; remove it.")
         for key in _NO_EFFECT:
             values.pop(key, None)
         sampling = values.pop("sampling_config", None)
@@ -147,6 +148,12 @@ class GenerateConfig:
             raise ConfigError(f"on {platform} vLLM cannot split a seeded prompt's prefill over steps, so "
                               f"generate_config.max_num_batched_tokens={self.max_num_batched_tokens} must be at "
                               f"least max_model_len={self.max_model_len}; raise it.")
+
+    def engine_dtype(self, actor_bf16: bool) -> GenerateConfig:
+        """This config with `dtype: auto` resolved to the actor's precision (an explicit dtype is kept)."""
+        if self.dtype != "auto":
+            return self
+        return dataclasses.replace(self, dtype="bfloat16" if actor_bf16 else "float32")
 
     def offloads_anything(self) -> bool:
         return self.offload_train_param or self.offload_train_grad or self.offload_train_optimizer

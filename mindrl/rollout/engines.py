@@ -6,10 +6,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from mindrl.config import ConfigError
+import torch
+
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.rollout.base import RolloutEngine
 from mindrl.rollout.config import GenerateConfig
-from mindrl.workers.megatron_worker import ActorWorker
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +27,17 @@ def resolve_backend(cfg: GenerateConfig) -> str:
     return cfg.backend
 
 
-def make_engine(actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int],
-                hf_config: dict[str, Any] | None = None) -> RolloutEngine:
-    """The rollout engine for the actor's ranks (built collectively: every actor rank calls this)."""
+def make_engine(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, cfg: GenerateConfig,
+                eos_token_ids: Sequence[int], seed: int, hf_config: dict[str, Any] | None = None) -> RolloutEngine:
+    """The rollout engine for the ranks of an actor's `model` (built collectively: every actor rank calls this);
+    the Megatron-native engine generates with that model itself, vLLM gets its weights by sync."""
     backend = resolve_backend(cfg)
     log.info("rollout backend: %s", backend)
     if backend == "megatron":
         from mindrl.rollout.megatron_engine import MegatronEngine
 
-        return MegatronEngine(actor.model, actor.arch, actor.par, eos_token_ids, cfg.max_model_len,
-                              cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        return MegatronEngine(model, arch, par, eos_token_ids, cfg.max_model_len, cfg.max_num_seqs,
+                              cfg.max_num_batched_tokens)
     from mindrl.rollout.vllm_engine import VllmEngine
 
-    return VllmEngine(actor.arch, cfg, eos_token_ids, hf_config=hf_config, seed=actor.cfg.seed)
+    return VllmEngine(arch, cfg, eos_token_ids, hf_config=hf_config, seed=seed)

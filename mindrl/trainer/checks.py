@@ -8,19 +8,15 @@ collective, a shape error in the update, or a truncated rollout after the cluste
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from mindrl.algorithms.advantages import GROUP_ESTIMATORS
 from mindrl.algorithms.group_filter import TOTAL_SCORE
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import PLATFORMS
-from mindrl.trainer.megatron import MegatronConfig
+from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.reward_model import REWARD_MODEL
-
-if TYPE_CHECKING:
-    from mindrl.trainer.config import TrainerConfig
+from mindrl.trainer.rl import RLConfig
 
 
 def check_colocation(cfg: TrainerConfig) -> None:
@@ -34,9 +30,6 @@ def check_colocation(cfg: TrainerConfig) -> None:
             raise ConfigError("rl_config.reference_resource must be unset with use_integrated_worker: true (the "
                               "reference runs inside the actor's processes); remove it or set use_integrated_worker: "
                               "false.")
-        if "ref_config" in cfg.sections_given:
-            raise ConfigError("ref_config must be absent with use_integrated_worker: true (the actor's settings serve "
-                              "the reference); move its keys to actor_config or set use_integrated_worker: false.")
     if rl.colocate_all_models and rl.colocate_actor_ref is False:
         raise ConfigError("colocate_all_models: true contradicts colocate_actor_ref: false; drop one of them.")
     if cfg.colocate_actor_ref and ref is not None and ref != actor:
@@ -169,33 +162,23 @@ def check_rewards(cfg: TrainerConfig) -> None:
                           f"{' or ' + repr(REWARD_MODEL) if model else ''}.")
 
 
-def reward_model_role(reward: MegatronConfig, actor: MegatronConfig) -> MegatronConfig:
-    """reward_config with the architecture its checkpoint records (a reward model need not be the actor's
-    size), after refusing a missing load, a causal LM, a head of more than one output, another layout or a
-    vocabulary that cannot take the actor's token ids."""
-    from mindrl.checkpoint import megatron as mg
+def inert_keys(cfg: TrainerConfig) -> list[str]:
+    """Keys set away from their default whose enabling key is off: they would do nothing, so each gets a warning
+    naming what would enable it (refusing them would turn away MindSpeed-RL files that carry them)."""
+    rl, defaults = cfg.rl_config, RLConfig()
+    notices = cfg.actor_config.inert_keys()
 
-    if reward.load is None:
-        raise ConfigError("a reward model (rl_config.reward_resource or reward_config) needs reward_config.load; point "
-                          "it at the reward model's Megatron checkpoint (cli/convert_ckpt.py --orm).")
-    try:
-        args = mg.load_args(reward.load)
-        arch, par = mg.arch_of(args, "reward model"), mg.parallel_of(args)
-    except (OSError, ConfigError) as err:
-        raise ConfigError(f"reward_config.load={reward.load} is not a readable Megatron checkpoint ({err}); point it "
-                          f"at cli/convert_ckpt.py --orm output.") from None
-    if arch.num_labels is None:
-        raise ConfigError(f"reward_config.load={reward.load} is a causal LM (it has an LM head, no score head); a "
-                          f"reward model is an HF *ForSequenceClassification converted with cli/convert_ckpt.py --orm.")
-    if arch.num_labels != 1:
-        raise ConfigError(f"reward_config.load={reward.load} has a score head of {arch.num_labels} outputs; the "
-                          f"reward worker takes one score per response (num_labels 1).")
-    if (par.tp, par.pp) != (reward.tensor_model_parallel_size, reward.pipeline_model_parallel_size):
-        raise ConfigError(f"reward_config.load={reward.load} is sharded TP={par.tp} PP={par.pp} but reward_config asks "
-                          f"TP={reward.tensor_model_parallel_size} PP={reward.pipeline_model_parallel_size}; set them "
-                          f"to the checkpoint's or re-shard it with cli/convert_ckpt.py (mg -> mg).")
-    if arch.padded_vocab_size < actor.arch.padded_vocab_size:
-        raise ConfigError(f"the reward model's vocabulary ({arch.padded_vocab_size} ids) is smaller than the actor's "
-                          f"({actor.arch.padded_vocab_size}); it scores the actor's token ids, so it needs the actor's "
-                          f"tokenizer.")
-    return replace(reward, arch=arch, num_layer_list=par.num_layer_list)
+    def off(keys: tuple[str, ...], because: str) -> None:
+        notices.extend(f"rl_config.{key}={getattr(rl, key)!r} has no effect {because}." for key in keys
+                       if getattr(rl, key) != getattr(defaults, key))
+
+    if not rl.filter_groups_enable:
+        off(("filter_groups_metric", "filter_groups_max_batches", "filter_groups_train_batch_size"),
+            "without filter_groups_enable: true (DAPO's dynamic sampling)")
+    if rl.rollout_is == "none":
+        off(("rollout_is_threshold",), "with rollout_is: none; set rollout_is to token or sequence to correct for "
+                                       "the engine/trainer mismatch")
+    if cfg.reward_config is None:
+        off(("reward_model_normalize", "reward_model_weight"), "without a reward model (rl_config.reward_resource "
+                                                               "or colocate_all_models with reward_config)")
+    return notices

@@ -2,7 +2,12 @@
 
 `RAY_ADDRESS` (set by `ray start` scripts or by the user) means a running cluster, whose nodes
 may still be joining; without it the driver starts a private one-node cluster with this
-machine's cores and devices, no dashboard, reachable on this machine only.
+machine's cores and devices, reachable on this machine only, with no dashboard unless the config asks
+for one (Ray 2.60 still starts its per-node agent: its raylet needs it for runtime environments).
+
+Workers' output is not streamed to the driver's terminal: with a run log open (mindrl.console) each
+worker process appends everything it writes to that log from its first moment, and a worker's failure
+reaches the terminal as the driver's one message about it (mindrl.workers.group).
 """
 
 from __future__ import annotations
@@ -11,20 +16,21 @@ import os
 import time
 from collections.abc import Callable
 
+from mindrl import console
 from mindrl.config.errors import ConfigError
-from mindrl.trainer.resources import Cluster
+from mindrl.config.resources import Cluster
 
 #: seconds between looks at a running cluster that does not yet offer what the run needs
 POLL_S = 5.0
 
 
-def connect_when_ready(check: Callable[[Cluster], None], wait_s: float) -> Cluster:
+def connect_when_ready(check: Callable[[Cluster], None], wait_s: float, dashboard: bool = False) -> Cluster:
     """Join the cluster (or start one) and return what it offers once `check` accepts it.
 
     A running cluster (RAY_ADDRESS) may still be gaining nodes, so it is looked at again every
     POLL_S seconds for up to `wait_s`, saying once what is missing; then `check`'s sentence ends the
     run. A private cluster of this machine will not grow: it is judged once."""
-    cluster = connect()
+    cluster = connect(dashboard)
     if not os.environ.get("RAY_ADDRESS"):
         check(cluster)
         return cluster
@@ -40,25 +46,35 @@ def connect_when_ready(check: Callable[[Cluster], None], wait_s: float) -> Clust
             if time.monotonic() >= deadline:
                 raise ConfigError(f"{str(err).rstrip('.')} (after waiting {wait_s:.0f} s for nodes to join).") from None
             if not said:
-                print(f"[mindrl] waiting up to {wait_s:.0f} s for the cluster: {err}", flush=True)
+                console.say(f"waiting up to {wait_s:.0f} s for the cluster: {err}")
                 said = True
         time.sleep(POLL_S)
         cluster = Cluster.from_ray(ray.cluster_resources())
 
 
-def connect() -> Cluster:
+def connect(dashboard: bool = False) -> Cluster:
     """What the cluster offers, for the caller to check its roles against."""
     import ray
 
     # Quieter worker logs unless the user chose otherwise; the workers inherit the driver's environment.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if dashboard and not os.environ.get("RAY_ADDRESS"):
+        from ray._private.utils import get_dashboard_dependency_error
+
+        if get_dashboard_dependency_error() is not None:
+            raise ConfigError('include_dashboard: true needs Ray\'s dashboard packages, which are not installed; run '
+                              'pip install "ray[default]==2.60.0" or set it to false.')
     if not ray.is_initialized():
+        log = os.environ.get(console.RUN_LOG_ENV)
+        runtime_env = {"worker_process_setup_hook": console.WORKER_SETUP_HOOK,
+                       "env_vars": {console.RUN_LOG_ENV: log}} if log else None
         address = os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, log_to_driver=not log, runtime_env=runtime_env)
         else:
-            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=True)
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=dashboard, log_to_driver=not log,
+                     runtime_env=runtime_env)
     return Cluster.from_ray(ray.cluster_resources())
 
 
@@ -80,7 +96,7 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float) -> list[str]:
                 raise ConfigError(f"only {len(alive)} of {nodes} nodes joined the cluster at {address} within "
                                   f"{timeout_s:.0f} s (joined: {', '.join(alive) or 'none'}); start the worker "
                                   f"script on the missing nodes, check they reach {address}, or lower NNODES.")
-            print(f"[mindrl] {len(alive)} of {nodes} nodes joined; waiting", flush=True)
+            console.say(f"{len(alive)} of {nodes} nodes joined; waiting")
             time.sleep(POLL_S)
     finally:
         ray.shutdown()

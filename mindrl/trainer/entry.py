@@ -5,24 +5,35 @@ Hydra overrides. The whole config, and this machine's devices unless RAY_ADDRESS
 running cluster (checked once the driver has joined it), are judged before any worker
 starts; a mistake is one sentence on stderr and exit status 2. A rank lost mid-run, or devices the cluster
 never offers, is one sentence and exit status 1.
+
+Once the config is good, everything the run's processes write goes to `run.log` in its `save` folder
+(or runs/<config-name>/ without one) and the terminal shows mindrl's own lines (mindrl.console); an
+unexpected failure shows its last lines there and leaves the whole traceback in the log.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from mindrl.config.errors import ConfigError, RunError
 
+#: the log file a run keeps in its save folder
+RUN_LOG = "run.log"
+#: traceback lines an unexpected failure shows on the terminal (the log has them all)
+TAIL_LINES = 8
+
 
 def run_trainer(argv: Sequence[str] | None, description: str, config_dir: Path,
                 load: Callable[[str, Sequence[str], str], Any], check_resources: Callable[[Any], None],
                 fit: Callable[[Any], Any]) -> int:
     """Parse, load, check, then `fit(cfg)` (which imports the heavy parts); returns the exit status."""
+    from mindrl.console import error, run_log, say
+
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config-name", "-cn", required=True, help=f"config name in {config_dir.name}/")
     parser.add_argument("--config-dir", "-cd", default=str(config_dir), help="where the configs live")
@@ -32,11 +43,23 @@ def run_trainer(argv: Sequence[str] | None, description: str, config_dir: Path,
         cfg = load(args.config_name, args.overrides, args.config_dir)
         if not os.environ.get("RAY_ADDRESS"):
             check_resources(cfg)
-        fit(cfg)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        error(str(err))
         return 2
-    except RunError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    with run_log(Path(cfg.save_dir or Path("runs") / args.config_name) / RUN_LOG) as log:
+        for notice in cfg.notices:
+            say(f"warning: {notice}")
+        try:
+            fit(cfg)
+        except ConfigError as err:
+            error(str(err))
+            return 2
+        except RunError as err:
+            error(f"{err} (the run's log: {log})")
+            return 1
+        except Exception as err:  # a failure no check foresaw: its traceback belongs in the log, its gist here
+            traceback.print_exc()
+            frames = "".join(traceback.format_tb(err.__traceback__)).rstrip().splitlines()[-TAIL_LINES:]
+            error("\n".join([f"{type(err).__name__}: {err}", *frames, f"(the whole traceback is in {log})"]))
+            return 1
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mindrl.console import say
+
 
 def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path:
     """`<save>/hf` from the checkpoint `save`'s tracker names (safetensors, config, and the tokenizer)."""
@@ -11,5 +13,5 @@ def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path:
 
     save = Path(save)
     target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False, tokenizer_model=tokenizer)
-    print(f"[mindrl] final weights exported to {target} (HF format)", flush=True)
+    say(f"final weights exported to {target} (HF format)")
     return target

@@ -21,10 +21,12 @@ from mindrl.algorithms.advantages import compute_advantages
 from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_values
 from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
 from mindrl.config import ConfigError
+from mindrl.console import say
 from mindrl.rollout.config import SamplingConfig
-from mindrl.trainer.config import TrainerConfig, check_resources
+from mindrl.trainer.config import check_resources
 from mindrl.trainer.experience import rollout_batch
 from mindrl.trainer.export import export_hf
+from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.metrics import (
     METRICS_FILE,
     MetricsSink,
@@ -111,12 +113,12 @@ class GRPOTrainer:
                    and i != self.tokenizer.unk_token_id)
         return PolicySpec(
             arch=actor.arch, par=actor.parallel, actor=cfg.actor_update_config(), generate=cfg.generate_config,
-            params_dtype=actor.params_dtype, eos_token_ids=tuple(sorted(eos)),
+            bf16=actor.bf16, eos_token_ids=tuple(sorted(eos)),
             initial_weights=self.start.initial_weights, with_reference=rl.uses_reference and self.ref_weights is None,
             ref_micro_batch_size=rl.ref_forward_micro_batch_size or actor.micro_batch_size,
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
             resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
-            load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng,
+            resume_bf16=self.start.bf16, load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng,
             reward=reward_spec(cfg) if self.reward_colocated else None)
 
     def setup(self) -> None:
@@ -128,14 +130,15 @@ class GRPOTrainer:
 
         cfg, rl = self.cfg, self.cfg.rl_config
         resource = rl.resources["actor_resource"]
-        connect_when_ready(lambda cluster: check_resources(cfg, cluster), rl.resource_wait_timeout)
-        print(f"[mindrl] starting {resource.count} actor ranks ({resource}); "
-              f"old log-probs: {'the update’s own forward (on-policy)' if self.on_policy else 'a separate pass'}",
-              flush=True)
+        connect_when_ready(lambda cluster: check_resources(cfg, cluster), rl.resource_wait_timeout,
+                           rl.include_dashboard)
+        say(f"starting {resource.count} actor ranks ({resource}); "
+            f"old log-probs: {'the update’s own forward (on-policy)' if self.on_policy else 'a separate pass'}")
         self.group = WorkerGroup("actor", PolicyRank, resource)
         host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
         ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
         self.dp_size = ranks[0]["dp_size"]
+        say(f"{ranks[0]['precision'].line}; rollout engine in {ranks[0]['engine_dtype']}")
         if self.ref_weights is not None:
             self.ref_group = self._reference_group()
         cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
@@ -151,8 +154,8 @@ class GRPOTrainer:
             self.loader.load_state_dict(extra["data"])
             if "reward_model_stats" in extra:
                 self.rewards.stats.load_state_dict(extra["reward_model_stats"])
-            print(f"[mindrl] resumed from {self.start.resume} at iteration {self.start.iteration} "
-                  f"(epoch {self.loader.epoch}, prompt {self.loader.position})", flush=True)
+            say(f"resumed from {self.start.resume} at iteration {self.start.iteration} "
+                f"(epoch {self.loader.epoch}, prompt {self.loader.position})")
         save = cfg.actor_config.save
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
@@ -164,11 +167,13 @@ class GRPOTrainer:
         ref, rl = self.cfg.ref_config, self.cfg.rl_config
         group = WorkerGroup("reference", ReferenceRank, rl.resources["reference_resource"])
         host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
-        spec = ReferenceSpec(ref.arch, ref.parallel, ref.params_dtype, self.ref_weights,
+        spec = ReferenceSpec(ref.arch, ref.parallel, ref.bf16, self.ref_weights,
                              self.sampling.temperature, rl.ref_forward_micro_batch_size or ref.micro_batch_size,
                              ref.seed, rl.packing_mode)
-        self.ref_dp_size = group.call("setup", host, port, spec, COLLECTIVE_TIMEOUT_S)[0]["dp_size"]
-        print(f"[mindrl] reference on its own {group.world_size} ranks, weights from {self.ref_weights}", flush=True)
+        setup = group.call("setup", host, port, spec, COLLECTIVE_TIMEOUT_S)[0]
+        self.ref_dp_size = setup["dp_size"]
+        say(f"reference on its own {group.world_size} ranks, weights from {self.ref_weights}; "
+            f"{setup['precision'].line}")
         return group
 
     def close(self) -> None:

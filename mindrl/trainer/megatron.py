@@ -2,8 +2,9 @@
 
 As in MindSpeed-RL a role section is `{**megatron_training, **role}` and may name its
 architecture with `model:` (an entry of the defaults list) or override architecture keys
-(`num_layers: 96`). Unlike MindSpeed-RL, `bf16: false` is allowed (fp32 training on CPU) and
-kernel or feature keys mindrl does not build are refused by name instead of passed on.
+(`num_layers: 96`). Unlike MindSpeed-RL, `bf16: false` (fp32) and `bf16: auto` (bf16 where the device runs
+it fast) are allowed, and kernel or feature keys mindrl does not build are refused by name instead of
+passed on.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class MegatronConfig:
     no_save_optim: bool = False
     no_save_rng: bool = False
     seed: int = 1234
-    bf16: bool = False
+    #: true: bf16 weights (fp32 master weights in the optimizer); false: fp32; auto: bf16 where the device runs it
+    #: faster than fp32 (decided by the ranks, mindrl.platform.precision)
+    bf16: bool | str = False
     use_distributed_optimizer: bool = True
     lr: float = 1e-6
     min_lr: float = 0.0
@@ -82,6 +85,8 @@ class MegatronConfig:
         for key in ("global_batch_size", "seq_length", "train_iters"):
             if getattr(self, key) is None:
                 raise ConfigError(f"{section}.{key} is required; set it in megatron_training.")
+        if isinstance(self.bf16, str) and self.bf16 != "auto":
+            raise ConfigError(f"{section}.bf16 must be true, false or auto, got {self.bf16!r}.")
         if self.lr_decay_style not in LR_DECAY_STYLES:
             raise ConfigError(f"{section}.lr_decay_style must be one of {', '.join(LR_DECAY_STYLES)}, got "
                               f"{self.lr_decay_style!r}.")
@@ -98,11 +103,6 @@ class MegatronConfig:
                 raise ConfigError(f"{section}.{key} must be in [0, 1), got {getattr(self, key)}.")
         if self.num_layer_list is not None:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
-
-    @property
-    def params_dtype(self) -> str:
-        """The workers' weight dtype (mindrl.models.dtypes): bf16 keeps fp32 main params in the optimizer."""
-        return "bf16" if self.bf16 else "fp32"
 
     @property
     def parallel(self) -> ParallelConfig:
@@ -128,6 +128,13 @@ class MegatronConfig:
                 raise ConfigError(f"{section}.{key}: {str(getattr(self, key)).lower()} is not supported by the trainer "
                                   f"(its checkpoints always hold the distributed optimizer and RNG state); set it to "
                                   f"{str(wanted).lower()}.")
+
+    def inert_keys(self) -> list[str]:
+        """Keys set here that do nothing because the key enabling them is not (a warning each, not an error)."""
+        if self.save is None and self.save_interval:
+            return [f"save_interval={self.save_interval} has no effect without save; set save to write checkpoints "
+                    f"every {self.save_interval} steps."]
+        return []
 
     def saves_at(self, step: int) -> bool:
         """Whether a checkpoint is written after `step`: every save_interval steps and at the last one."""

@@ -1,8 +1,9 @@
 """Step metrics: MindSpeed-RL's names, the summaries behind them, and one sink for all outputs.
 
 Names follow MindSpeed-RL so its users' dashboards and scripts keep working; docs/metrics.md
-defines each. The sink writes every step to the console (a tqdm bar with ETA), to
-TensorBoard and to a jsonl file that a killed run keeps line by line.
+defines each. The sink writes every step to the console (a tqdm bar with ETA on a terminal; a plain
+line now and then where the console is a file or a CI log, whose readers get no use of a redrawn bar),
+to TensorBoard and to a jsonl file that a killed run keeps line by line.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import IO
 
 import torch
 from tqdm import tqdm
+
+from mindrl.console import terminal_err
 
 #: MindSpeed-RL's phases of one GRPO step, logged as timing/<phase> in seconds
 TIMING_PHASES = ("all", "rollout", "old_log_p", "reference_model", "rule_reward", "adv", "update",
@@ -40,6 +43,10 @@ METRICS_FILE = "metrics.jsonl"
 #: console postfix: metric → short label
 POSTFIX = {"grpo/score/mean": "score", "accuracy": "acc", "response_length/mean": "len",
            "actor/pg_loss": "pg", "actor/kl_loss": "kl", "sft/loss": "loss", "timing/all": "step_s"}
+#: where the console is no terminal: a progress line at least every this many seconds,
+PLAIN_PROGRESS_S = 30.0
+#: and every 1/this of the run's steps
+PLAIN_PROGRESS_LINES = 20
 
 
 class StepTimer:
@@ -185,8 +192,14 @@ class MetricsSink:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(str(tensorboard_dir), purge_step=resume_iteration + 1)
-        self._bar = tqdm(total=train_iters, initial=resume_iteration, desc="train", unit="step",
-                         disable=not console, file=console_file, dynamic_ncols=True)
+        self._console = (console_file or terminal_err()) if console else None
+        self._bar = None
+        if self._console is not None and self._console.isatty():
+            self._bar = tqdm(total=train_iters, initial=resume_iteration, desc="train", unit="step",
+                             file=self._console, dynamic_ncols=True)
+        self._total, self._first = train_iters, resume_iteration
+        self._every = max(1, (train_iters - resume_iteration) // PLAIN_PROGRESS_LINES)
+        self._started = self._said = time.monotonic()
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Write one step everywhere and flush, so a kill loses at most the step being written."""
@@ -204,11 +217,26 @@ class MetricsSink:
                 self._writer.add_scalar(key, value, step)
             self._writer.flush()
         postfix = {label: f"{values[key]:.4g}" for key, label in POSTFIX.items() if key in values}
-        self._bar.set_postfix(postfix, refresh=False)
-        self._bar.update(step - self._bar.n)
+        if self._bar is not None:
+            self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(step - self._bar.n)
+        elif self._console is not None:
+            self._plain_line(step, postfix)
+
+    def _plain_line(self, step: int, postfix: Mapping[str, str]) -> None:
+        now = time.monotonic()
+        if step % self._every and step != self._total and now - self._said < PLAIN_PROGRESS_S:
+            return
+        self._said = now
+        per_step = (now - self._started) / (step - self._first)
+        eta = time.strftime("%H:%M:%S", time.gmtime(per_step * (self._total - step)))
+        fields = " ".join(f"{label}={value}" for label, value in postfix.items())
+        print(f"[mindrl] step {step}/{self._total} ({step / self._total:.0%}), {per_step:.3g} s/step, ETA {eta}"
+              f"{', ' + fields if fields else ''}", file=self._console, flush=True)
 
     def close(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
         if self._writer is not None:
             self._writer.close()
         if self._jsonl is not None:

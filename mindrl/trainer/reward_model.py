@@ -18,9 +18,14 @@ Validation uses the raw score: it describes the model, not the batch.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
+
+from mindrl.config import ConfigError
+from mindrl.console import say
+from mindrl.trainer.megatron import MegatronConfig
 
 NORMALISATIONS = ("none", "running", "group")
 #: the reward model's (normalised) scores under this name beside the verifiers' (filter_groups_metric may name it)
@@ -73,8 +78,7 @@ def reward_spec(cfg: Any) -> Any:
     from mindrl.workers.ray_ranks import RewardSpec
 
     reward = cfg.reward_config
-    return RewardSpec(reward.arch, reward.parallel, reward.params_dtype, reward.load, reward.micro_batch_size,
-                      reward.seed)
+    return RewardSpec(reward.arch, reward.parallel, reward.bf16, reward.load, reward.micro_batch_size, reward.seed)
 
 
 class RewardModelGroup:
@@ -91,10 +95,10 @@ class RewardModelGroup:
 
         group = WorkerGroup("reward", RewardRank, cfg.rl_config.resources["reward_resource"])
         host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
-        dp_size = group.call("setup", host, port, reward_spec(cfg), COLLECTIVE_TIMEOUT_S)[0]["dp_size"]
-        print(f"[mindrl] reward model on its own {group.world_size} ranks, weights from {cfg.reward_config.load}",
-              flush=True)
-        return cls(group, dp_size, owned=True)
+        setup = group.call("setup", host, port, reward_spec(cfg), COLLECTIVE_TIMEOUT_S)[0]
+        say(f"reward model on its own {group.world_size} ranks, weights from {cfg.reward_config.load}; "
+            f"{setup['precision'].line}")
+        return cls(group, setup["dp_size"], owned=True)
 
     def submit(self, tokens: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor) -> Any:
         """Start scoring each row at its response's last token; returns at once."""
@@ -112,3 +116,35 @@ class RewardModelGroup:
     def close(self) -> None:
         if self.owned:
             self.group.kill()
+
+
+def reward_model_role(reward: MegatronConfig, actor: MegatronConfig) -> MegatronConfig:
+    """reward_config with the architecture its checkpoint records (a reward model need not be the actor's
+    size), after refusing a missing load, a causal LM, a head of more than one output, another layout or a
+    vocabulary that cannot take the actor's token ids."""
+    from mindrl.checkpoint import megatron as mg
+
+    if reward.load is None:
+        raise ConfigError("a reward model (rl_config.reward_resource or reward_config) needs reward_config.load; point "
+                          "it at the reward model's Megatron checkpoint (cli/convert_ckpt.py --orm).")
+    try:
+        args = mg.load_args(reward.load)
+        arch, par = mg.arch_of(args, "reward model"), mg.parallel_of(args)
+    except (OSError, ConfigError) as err:
+        raise ConfigError(f"reward_config.load={reward.load} is not a readable Megatron checkpoint ({err}); point it "
+                          f"at cli/convert_ckpt.py --orm output.") from None
+    if arch.num_labels is None:
+        raise ConfigError(f"reward_config.load={reward.load} is a causal LM (it has an LM head, no score head); a "
+                          f"reward model is an HF *ForSequenceClassification converted with cli/convert_ckpt.py --orm.")
+    if arch.num_labels != 1:
+        raise ConfigError(f"reward_config.load={reward.load} has a score head of {arch.num_labels} outputs; the "
+                          f"reward worker takes one score per response (num_labels 1).")
+    if (par.tp, par.pp) != (reward.tensor_model_parallel_size, reward.pipeline_model_parallel_size):
+        raise ConfigError(f"reward_config.load={reward.load} is sharded TP={par.tp} PP={par.pp} but reward_config asks "
+                          f"TP={reward.tensor_model_parallel_size} PP={reward.pipeline_model_parallel_size}; set them "
+                          f"to the checkpoint's or re-shard it with cli/convert_ckpt.py (mg -> mg).")
+    if arch.padded_vocab_size < actor.arch.padded_vocab_size:
+        raise ConfigError(f"the reward model's vocabulary ({arch.padded_vocab_size} ids) is smaller than the actor's "
+                          f"({actor.arch.padded_vocab_size}); it scores the actor's token ids, so it needs the actor's "
+                          f"tokenizer.")
+    return replace(reward, arch=arch, num_layer_list=par.num_layer_list)

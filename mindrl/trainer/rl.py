@@ -19,9 +19,9 @@ from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
 from mindrl.config import ConfigError
 from mindrl.config.keys import Keys, normalise
+from mindrl.config.resources import RoleResource
 from mindrl.config.reward import RewardConfig
 from mindrl.config.values import check_types, positive
-from mindrl.trainer.resources import RoleResource
 from mindrl.trainer.reward_model import NORMALISATIONS
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
@@ -77,6 +77,8 @@ class RLConfig:
     test_interval: int = 0
     #: seconds to wait for a running cluster (RAY_ADDRESS) to offer the roles' devices before giving up
     resource_wait_timeout: float = 600.0
+    #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
+    include_dashboard: bool = False
     use_tensorboard: bool = False
     tensorboard_dir: str = "runs/tensorboard"
     #: verifier_function, verifier_weight, … (mindrl.config.reward), validated there

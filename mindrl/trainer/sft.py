@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mindrl.console import say
 from mindrl.data.sft import read_sft_examples, sft_batch
 from mindrl.trainer.export import export_hf
 from mindrl.trainer.metrics import METRICS_FILE, MetricsSink, StepTimer
@@ -29,8 +30,8 @@ class SFTTrainer:
         self.tokenizer = load_tokenizer(t.tokenizer_name_or_path, t.arch)
         path = split_path(t.data_path, "train")
         examples, too_long = read_sft_examples(path, self.tokenizer, cfg.sft.response_format, t.seq_length)
-        print(f"[mindrl] {len(examples)} SFT examples from {path}"
-              f"{f', {too_long} longer than seq_length={t.seq_length} left out' if too_long else ''}", flush=True)
+        say(f"{len(examples)} SFT examples from {path}"
+            f"{f', {too_long} longer than seq_length={t.seq_length} left out' if too_long else ''}")
         self.loader = PromptLoader(examples, t.global_batch_size, t.seed, shuffle=not t.no_shuffle)
         pad = self.tokenizer.pad_token_id
         self.pad_id = self.tokenizer.eos_token_id if pad is None else pad
@@ -40,9 +41,9 @@ class SFTTrainer:
         from mindrl.workers.ray_ranks import SFTSpec
 
         t = self.cfg.training
-        return SFTSpec(t.arch, t.parallel, t.actor_config(t.global_batch_size), t.params_dtype,
-                       self.start.initial_weights, self.start.resume,
-                       self.start.iteration if self.start.resume else None, not t.no_load_optim, not t.no_load_rng)
+        return SFTSpec(t.arch, t.parallel, t.actor_config(t.global_batch_size), t.bf16, self.start.initial_weights,
+                       self.start.resume, self.start.iteration if self.start.resume else None, self.start.bf16,
+                       not t.no_load_optim, not t.no_load_rng)
 
     def setup(self) -> None:
         from mindrl.trainer.cluster import connect_when_ready
@@ -50,17 +51,19 @@ class SFTTrainer:
         from mindrl.workers.ray_ranks import SFTRank
 
         t, resource = self.cfg.training, self.cfg.sft.resource
-        connect_when_ready(lambda cluster: check_resources(self.cfg, cluster), self.cfg.sft.resource_wait_timeout)
+        connect_when_ready(lambda cluster: check_resources(self.cfg, cluster), self.cfg.sft.resource_wait_timeout,
+                           self.cfg.sft.include_dashboard)
         weights = self.start.initial_weights or f"random (seed {t.seed})"
-        print(f"[mindrl] starting {resource.count} SFT ranks ({resource}), "
-              f"{'resuming ' + self.start.resume if self.start.resume else 'weights ' + weights}", flush=True)
+        say(f"starting {resource.count} SFT ranks ({resource}), "
+            f"{'resuming ' + self.start.resume if self.start.resume else 'weights ' + weights}")
         self.group = WorkerGroup("sft", SFTRank, resource)
         host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
         ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
+        say(ranks[0]["precision"].line)
         if self.start.resume:
             self.loader.load_state_dict(ranks[0]["extra"]["data"])
-            print(f"[mindrl] resumed from {self.start.resume} at iteration {self.start.iteration} "
-                  f"(epoch {self.loader.epoch}, example {self.loader.position})", flush=True)
+            say(f"resumed from {self.start.resume} at iteration {self.start.iteration} "
+                f"(epoch {self.loader.epoch}, example {self.loader.position})")
         self.sink = MetricsSink(t.train_iters, Path(t.save) / METRICS_FILE if t.save else None,
                                 self.cfg.sft.tensorboard_dir if self.cfg.sft.use_tensorboard else None,
                                 self.start.iteration)

@@ -15,15 +15,14 @@ from pathlib import Path
 from string import Formatter
 from typing import Any
 
-from mindrl.config import ConfigError
+from mindrl.config import ConfigError, resources
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.parallel import validate_parallel
 from mindrl.config.paths import CONFIGS_DIR
+from mindrl.config.resources import Cluster, RoleResource
 from mindrl.config.values import check_types, positive
-from mindrl.trainer import resources
 from mindrl.trainer.config import compose
 from mindrl.trainer.megatron import MegatronConfig
-from mindrl.trainer.resources import Cluster, RoleResource
 
 SFT_CONFIGS_DIR = CONFIGS_DIR / "sft"
 SECTIONS = ("model", "megatron_training", "sft_config")
@@ -41,6 +40,8 @@ class SFTSection:
     tensorboard_dir: str | None = None
     #: seconds to wait for a running cluster (RAY_ADDRESS) to offer `resource` before giving up
     resource_wait_timeout: float = 600.0
+    #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
+    include_dashboard: bool = False
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], keys: Keys) -> SFTSection:
@@ -68,6 +69,16 @@ class SFTSection:
 class SFTConfig:
     training: MegatronConfig
     sft: SFTSection
+
+    @property
+    def save_dir(self) -> str | None:
+        """Where the run writes its checkpoints, metrics and log."""
+        return self.training.save
+
+    @property
+    def notices(self) -> tuple[str, ...]:
+        """Keys that do nothing here, for the trainer to warn about once."""
+        return tuple(self.training.inert_keys())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SFTConfig:

@@ -36,6 +36,8 @@ class StartPoint:
     resume: str | None = None
     #: the trainer's state saved with that checkpoint (data position)
     extra: dict[str, Any] | None = None
+    #: whether that checkpoint was trained in bf16 (`bf16: auto` keeps its precision on resume)
+    bf16: bool | None = None
 
 
 def start_point(actor: MegatronConfig, job: str = JOB_GRPO, section: str = "actor_config") -> StartPoint:
@@ -57,15 +59,16 @@ def _start_point(actor: MegatronConfig, job: str) -> StartPoint:
                           f"cli/convert_ckpt.py (hf → mg) or from a previous run's `save`.")
     iteration = mg.read_tracker(root)
     mg.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
-    if iteration == "release" or actor.finetune:
-        return StartPoint(0, str(root))
+    if iteration == "release" or actor.finetune or not mg.holds_training_state(root, iteration):
+        return StartPoint(0, str(root))  # weights to start from: converted, re-sharded, or asked to start over
     extra = saved_extra(root, iteration)
     if extra.get("job", JOB_GRPO) != job:
         return StartPoint(0, str(root))
     if "data" not in extra:
         raise ConfigError(f"{root} iteration {iteration} is not a training checkpoint of this trainer (it records no "
                           f"data position); set finetune: true to start from its weights at step 0.")
-    return StartPoint(iteration, extra.get("initial_weights"), str(root), extra)
+    return StartPoint(iteration, extra.get("initial_weights"), str(root), extra,
+                      bool(getattr(mg.load_args(root, iteration), "bf16", False)))
 
 
 def saved_extra(root: Path, iteration: int) -> dict[str, Any]:

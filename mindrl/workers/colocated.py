@@ -17,12 +17,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.rollout.engines import make_engine
 from mindrl.rollout.weight_sync import SyncStats, WeightSyncError, sync_weights
 from mindrl.workers.megatron_worker import ActorWorker
 
@@ -38,10 +40,16 @@ class ColocatedRollout:
         if not engine.shares_actor_weights and world % cfg.infer_tensor_parallel_size:
             raise ValueError(f"infer_tensor_parallel_size={cfg.infer_tensor_parallel_size} does not divide the "
                              f"{world} actor ranks the engines run on; choose a divisor of {world}.")
-        self.actor, self.engine, self.cfg = actor, engine, cfg
-        self.dtype = _DTYPES[cfg.dtype]
+        self.actor, self.engine, self.cfg = actor, engine, _engine_dtype(cfg, actor)
+        self.dtype = _DTYPES[self.cfg.dtype]
         self.synced_update: int | None = None  # the actor's update count the engine's weights come from
         self.last_sync: SyncStats | None = None
+
+    @classmethod
+    def build(cls, actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int]) -> ColocatedRollout:
+        """The configured engine on the actor's ranks (every actor rank calls this), driven by the actor."""
+        cfg = _engine_dtype(cfg, actor)
+        return cls(actor, make_engine(actor.model, actor.arch, actor.par, cfg, eos_token_ids, actor.cfg.seed), cfg)
 
     def _rollout_group(self) -> tuple[int, int]:
         """(this rank's engine group, number of groups): the engines split the prompts between them.
@@ -135,3 +143,6 @@ def _probe_tokens(vocab: int, rows: int, length: int = 24) -> torch.Tensor:
     positions = torch.arange(rows * length, dtype=torch.int64).view(rows, length)
     return (positions * 7919 + 13) % vocab
 
+
+def _engine_dtype(cfg: GenerateConfig, actor: ActorWorker) -> GenerateConfig:
+    return cfg.engine_dtype(actor.model.config.params_dtype == torch.bfloat16)

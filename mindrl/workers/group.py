@@ -9,12 +9,14 @@ called on every rank at once, since Megatron's are collectives.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
 
-from mindrl.config.errors import RunError
-from mindrl.trainer.resources import RoleResource
+from mindrl.config.errors import ConfigError, RunError
+from mindrl.config.resources import RoleResource
+from mindrl.console import say
 
 #: seconds a collective or the rendezvous may wait before the run fails instead of hanging
 COLLECTIVE_TIMEOUT_S = 1800.0
@@ -26,6 +28,15 @@ class PlacementTimeout(RunError):
 
 class WorkerLost(RunError):
     """A rank's process died (killed, out of memory, its node gone): the run cannot go on."""
+
+
+class WorkerFailed(RunError):
+    """A rank raised: the run cannot go on. The message names the rank and ends with its traceback's last lines;
+    the whole traceback is in the run's log."""
+
+
+#: lines of a failed rank's traceback its message carries
+TRACEBACK_TAIL = 8
 
 
 def actor_options(resource: RoleResource) -> tuple[dict[str, float], dict[str, Any]]:
@@ -68,7 +79,7 @@ class WorkerGroup:
 
         self.nodes = self.wait([actor.node.remote() for actor in self.actors])
         if os.environ.get("RAY_ADDRESS"):  # a cluster of several nodes, maybe: say where the role landed
-            print(f"[mindrl] {self.role} ranks on {', '.join(sorted(set(self.nodes)))}", flush=True)
+            say(f"{self.role} ranks on {', '.join(sorted(set(self.nodes)))}")
         return ray.get(self.actors[0].rendezvous.remote(len(set(self.nodes)) == 1, timeout_s))
 
     def call(self, method: str, *args: Any) -> list[Any]:
@@ -76,11 +87,12 @@ class WorkerGroup:
         return self.wait(self.call_async(method, *args))
 
     def wait(self, refs: list[Any]) -> list[Any]:
-        """The results of one call on every rank, by rank. A rank whose process dies ends the wait at once
-        with WorkerLost naming the role, rank and node: the other ranks may be blocked in a collective
-        with it, and would otherwise hold the run until the collective timeout."""
+        """The results of one call on every rank, by rank. The first rank to fail ends the wait at once, with
+        WorkerLost (its process died) or WorkerFailed (it raised; a ConfigError it raised stays one) naming the
+        role, rank and node: the other ranks may be blocked in a collective with it, and would otherwise hold
+        the run until the collective timeout. Their own errors, which follow from it, go to the log only."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayTaskError
 
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, Any] = {}
@@ -89,16 +101,25 @@ class WorkerGroup:
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 results[rank_of[done[0]]] = ray.get(done[0])
-            except Exception as err:
+            except (RayActorError, RayTaskError) as err:
                 self.lost = True  # the other ranks may be waiting for this one in a collective
-                if not isinstance(err, RayActorError):
-                    raise
-                rank = rank_of[done[0]]
-                node = self.nodes[rank] if self.nodes else "a node not yet known"
-                cause = str(err).strip().splitlines()[0][:200]
-                raise WorkerLost(f"{self.role} rank {rank} of {self.world_size} on node {node} died ({cause}); the "
-                                 f"run stops — resume it from its last checkpoint with actor_config.load.") from None
+                raise self._failure(rank_of[done[0]], err) from None
         return [results[rank] for rank in range(len(refs))]
+
+    def _failure(self, rank: int, err: Exception) -> Exception:
+        """The one error the driver reports for `rank`'s failure; its whole traceback goes to the log."""
+        from ray.exceptions import RayActorError
+
+        where = f"{self.role} rank {rank} of {self.world_size} on node {self.nodes[rank] if self.nodes else 'unknown'}"
+        if isinstance(err, RayActorError):
+            cause = str(err).strip().splitlines()[0][:200]
+            return WorkerLost(f"{where} died ({cause}); the run stops — resume it from its last checkpoint with "
+                              f"actor_config.load.")
+        print(f"{where} failed:\n{err.traceback_str}", file=sys.stderr, flush=True)
+        if isinstance(err.cause, ConfigError):
+            return ConfigError(str(err.cause))
+        tail = err.traceback_str.rstrip().splitlines()[-TRACEBACK_TAIL:]
+        return WorkerFailed("\n".join([f"{where} failed: {type(err.cause).__name__}: {err.cause}", *tail]))
 
     def call_async(self, method: str, *args: Any) -> list[Any]:
         import ray

@@ -391,13 +391,20 @@ class ActorWorker(MegatronWorker):
         """Bring back everything offload freed; returns bytes restored."""
         return self.offloader.onload()
 
+    def _train_state(self, action: str) -> training.TrainState:
+        if self.offloader.offloaded_bytes:
+            raise RuntimeError(f"the actor's training state is offloaded; call onload() before {action}.")
+        return training.TrainState(self.model, self.optimizer, self.scheduler, self.arch, self.par, self.updates)
+
     def save_checkpoint(self, root: str | Path, iteration: int, extra: dict | None = None) -> Path:
         """A resumable training checkpoint (mindrl/checkpoint/training.py); every rank calls it.
         `extra` is the caller's state to get back on resume (data position, trainer step, seeds)."""
-        return training.save_actor(self, root, iteration, extra)
+        return training.save(self._train_state("save_checkpoint"), root, iteration, extra)
 
     def load_checkpoint(self, root: str | Path, iteration: int | None = None, load_optim: bool = True,
                         load_rng: bool = True) -> training.Resumed:
         """Resume from the tracker's (or the given) iteration; `load_optim` / `load_rng` false are
         Megatron's no_load_optim / no_load_rng. Returns the iteration and the saved extra state."""
-        return training.load_actor(self, root, iteration, load_optim, load_rng)
+        resumed = training.load(self._train_state("load_checkpoint"), root, iteration, load_optim, load_rng)
+        self.updates = resumed.updates
+        return resumed

@@ -15,16 +15,18 @@ checkpoint is loaded into the actor — never reloaded from a path the run has s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from mindrl.config import ModelArch, ParallelConfig
-from mindrl.distributed import destroy, init_distributed
+from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
 from mindrl.models.dtypes import DTYPES
 from mindrl.models.gpt import load_stage_weights
+from mindrl.platform.precision import Precision
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.workers.megatron_worker import ActorConfig, MegatronWorker
@@ -34,7 +36,8 @@ from mindrl.workers.megatron_worker import ActorConfig, MegatronWorker
 class RewardSpec:
     arch: ModelArch
     par: ParallelConfig
-    params_dtype: str
+    #: the reward_config's bf16 setting: true, false or auto (the ranks decide, mindrl.platform.precision)
+    bf16: bool | str
     #: Megatron checkpoint root of the reward model (cli/convert_ckpt.py --orm), in this role's layout
     weights: str
     micro_batch_size: int
@@ -47,7 +50,8 @@ class PolicySpec:
     par: ParallelConfig
     actor: ActorConfig
     generate: GenerateConfig
-    params_dtype: str
+    #: actor_config.bf16: true, false or auto (the ranks decide, mindrl.platform.precision)
+    bf16: bool | str
     eos_token_ids: tuple[int, ...]
     #: Megatron checkpoint root of the weights the run starts from; None: random initialisation from the seed
     initial_weights: str | None
@@ -57,6 +61,8 @@ class PolicySpec:
     #: training checkpoint root to resume the actor from (None: a fresh start)
     resume: str | None = None
     resume_iteration: int | None = None
+    #: whether the checkpoint resumed was trained in bf16 (bf16: auto keeps it)
+    resume_bf16: bool | None = None
     load_optim: bool = True
     load_rng: bool = True
     #: a reward model hosted beside the actor (colocate_all_models), in the actor's TP/PP layout
@@ -69,6 +75,8 @@ class RankProcess:
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
         self._store: dist.TCPStore | None = None
+        # every process of a run writes to its log: this line tells which lines (torch's carry the pid) are whose
+        print(f"[mindrl] pid {os.getpid()}: {type(self).__name__} {rank} of {world_size}", flush=True)
 
     def node(self) -> str:
         """This rank's node as its address (its Ray node id's prefix after it), for placement and messages."""
@@ -91,6 +99,10 @@ class RankProcess:
         init_distributed(self.rank, self.world_size, host, port, local_rank=0, platform=get_platform(),
                          timeout_s=timeout_s, store_is_served=True)
 
+    @staticmethod
+    def dtype(precision: Precision) -> torch.dtype:
+        return DTYPES[precision.params_dtype]
+
 
 class ActorRank(RankProcess):
     """A rank hosting a trained actor (`self.actor`): resuming it and saving its checkpoints."""
@@ -109,12 +121,12 @@ class PolicyRank(ActorRank):
     def setup(self, host: str, port: int, spec: PolicySpec, timeout_s: float) -> dict:
         """Join the group, build the models and the engine, and resume if asked; returns the data-parallel
         size and, on a resume, the trainer state saved with the checkpoint."""
-        from mindrl.rollout.colocated import ColocatedRollout
-        from mindrl.rollout.engines import make_engine
+        from mindrl.workers.colocated import ColocatedRollout
         from mindrl.workers.megatron_worker import ActorWorker
 
         self.join(host, port, timeout_s)
-        dtype = DTYPES[spec.params_dtype]
+        precision = agreed_precision(spec.bf16, "actor_config", spec.resume_bf16)
+        dtype = self.dtype(precision)
         self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, dtype)
         self.actor.micro_batch_size = spec.actor_micro_batch_size  # its log-prob passes; updates use cfg's
         self.reference = None
@@ -128,12 +140,13 @@ class PolicyRank(ActorRank):
             from mindrl.workers.reward_worker import RewardModelWorker
 
             reward = spec.reward
-            self.reward = RewardModelWorker(reward.arch, reward.par, reward.weights, DTYPES[reward.params_dtype],
+            self.reward = RewardModelWorker(reward.arch, reward.par, reward.weights,
+                                            self.dtype(agreed_precision(reward.bf16, "reward_config")),
                                             reward.micro_batch_size, reward.seed)
         extra = self._resume(spec)
-        self.engine = make_engine(self.actor, spec.generate, spec.eos_token_ids)
-        self.rollout = ColocatedRollout(self.actor, self.engine, spec.generate)
-        return {"dp_size": self.actor.dp_size, "extra": extra}
+        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids)
+        return {"dp_size": self.actor.dp_size, "extra": extra, "precision": precision,
+                "engine_dtype": self.rollout.cfg.dtype}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
         return self.rollout.generate(prompts, n, sampling)
@@ -148,7 +161,7 @@ class PolicyRank(ActorRank):
         return _held(self.reward, self.reward.score(batch))
 
     def close(self) -> None:
-        self.engine.close()
+        self.rollout.engine.close()
         destroy()
 
 
@@ -156,7 +169,8 @@ class PolicyRank(ActorRank):
 class ReferenceSpec:
     arch: ModelArch
     par: ParallelConfig
-    params_dtype: str
+    #: ref_config.bf16: true, false or auto (the ranks decide, mindrl.platform.precision)
+    bf16: bool | str
     #: Megatron checkpoint root of the run's initial weights, in this role's layout
     weights: str
     temperature: float
@@ -172,9 +186,10 @@ class RewardRank(RankProcess):
         from mindrl.workers.reward_worker import RewardModelWorker
 
         self.join(host, port, timeout_s)
-        self.reward = RewardModelWorker(spec.arch, spec.par, spec.weights, DTYPES[spec.params_dtype],
+        precision = agreed_precision(spec.bf16, "reward_config")
+        self.reward = RewardModelWorker(spec.arch, spec.par, spec.weights, self.dtype(precision),
                                         spec.micro_batch_size, spec.seed)
-        return {"dp_size": self.reward.dp_size}
+        return {"dp_size": self.reward.dp_size, "precision": precision}
 
     def score(self, batch: dict) -> tuple[int, torch.Tensor] | None:
         return _held(self.reward, self.reward.score(batch))
@@ -188,9 +203,10 @@ class ReferenceRank(RankProcess):
 
     def setup(self, host: str, port: int, spec: ReferenceSpec, timeout_s: float) -> dict:
         self.join(host, port, timeout_s)
-        self.reference = MegatronWorker(spec.arch, spec.par, spec.weights, DTYPES[spec.params_dtype],
+        precision = agreed_precision(spec.bf16, "ref_config")
+        self.reference = MegatronWorker(spec.arch, spec.par, spec.weights, self.dtype(precision),
                                         spec.temperature, spec.micro_batch_size, spec.seed, spec.prompt_packing)
-        return {"dp_size": self.reference.dp_size}
+        return {"dp_size": self.reference.dp_size, "precision": precision}
 
     def log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:
         return _rows_of(self.reference, batch)
@@ -204,11 +220,14 @@ class SFTSpec:
     arch: ModelArch
     par: ParallelConfig
     actor: ActorConfig
-    params_dtype: str
+    #: megatron_training.bf16: true, false or auto (the ranks decide, mindrl.platform.precision)
+    bf16: bool | str
     #: Megatron checkpoint root of the start weights; None: random initialisation from the seed
     initial_weights: str | None
     resume: str | None = None
     resume_iteration: int | None = None
+    #: whether the checkpoint resumed was trained in bf16 (bf16: auto keeps it)
+    resume_bf16: bool | None = None
     load_optim: bool = True
     load_rng: bool = True
 
@@ -220,8 +239,9 @@ class SFTRank(ActorRank):
         from mindrl.workers.megatron_worker import ActorWorker
 
         self.join(host, port, timeout_s)
-        self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, DTYPES[spec.params_dtype])
-        return {"dp_size": self.actor.dp_size, "extra": self._resume(spec)}
+        precision = agreed_precision(spec.bf16, "megatron_training", spec.resume_bf16)
+        self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, self.dtype(precision))
+        return {"dp_size": self.actor.dp_size, "extra": self._resume(spec), "precision": precision}
 
     def step(self, batch: dict) -> dict[str, float]:
         return self.actor.sft_step(batch)

@@ -1,0 +1,139 @@
+"""The GRPO trainer's sections, resolved: role sections merged over megatron_training, each with its architecture.
+
+Each section checks its own keys as it is built; the rules that span sections live in
+mindrl.trainer.checks, and mindrl.trainer.config runs them after building.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mindrl.algorithms.policy_loss import LossConfig
+from mindrl.config import ConfigError
+from mindrl.config.keys import KeyNote, Keys, normalise
+from mindrl.config.resources import RoleResource
+from mindrl.rollout.config import GenerateConfig
+from mindrl.trainer.megatron import MegatronConfig
+from mindrl.trainer.reward_model import reward_model_role
+from mindrl.trainer.rl import RLConfig
+
+if TYPE_CHECKING:
+    from mindrl.workers.megatron_worker import ActorConfig
+
+SECTIONS = ("model", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
+            "generate_config")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Role sections are merged over megatron_training and carry their resolved architecture.
+
+    With the integrated worker `ref_config` is the actor's (as in MindSpeed-RL): the reference
+    runs inside the actor's processes and must share its layout.
+    """
+
+    megatron_training: MegatronConfig
+    actor_config: MegatronConfig
+    ref_config: MegatronConfig
+    reward_config: MegatronConfig | None
+    rl_config: RLConfig
+    generate_config: GenerateConfig
+    loss: LossConfig
+    #: the top-level sections the file (after overrides) actually gave
+    sections_given: frozenset[str] = field(default_factory=frozenset)
+    #: keys set to something other than their default that have no effect here, each with what would enable it;
+    #: the trainer warns once per key at start (MindSpeed-RL's files carry several at their defaults: no noise)
+    notices: tuple[str, ...] = ()
+
+    @property
+    def save_dir(self) -> str | None:
+        """Where the run writes its checkpoints, metrics and log (the actor's `save`)."""
+        return self.actor_config.save
+
+    @property
+    def colocate_actor_ref(self) -> bool:
+        rl = self.rl_config
+        return bool(rl.use_integrated_worker or rl.colocate_actor_ref or rl.colocate_all_models)
+
+    def roles(self) -> list[tuple[str, MegatronConfig, RoleResource]]:
+        """(section, settings, devices) of every Megatron worker group that runs."""
+        res = self.rl_config.resources
+        out = [("actor_config", self.actor_config, res["actor_resource"])]
+        if self.rl_config.uses_reference and not self.rl_config.use_integrated_worker:
+            out.append(("ref_config", self.ref_config, res["reference_resource"] or res["actor_resource"]))
+        if self.reward_config is not None:
+            out.append(("reward_config", self.reward_config, res["reward_resource"] or res["actor_resource"]))
+        return out
+
+    def device_groups(self) -> list[tuple[str, RoleResource]]:
+        """Disjoint sets of devices: colocated roles share one."""
+        names = {"actor_config": "actor", "ref_config": "reference", "reward_config": "reward"}
+        groups: list[tuple[str, RoleResource]] = []
+        for section, _, resource in self.roles():
+            shared = (section == "ref_config" and self.colocate_actor_ref) or \
+                     (section == "reward_config" and self.rl_config.colocate_all_models)
+            if shared:
+                groups[0] = (f"{groups[0][0]}+{names[section]}", groups[0][1])
+            else:
+                groups.append((names[section], resource))
+        return groups
+
+    def actor_update_config(self) -> ActorConfig:
+        """The actor worker's settings (mini-batch in samples, sampling temperature for log-probs)."""
+        rl = self.rl_config
+        return self.actor_config.actor_config(rl.mini_batch_size * rl.n_samples_per_prompt, epochs=rl.epochs,
+                                              shuffle_mini_batch=rl.shuffle_mini_batch, loss=self.loss,
+                                              temperature=self.generate_config.sampling_config.temperature,
+                                              prompt_packing=rl.packing_mode)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], notes: list[KeyNote] | None = None) -> TrainerConfig:
+        """Build every section and check each on its own (mindrl.trainer.checks then checks them together);
+        `notes` collects unsupported keys instead of raising."""
+        keys = Keys(notes)
+        data = dict(normalise(data))
+        for key in list(data):
+            if key not in SECTIONS:
+                keys.unknown("", key, SECTIONS)
+                data.pop(key)
+        for key in SECTIONS:
+            if not isinstance(data.get(key) or {}, Mapping):
+                raise ConfigError(f"{key} must be a mapping of keys, got {data[key]!r}.")
+        models = data.get("model") or {}
+        base = normalise(data.get("megatron_training") or {})
+        rl = RLConfig.from_dict(data.get("rl_config") or {}, keys)
+        role = {"megatron_training": MegatronConfig.from_dict("megatron_training", base, models, keys)}
+        wanted = ["actor_config", "ref_config"]
+        if "reward_config" in data or rl.resources["reward_resource"] is not None:
+            wanted.append("reward_config")
+        for s in wanted:
+            own = normalise(data.get(s) or {})
+            # a megatron_training key was reported there already; report only the role's own keys
+            role[s] = MegatronConfig.from_dict(s, {**base, **own}, models, Keys(notes, only=set(own)))
+        notices = []
+        if rl.use_integrated_worker:
+            notices = _integrated_reference_notices(normalise(data.get("ref_config") or {}), role["ref_config"],
+                                                    role["actor_config"])
+            role["ref_config"] = role["actor_config"]  # the reference lives in the actor's processes, in its layout
+        reward = role.get("reward_config")
+        if reward is not None:
+            reward = reward_model_role(reward, role["actor_config"])
+        gen = GenerateConfig.from_dict(data.get("generate_config") or {}, keys)
+        loss = rl.loss_config(gen.sampling_config.max_tokens)
+        return cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss,
+                   frozenset(k for k in data if data[k] is not None), tuple(notices))
+
+
+def _integrated_reference_notices(own: Mapping[str, Any], ref: MegatronConfig, actor: MegatronConfig) -> list[str]:
+    """ref_config's keys that the integrated worker ignores (the reference is the actor's twin in its processes)
+    where they ask for something else than the actor has."""
+    notices = []
+    for key, value in own.items():
+        ref_value, actor_value = (getattr(role, key, getattr(role.arch, key, None)) for role in (ref, actor))
+        if ref_value != actor_value:
+            notices.append(f"ref_config.{key}={value!r} has no effect with use_integrated_worker: true (the reference "
+                           f"runs in the actor's processes with actor_config.{key}={actor_value!r}); set "
+                           f"use_integrated_worker: false to give the reference its own settings.")
+    return notices
