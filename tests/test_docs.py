@@ -45,3 +45,4 @@ def test_the_decided_meanings_are_the_documented_ones():
     assert "no web port" in config["include_dashboard"]
     rollout = _rows((DOCS / "rollout.md").read_text())
     assert "`auto` follows the actor's training precision" in rollout["dtype"]
+    assert "the tiny config's 20 steps take" in rollout["enforce_eager"]  # the measured choice of the CPU configs

@@ -55,6 +55,25 @@ def test_npu_setup_redirects_cuda_calls_as_mindspeed_does(tmp_path):
     assert out.stdout.split() == ["True", "mindrl.platform.npu"]
 
 
+def test_npu_setup_points_megatrons_rng_tracker_at_the_npu_generator(tmp_path):
+    """megatron's tracker sets the device generator through torch.cuda's private _lazy_call, which
+    transfer_to_npu does not redirect: after setup its state functions are the NPU's own."""
+    stub = tmp_path / "torch_npu"
+    (stub / "contrib").mkdir(parents=True)
+    (stub / "__init__.py").write_text(
+        "import types, torch\nCALLS = []\n"
+        "torch.npu = types.SimpleNamespace(get_rng_state=lambda: CALLS.append('get') or torch.zeros(3),\n"
+        "                                  set_rng_state=lambda state: CALLS.append(('set', state.tolist())))\n")
+    (stub / "contrib" / "__init__.py").write_text("")
+    (stub / "contrib" / "transfer_to_npu.py").write_text("")
+    code = ("import torch, torch_npu; from mindrl.platform.npu import NpuPlatform; NpuPlatform().setup(); "
+            "from megatron.core.tensor_parallel import random as r; "
+            "r._set_cuda_rng_state(r._get_cuda_rng_state(graph_safe=True) + 7); print(torch_npu.CALLS)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.stdout.strip() == "['get', ('set', [7.0, 7.0, 7.0])]"
+
+
 def test_npu_tensor_type_names_read_as_cuda_for_megatron():
     from mindrl.platform.npu import cuda_type_name
 

@@ -79,6 +79,31 @@ def test_engine_log_probs_equal_the_actor_after_a_sync_from_tp2_pp2(engine_vs_ac
     assert metrics["sync/probe_max_abs_diff"] < 1e-4
 
 
+def _infer_tp2(rank: int, train_tp: int) -> dict:
+    """One vLLM engine spanning both ranks (infer TP=2, vLLM's external_launcher over the actor's world) fed by
+    an actor at train TP=1 (two data-parallel replicas) or TP=2."""
+    actor = _actor(_arch(), ParallelConfig(train_tp, 1))
+    rollout = _colocated(actor, dataclasses.replace(GENERATE, infer_tensor_parallel_size=2))
+    try:
+        result, metrics = rollout.generate(PROMPTS, n=2)
+    finally:
+        rollout.engine.close()
+    batch = rollout_batch(PROMPTS, result, 2)
+    scored = actor.compute_log_prob({"tokens": batch["tokens"]})
+    rows = actor.local_rows(batch["tokens"].shape[0])
+    diff = ((scored["log_probs"] - batch["engine_log_probs"][rows]) * batch["loss_mask"][rows]).abs().max().item()
+    return {"diff": diff, "metrics": metrics, "responses": result.responses}
+
+
+@pytest.mark.parametrize("train_tp", [1, 2])
+def test_an_engine_spanning_two_ranks_scores_its_samples_as_the_actor_after_a_sync(train_tp):
+    ranks = run_ranks(_infer_tp2, 2, train_tp)
+    assert max(r["diff"] for r in ranks) <= 1e-4, [r["diff"] for r in ranks]
+    assert ranks[0]["responses"] == ranks[1]["responses"] and len(ranks[0]["responses"]) == 8
+    assert len({tuple(r) for r in ranks[0]["responses"]}) == 8
+    assert ranks[0]["metrics"]["sync/differing_tensors"] == 0 and ranks[0]["metrics"]["sync/probe_max_abs_diff"] < 1e-4
+
+
 def _hf_state(stages: dict, arch, par: ParallelConfig) -> dict[str, torch.Tensor]:
     """The actor's weights as HF tensors, by the converter's path (not the sync's)."""
     return mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from mindrl.platform import get_platform
+
 
 @dataclass(frozen=True)
 class PackedLayout:
@@ -56,6 +58,7 @@ class SDPAttention(DotProductAttention):
         if self.attention_dropout.p or self.config.window_size is not None or self.softmax_offset is not None:
             raise NotImplementedError("mindrl's attention core has no attention dropout, sliding window or "
                                       "softmax offset; these models have none.")
+        self.enable_gqa = get_platform().sdpa_enable_gqa
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: PackedLayout | None, attn_mask_type=None,
@@ -71,12 +74,9 @@ class SDPAttention(DotProductAttention):
         seq, batch = query.shape[:2]
         if isinstance(attention_mask, PackedLayout):
             flat = [t.reshape(seq * batch, *t.shape[2:]) for t in (query, key, value)]
-            return segmented_attention(*flat, attention_mask, scale).view(seq, batch, -1)
-        repeat = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        if repeat > 1:
-            key, value = key.repeat_interleave(repeat, dim=2), value.repeat_interleave(repeat, dim=2)
+            return segmented_attention(*flat, attention_mask, scale, self.enable_gqa).view(seq, batch, -1)
         query, key, value = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
-        context = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
+        context = _sdpa(query, key, value, self.enable_gqa, is_causal=True, scale=scale)
         return context.permute(2, 0, 1, 3).reshape(seq, batch, -1)
 
 
@@ -86,7 +86,7 @@ MATERIALISE_MAX = 1 << 22
 
 
 def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
-                        scale: float) -> torch.Tensor:
+                        scale: float, enable_gqa: bool = False) -> torch.Tensor:
     """Attention over flat [T, heads, dim] queries and [T, groups, dim] keys and values in `layout`'s
     segments; positions that are no prompt's or response's token (padding) get zeros."""
     # whole rows are gathered and scattered by index_select / index_copy: advanced indexing runs torch's
@@ -101,19 +101,19 @@ def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
 
     prompt_key, prompt_value = take(key, layout.prompt_index), take(value, layout.prompt_index)
     prompt_out = _attend(take(query, layout.prompt_index), prompt_key, prompt_value, layout.prompt_allowed,
-                         scale)
+                         scale, enable_gqa)
     slot_key = torch.cat([prompt_key.index_select(0, layout.response_group), take(key, layout.response_index)],
                          dim=2)
     slot_value = torch.cat([prompt_value.index_select(0, layout.response_group),
                             take(value, layout.response_index)], dim=2)
     response_out = _attend(take(query, layout.response_index), slot_key, slot_value, layout.response_allowed,
-                           scale)
+                           scale, enable_gqa)
     rows = torch.cat([real(prompt_out, layout.prompt_rows), real(response_out, layout.response_rows)])
     return query.new_zeros(query.shape).index_copy(0, layout.destination, rows)
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
-            scale: float) -> torch.Tensor:
+            scale: float, enable_gqa: bool) -> torch.Tensor:
     """softmax(q·kᵀ·scale where allowed)·v for [N, heads, L, dim] queries over [N, groups, S, dim] keys; for
     fixed segment shapes a row's result does not depend on N (tested on CPU)."""
     n, heads, length, dim = query.shape
@@ -122,8 +122,7 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed
     # fp16 scores could overflow to inf before the softmax, where the fused kernel accumulates in fp32
     if (query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16)
             or heads * length * keys > MATERIALISE_MAX):
-        key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
+        return _sdpa(query, key, value, enable_gqa, attn_mask=allowed, scale=scale)
     # the heads of a query group share its keys: one [heads/groups · L, S] score matrix per group, the mask
     # added by the matmul itself; scores round to the activations' dtype, as in Megatron's unfused core
     bias = torch.zeros_like(allowed, dtype=query.dtype).masked_fill_(~allowed, float("-inf"))
@@ -131,3 +130,15 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed
     scores = torch.baddbmm(bias, query.reshape(n * groups, per_group * length, dim),
                            key.reshape(n * groups, keys, dim).transpose(1, 2), alpha=scale)
     return (scores.softmax(-1) @ value.reshape(n * groups, keys, dim)).view(n, heads, length, dim)
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, enable_gqa: bool,
+          **kwargs: object) -> torch.Tensor:
+    """torch's fused attention of [b, heads, s, dim] queries over [b, groups, s, dim] keys and values: given the
+    groups where the platform's kernels take them (`enable_gqa`), else with each group's K/V repeated for its
+    heads."""
+    per_group = query.shape[1] // key.shape[1]
+    if enable_gqa or per_group == 1:
+        return F.scaled_dot_product_attention(query, key, value, enable_gqa=per_group > 1, **kwargs)
+    key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, **kwargs)

@@ -24,6 +24,11 @@ class Platform(ABC):
     #: whether vLLM may split a seeded request's prefill over engine steps here (it rewinds the
     #: request's generator, which a CPU generator cannot do: the step crashes)
     vllm_chunks_seeded_prefill: bool = True
+    #: host buffers of offloaded state are page-locked (device copies from pageable memory are slow and block)
+    pin_memory: bool = True
+    #: grouped-query attention goes to scaled_dot_product_attention as it is (enable_gqa), instead of with each
+    #: key and value head repeated for its query heads first (a copy of K and V per layer per pass)
+    sdpa_enable_gqa: bool = False
 
     @staticmethod
     def device_count() -> int:

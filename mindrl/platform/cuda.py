@@ -12,6 +12,7 @@ class CudaPlatform(Platform):
     name = "cuda"
     dist_backend = "nccl"
     ray_resource = "GPU"
+    sdpa_enable_gqa = True  # torch's flash and memory-efficient kernels read each K/V head once per group
 
     @staticmethod
     def available() -> bool:

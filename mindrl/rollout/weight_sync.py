@@ -28,6 +28,7 @@ from megatron.core import parallel_state
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding, tp_layout
+from mindrl.platform import get_platform
 from mindrl.rollout.base import RolloutEngine
 
 
@@ -98,7 +99,8 @@ def _agree(step, engine: RolloutEngine, what: str) -> None:
         step()
     except Exception as err:
         error = err
-    ok = torch.tensor([0.0 if error else 1.0])
+    # on the platform's device: NCCL and HCCL reduce only tensors on theirs
+    ok = torch.tensor([0.0 if error else 1.0], device=get_platform().device())
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if ok.item() < 1.0:
         engine.abort_weight_update()

@@ -1,15 +1,19 @@
 """The actor and its rollout engines on the same ranks (MindSpeed-RL's integrated mode).
 
-One `generate` call, on every actor rank:
+One `generate` call, on every actor rank, in the order that keeps the peak lowest:
 1. offload the gradients and optimizer state (`offload_train_grad` / `offload_train_optimizer`),
-2. wake the engine's memory, sync the actor's weights into it if the actor has changed since
-   the last sync (always after an update: a stale engine is the classic silent RL failure),
-3. offload the actor's parameters (`offload_train_param`) — the sync has read them; not when
-   the engine generates with the actor's own model,
-4. generate: each engine takes its share of the prompts (rollout data parallelism: world size /
+2. wake the engine's weights and sync the actor's into them if the actor has changed since the
+   last sync (always after an update: a stale engine is the classic silent RL failure) or the
+   engine no longer holds them (a level-2 sleep drops them: a second rollout in a step, or the
+   one after a validation, would otherwise sample from undefined memory),
+3. offload the actor's parameters and the frozen models beside it (the reference, a colocated
+   reward model) (`offload_train_param`) — the sync has read them; not when the engine
+   generates with the actor's own model,
+4. wake the engine's KV cache, now that the training state is off the device,
+5. generate: each engine takes its share of the prompts (rollout data parallelism: world size /
    infer_tensor_parallel_size vLLM engines, or the actor's data-parallel replicas for the
    Megatron-native engine), and the shares are gathered so every rank returns the whole result,
-5. release the engine's memory and bring the actor's training state back, bit for bit.
+6. release the engine's memory and bring the training state back, bit for bit.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import torch.distributed as dist
 
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
-from mindrl.rollout.engines import make_engine
+from mindrl.rollout.engines import make_engine, resolve_backend
 from mindrl.rollout.weight_sync import SyncStats, WeightSyncError, sync_weights
-from mindrl.workers.megatron_worker import ActorWorker
+from mindrl.workers.megatron_worker import ActorWorker, MegatronWorker
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,21 +39,36 @@ _PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.
 
 
 class ColocatedRollout:
-    def __init__(self, actor: ActorWorker, engine: RolloutEngine, cfg: GenerateConfig) -> None:
+    def __init__(self, actor: ActorWorker, engine: RolloutEngine, cfg: GenerateConfig,
+                 frozen: Sequence[MegatronWorker] = ()) -> None:
         world = dist.get_world_size()
         if not engine.shares_actor_weights and world % cfg.infer_tensor_parallel_size:
             raise ValueError(f"infer_tensor_parallel_size={cfg.infer_tensor_parallel_size} does not divide the "
                              f"{world} actor ranks the engines run on; choose a divisor of {world}.")
         self.actor, self.engine, self.cfg = actor, engine, _engine_dtype(cfg, actor)
+        #: models on the actor's devices that never change (offloaded with its parameters)
+        self.frozen = list(frozen)
         self.dtype = _DTYPES[self.cfg.dtype]
         self.synced_update: int | None = None  # the actor's update count the engine's weights come from
         self.last_sync: SyncStats | None = None
 
     @classmethod
-    def build(cls, actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int]) -> ColocatedRollout:
-        """The configured engine on the actor's ranks (every actor rank calls this), driven by the actor."""
+    def build(cls, actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int],
+              frozen: Sequence[MegatronWorker] = ()) -> ColocatedRollout:
+        """The configured engine on the actor's ranks (every actor rank calls this), driven by the actor. vLLM
+        sizes its memory by what is free when it starts (and refuses to start below its share of the device), so
+        the state the rollouts will offload is off the device while it starts too."""
         cfg = _engine_dtype(cfg, actor)
-        return cls(actor, make_engine(actor.model, actor.arch, actor.par, cfg, eos_token_ids, actor.cfg.seed), cfg)
+        workers = (actor, *frozen)
+        params = cfg.offload_train_param and resolve_backend(cfg) == "vllm"  # the Megatron engine is the actor
+        for worker in workers:
+            worker.offload(params=params, grads=cfg.offload_train_grad, optimizer=cfg.offload_train_optimizer)
+        try:
+            engine = make_engine(actor.model, actor.arch, actor.par, cfg, eos_token_ids, actor.cfg.seed)
+        finally:
+            for worker in workers:
+                worker.onload()
+        return cls(actor, engine, cfg, frozen)
 
     def _rollout_group(self) -> tuple[int, int]:
         """(this rank's engine group, number of groups): the engines split the prompts between them.
@@ -71,11 +90,13 @@ class ColocatedRollout:
         start = time.perf_counter()
         actor.offload(params=False, grads=cfg.offload_train_grad, optimizer=cfg.offload_train_optimizer)
         try:
-            self.engine.resume_memory()
-            if self.synced_update != actor.updates:
+            self.engine.resume_weights()
+            if self.synced_update != actor.updates or not self.engine.holds_weights:
                 metrics.update(self.sync())
             if cfg.offload_train_param and not self.engine.shares_actor_weights:
-                actor.offload(params=True, grads=False, optimizer=False)
+                for worker in (actor, *self.frozen):
+                    worker.offload(params=True, grads=False, optimizer=False)
+            self.engine.resume_memory()
             generate_start = time.perf_counter()
             metrics["timing/resharding_to_infer"] = generate_start - start
             result = self._generate_share(prompts, n, sampling)
@@ -84,7 +105,8 @@ class ColocatedRollout:
             start = time.perf_counter()
             self.engine.release_memory()
         finally:
-            actor.onload()
+            for worker in (actor, *self.frozen):
+                worker.onload()
         metrics["timing/resharding_to_train"] = time.perf_counter() - start
         return result, metrics
 
@@ -121,7 +143,7 @@ class ColocatedRollout:
         probe = _probe_tokens(self.actor.arch.padded_vocab_size, max(self.actor.dp_size, 1))
         actor = self.actor.compute_log_prob({"tokens": probe}, temperature=1.0)
         engine = torch.tensor(self.engine.prompt_log_probs(probe.tolist()))
-        worst = torch.zeros(1)
+        worst = torch.zeros(1, device=self.actor.platform.device())  # NCCL / HCCL reduce device tensors only
         if actor is not None:
             rows = self.actor.local_rows(probe.shape[0])
             worst[0] = (actor["log_probs"][:, :-1] - engine[rows]).abs().max()

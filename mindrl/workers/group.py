@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -69,10 +70,12 @@ class WorkerGroup:
                 f"offer them within {placement_timeout_s:.0f} s; free devices, add nodes or lower the resource.")
         remote = ray.remote(cls)
         self.actors = []
+        bundles = ranks_by_node(ray.util.placement_group_table(self.placement)["bundles_to_node_id"])
         for rank in range(self.world_size):
-            strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank)
+            strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=bundles[rank])
+            # the role's device kind, not what its node has: a num_cpus role on a GPU node still runs on CPU
             self.actors.append(remote.options(scheduling_strategy=strategy, name=f"mindrl-{role}-{rank}",
-                                              **options).remote(rank, self.world_size))
+                                              **options).remote(rank, self.world_size, resource.platform))
 
     def rendezvous(self, timeout_s: float) -> tuple[str, int]:
         import ray
@@ -139,6 +142,17 @@ class WorkerGroup:
         for actor in self.actors:
             ray.kill(actor)
         ray.util.remove_placement_group(self.placement)
+
+
+def ranks_by_node(bundles_to_node: Mapping[int, str]) -> list[int]:
+    """The bundle each rank takes, so that every node's bundles hold consecutive ranks: Megatron's and vLLM's
+    tensor-parallel groups are consecutive ranks, and PACK promises few nodes, not bundle order (a TP group
+    split over nodes runs its every layer's collectives over the network). Nodes come in the order of their
+    first bundle."""
+    first: dict[str, int] = {}
+    for index in sorted(bundles_to_node):
+        first.setdefault(bundles_to_node[index], index)
+    return sorted(bundles_to_node, key=lambda index: (first[bundles_to_node[index]], index))
 
 
 def gather_rows(results: list[tuple[int, torch.Tensor] | None], dp_size: int) -> torch.Tensor:

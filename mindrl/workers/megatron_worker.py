@@ -132,6 +132,36 @@ class MegatronWorker:
             weights = sharding.shard_state_dict(weights, arch, par, self.tp_rank, self.pp_rank)
         if weights is not None:
             load_stage_weights(self.model, weights)
+        self.offloader = StorageOffloader(self.platform)
+
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
+        """Free the chosen training state from the device (`offload_train_*`); returns bytes freed. Gradients
+        are dropped, not copied: the next update zeroes them before reading them. A frozen model (the
+        reference) is copied to the host once; later offloads reuse that copy."""
+        model_params = list(self.model.parameters())
+        keep = set() if params else storage_ptrs(model_params)
+        freed = 0
+        if params:
+            freed += self.offloader.offload(model_params, frozen=self.frozen)
+        if grads:
+            freed += self.offloader.offload([p.main_grad for p in model_params if hasattr(p, "main_grad")], keep,
+                                            discard=True)
+        if optimizer:
+            freed += self.offloader.offload(self._optimizer_tensors(), keep)
+        self.platform.empty_cache()
+        return freed
+
+    def onload(self) -> int:
+        """Bring back everything offload freed (gradients as zeros); returns bytes restored."""
+        return self.offloader.onload()
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the weights never change after loading (only the actor trains)."""
+        return True
+
+    def _optimizer_tensors(self) -> list[torch.Tensor]:
+        return []
 
     def local_rows(self, batch_size: int) -> slice:
         """The contiguous rows of the global batch this data-parallel rank works on."""
@@ -247,7 +277,6 @@ class ActorWorker(MegatronWorker):
             lr_warmup_steps=int(cfg.lr_warmup_fraction * cfg.lr_decay_steps), lr_decay_steps=cfg.lr_decay_steps,
             lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
             wd_incr_steps=cfg.lr_decay_steps, wd_incr_style="constant")
-        self.offloader = StorageOffloader()
         self.updates = 0
 
     def update(self, batch: dict) -> dict[str, float]:
@@ -353,7 +382,8 @@ class ActorWorker(MegatronWorker):
         metrics: dict[str, float] | None = None
         if self.is_last_stage:
             keys = sorted(outputs[0])
-            values = torch.tensor([float(sum(o[k] for o in outputs)) for k in keys], dtype=torch.float64,
+            # fp32: HCCL's AllReduce has no fp64 (on Atlas A2/A3); shares of per-step means need no more
+            values = torch.tensor([float(sum(o[k] for o in outputs)) for k in keys], dtype=torch.float32,
                                   device=self.platform.device())
             dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
             metrics = dict(zip(keys, values.tolist(), strict=True))
@@ -364,6 +394,10 @@ class ActorWorker(MegatronWorker):
             metrics = box[0]
         return metrics
 
+    @property
+    def frozen(self) -> bool:
+        return False
+
     def _optimizer_tensors(self) -> list[torch.Tensor]:
         tensors = []
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
@@ -372,24 +406,6 @@ class ActorWorker(MegatronWorker):
                     tensors.append(param)
                     tensors.extend(v for v in opt.optimizer.state.get(param, {}).values() if torch.is_tensor(v))
         return tensors
-
-    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
-        """Free the chosen training state from the device (`offload_train_*`); returns bytes freed."""
-        model_params = list(self.model.parameters())
-        keep = set() if params else storage_ptrs(model_params)
-        freed = 0
-        if params:
-            freed += self.offloader.offload(model_params)
-        if grads:
-            freed += self.offloader.offload([p.main_grad for p in model_params if hasattr(p, "main_grad")], keep)
-        if optimizer:
-            freed += self.offloader.offload(self._optimizer_tensors(), keep)
-        self.platform.empty_cache()
-        return freed
-
-    def onload(self) -> int:
-        """Bring back everything offload freed; returns bytes restored."""
-        return self.offloader.onload()
 
     def _train_state(self, action: str) -> training.TrainState:
         if self.offloader.offloaded_bytes:

@@ -72,8 +72,10 @@ class PolicySpec:
 class RankProcess:
     """What every rank of a group does: say where it runs, publish or join the rendezvous."""
 
-    def __init__(self, rank: int, world_size: int) -> None:
+    def __init__(self, rank: int, world_size: int, device: str) -> None:
         self.rank, self.world_size = rank, world_size
+        # every later get_platform() of this process (megatron's patches, the engines) names the same kind
+        self.device = os.environ["MINDRL_DEVICE"] = device
         self._store: dist.TCPStore | None = None
         # every process of a run writes to its log: this line tells which lines (torch's carry the pid) are whose
         print(f"[mindrl] pid {os.getpid()}: {type(self).__name__} {rank} of {world_size}", flush=True)
@@ -96,7 +98,7 @@ class RankProcess:
         from mindrl.platform import get_platform
 
         # Ray shows each actor only its own device(s), so the device index inside the process is 0.
-        init_distributed(self.rank, self.world_size, host, port, local_rank=0, platform=get_platform(),
+        init_distributed(self.rank, self.world_size, host, port, local_rank=0, platform=get_platform(self.device),
                          timeout_s=timeout_s, store_is_served=True)
 
     @staticmethod
@@ -144,7 +146,8 @@ class PolicyRank(ActorRank):
                                             self.dtype(agreed_precision(reward.bf16, "reward_config")),
                                             reward.micro_batch_size, reward.seed)
         extra = self._resume(spec)
-        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids)
+        frozen = [worker for worker in (self.reference, self.reward) if worker is not None]
+        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, frozen)
         return {"dp_size": self.actor.dp_size, "extra": extra, "precision": precision,
                 "engine_dtype": self.rollout.cfg.dtype}
 
