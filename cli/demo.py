@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<20}" + fmt.format(before[key]) + fmt.format(after[key]))
     print(f"GRPO gain: {100 * (after['pass@1'] - before['pass@1']):+.1f} points in {grpo_s:.0f} s "
           f"(SFT {sft_s:.0f} s); curve: {png}")
-    print("the held-out figures again:\n" + "\n".join(f"  python {' '.join(c)}" for c in evaluations) + "\n")
+    # each command over two lines, as a shell reads them: a long path would take a line past a screen's width
+    print("the held-out figures again:\n" + "\n".join(f"  python {' '.join(c[:7])} \\\n      {' '.join(c[7:])}"
+                                                       for c in evaluations) + "\n")
     summary = {"seed": args.seed, "sft_accuracy": before["pass@1"], "grpo_accuracy": after["pass@1"],
                "gain_points": round(100 * (after["pass@1"] - before["pass@1"]), 2), "sft_seconds": round(sft_s, 1),
                "grpo_seconds": round(grpo_s, 1), "figures": str(out / FIGURES)}

@@ -96,7 +96,13 @@ def run_log(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def worker_setup() -> None:
-    """In a Ray worker process, before it runs anything: its output joins the run's log."""
+    """In a Ray worker process, before it runs anything: its output joins the run's log. On another node the
+    run's folder is made there (a shared file system has it already); where it cannot be, the worker keeps
+    Ray's own log files, since a failing setup hook would keep the worker from starting at all."""
     path = os.environ.get(RUN_LOG_ENV)
     if path:
-        _redirect(path)
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            _redirect(path)
+        except OSError:
+            pass

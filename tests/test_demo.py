@@ -27,6 +27,12 @@ def test_the_demo_chain_runs_sft_then_grpo_from_it_and_its_figures_reproduce(tmp
                               stdout=sink, stderr=subprocess.STDOUT, cwd=jobs.ROOT, timeout=jobs.JOB_LIMIT_S)
     text = log.read_text()
     assert done.returncode == 0, text[-6000:]
+    # a quiet console: other libraries' notices are in each stage's log, none on the console, no line a screen long
+    for noise in ("FutureWarning", "Triton not available", "NUMA binding", "RAY_DEDUP_LOGS"):
+        assert noise not in text, noise
+    assert max(map(len, text.splitlines())) <= 300
+    logs = "".join((out / stage / "run.log").read_text() for stage in ("sft", "grpo"))
+    assert "Triton not available" in logs and "NUMA binding" in logs and "FutureWarning" in logs
     summary = json.loads(text.strip().splitlines()[-1])
     figures = json.loads((out / "demo.json").read_text())
     assert {k: figures[k] for k in summary} == summary
@@ -41,7 +47,7 @@ def test_the_demo_chain_runs_sft_then_grpo_from_it_and_its_figures_reproduce(tmp
     # GRPO starts from the SFT weights, which are also its KL reference: no divergence before the first update
     assert grpo[0]["actor/kl_loss"] == 0.0 < grpo[1]["actor/kl_loss"]
 
-    commands = [line.split()[1:] for line in text.splitlines() if line.startswith("  python ")]
+    commands = [line.split()[1:] for line in text.replace(" \\\n", " ").splitlines() if line.startswith("  python ")]
     assert [c[c.index("--load") + 1] for c in commands] == [str(out / "sft"), str(out / "grpo")]
     for command, stage in zip(commands, ("sft", "grpo"), strict=True):
         again = subprocess.run([sys.executable, *command], cwd=jobs.ROOT, capture_output=True, text=True,

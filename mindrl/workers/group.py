@@ -9,6 +9,7 @@ called on every rank at once, since Megatron's are collectives.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -118,10 +119,13 @@ class WorkerGroup:
             cause = str(err).strip().splitlines()[0][:200]
             return WorkerLost(f"{where} died ({cause}); the run stops — resume it from its last checkpoint with "
                               f"actor_config.load.")
-        print(f"{where} failed:\n{err.traceback_str}", file=sys.stderr, flush=True)
+        # Ray raises a RayTaskError that is also the cause's type; its text is the rank's traceback (colour codes
+        # and all, for a terminal: gone here)
+        traceback = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
+        print(f"{where} failed:\n{traceback}", file=sys.stderr, flush=True)
         if isinstance(err.cause, ConfigError):
             return ConfigError(str(err.cause))
-        tail = err.traceback_str.rstrip().splitlines()[-TRACEBACK_TAIL:]
+        tail = traceback.splitlines()[-TRACEBACK_TAIL:]
         return WorkerFailed("\n".join([f"{where} failed: {type(err.cause).__name__}: {err.cause}", *tail]))
 
     def call_async(self, method: str, *args: Any) -> list[Any]:
