@@ -24,6 +24,7 @@ RUN_LOG_ENV = "MINDRL_RUN_LOG"
 WORKER_SETUP_HOOK = f"{__name__}.worker_setup"
 
 _terminal: tuple[TextIO, TextIO] | None = None
+_log: Path | None = None
 
 
 def terminal_out() -> TextIO:
@@ -65,13 +66,14 @@ def _redirect(path: str) -> None:
 def run_log(path: str | os.PathLike) -> Iterator[Path]:
     """Everything this process (and the Ray workers it starts) writes to stdout and stderr goes to `path`
     (appended, so a resumed run continues its log) until the block ends; mindrl's lines still reach the
-    terminal. Nested use keeps the outer log."""
-    global _terminal
-    path = Path(path).resolve()
-    if _terminal is not None:
-        yield path
+    terminal. Nested use keeps (and yields) the outer log."""
+    global _terminal, _log
+    if _log is not None:
+        yield _log
         return
+    path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
+    _log = path
     saved = os.dup(1), os.dup(2)
     _terminal = (os.fdopen(os.dup(saved[0]), "w", buffering=1), os.fdopen(os.dup(saved[1]), "w", buffering=1))
     previous = os.environ.get(RUN_LOG_ENV)
@@ -88,7 +90,7 @@ def run_log(path: str | os.PathLike) -> Iterator[Path]:
             os.close(fd)
         for stream in _terminal:
             stream.close()
-        _terminal = None
+        _terminal = _log = None
         if previous is None:
             os.environ.pop(RUN_LOG_ENV, None)
         else:
