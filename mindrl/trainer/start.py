@@ -61,20 +61,26 @@ def _start_point(actor: MegatronConfig, job: str) -> StartPoint:
     mg.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
     if iteration == "release" or actor.finetune or not mg.holds_training_state(root, iteration):
         return StartPoint(0, str(root))  # weights to start from: converted, re-sharded, or asked to start over
-    extra = saved_extra(root, iteration)
+    state = _first_rank_state(root, iteration)
+    extra = dict(state.get("extra") or {})
     if extra.get("job", JOB_GRPO) != job:
         return StartPoint(0, str(root))
     if "data" not in extra:
         raise ConfigError(f"{root} iteration {iteration} is not a training checkpoint of this trainer (it records no "
                           f"data position); set finetune: true to start from its weights at step 0.")
     return StartPoint(iteration, extra.get("initial_weights"), str(root), extra,
-                      bool(getattr(mg.load_args(root, iteration), "bf16", False)))
+                      bool(getattr(state.get("args"), "bf16", False)))
 
 
 def saved_extra(root: Path, iteration: int) -> dict[str, Any]:
     """The trainer state every rank file of a checkpoint carries (the same on each); read from the first."""
+    return dict(_first_rank_state(root, iteration).get("extra") or {})
+
+
+def _first_rank_state(root: Path, iteration: int) -> dict[str, Any]:
+    """A checkpoint's first rank file (tensors only mapped): its args and trainer state are every rank's."""
     folder = root / mg.iteration_dir_name(iteration)
     files = sorted(folder.glob(f"mp_rank_*/{mg.RANK_FILE}"))
     if not files:
         raise ConfigError(f"{folder} holds no {mg.RANK_FILE}; the checkpoint is incomplete — point load at another.")
-    return dict(mg.load_rank_file(files[0]).get("extra") or {})
+    return mg.load_rank_file(files[0])

@@ -70,7 +70,8 @@ class StorageOffloader:
             self._saved[key] = (storage, size, host)
             moving.append(storage)
             freed += size
-        self.platform.synchronize()  # every copy has landed before the device memory goes
+        if moving:
+            self.platform.synchronize()  # every copy has landed before the device memory goes
         for storage in moving:
             storage.resize_(0)
         return freed
@@ -84,6 +85,8 @@ class StorageOffloader:
 
     def onload(self) -> int:
         """Reallocate and refill every freed storage (zeros where discarded); returns bytes restored."""
+        if not self._saved:
+            return 0  # called for every worker after every rollout, offloaded or not: no device sync for nothing
         restored = 0
         for storage, size, host in self._saved.values():
             storage.resize_(size)
