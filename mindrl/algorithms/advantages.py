@@ -4,6 +4,12 @@ Responses to the same prompt are stored contiguously in groups of `group_size`
 (`n_samples_per_prompt`). Outcome estimators give every token of a response its
 response's advantage; REINFORCE++ works on token-level rewards (score on the last token,
 minus any KL penalty) and whitens over the whole batch.
+
+A group whose responses all scored the same carries no signal, and every estimator that
+compares a response with its group gives it exactly 0. Arithmetic alone does not: the mean of
+eight float32 copies of -0.9 is not -0.9, and group_norm divides that rounding by std + eps,
+both ~1e-7, into an advantage of +0.056 on every token of an all-wrong group. So group
+statistics are taken in float64 and flat groups are set to 0 explicitly.
 """
 
 from __future__ import annotations
@@ -16,14 +22,21 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", "adv_estimator"
 
 
 def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[prompts, group_size] in float64."""
     if scores.ndim != 1 or scores.numel() % group_size:
         raise ValueError(f"{scores.numel()} scores do not form groups of {group_size}; the batch must hold "
                          f"n_samples_per_prompt responses for every prompt, stored contiguously.")
-    return scores.view(-1, group_size)
+    return scores.view(-1, group_size).double()
+
+
+def _zero_flat(values: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
+    """`values` [prompts, group_size] with every group whose scores are all equal set to exactly 0."""
+    flat = (grouped == grouped[:, :1]).all(-1, keepdim=True)
+    return values.masked_fill(flat, 0.0)
 
 
 def _per_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return values.unsqueeze(-1) * mask
+    return values.to(mask.dtype).unsqueeze(-1) * mask
 
 
 def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -40,14 +53,14 @@ def group_norm(scores: torch.Tensor, mask: torch.Tensor, group_size: int, eps: f
     grouped = _groups(scores, group_size)
     mean = grouped.mean(-1, keepdim=True)
     std = grouped.std(-1, keepdim=True) if group_size > 1 else torch.ones_like(mean)
-    return _per_token(((grouped - mean) / (std + eps)).view(-1), mask)
+    return _per_token(_zero_flat((grouped - mean) / (std + eps), grouped).view(-1), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("group_mean", "dr_grpo")
 def group_mean(scores: torch.Tensor, mask: torch.Tensor, group_size: int, **_: object) -> torch.Tensor:
     """Dr. GRPO: r − group mean, no division by the std."""
     grouped = _groups(scores, group_size)
-    return _per_token((grouped - grouped.mean(-1, keepdim=True)).view(-1), mask)
+    return _per_token(_zero_flat(grouped - grouped.mean(-1, keepdim=True), grouped).view(-1), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
@@ -57,7 +70,7 @@ def rloo(scores: torch.Tensor, mask: torch.Tensor, group_size: int, **_: object)
         raise ValueError("rloo needs n_samples_per_prompt >= 2 (a baseline from the other responses).")
     grouped = _groups(scores, group_size)
     others = (grouped.sum(-1, keepdim=True) - grouped) / (group_size - 1)
-    return _per_token((grouped - others).view(-1), mask)
+    return _per_token(_zero_flat(grouped - others, grouped).view(-1), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
@@ -80,10 +93,13 @@ def reinforce_plus_plus(scores: torch.Tensor, mask: torch.Tensor, group_size: in
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(scores: torch.Tensor, mask: torch.Tensor, group_size: int,
                                  **_: object) -> torch.Tensor:
-    """REINFORCE++ with a baseline: r − group mean, then whitened over the batch's tokens."""
+    """REINFORCE++ with a baseline: r − group mean, then whitened over the batch's tokens (as verl does);
+    a flat group's tokens then hold minus the batch's token mean over its std, and are set back to 0."""
     grouped = _groups(scores, group_size)
-    centred = (grouped - grouped.mean(-1, keepdim=True)).view(-1)
-    return _masked_whiten(_per_token(centred, mask), mask)
+    centred = _zero_flat(grouped - grouped.mean(-1, keepdim=True), grouped).view(-1)
+    whitened = _masked_whiten(_per_token(centred, mask), mask)
+    informative = _zero_flat(torch.ones_like(grouped), grouped).view(-1, 1)
+    return whitened * informative.to(whitened.dtype)
 
 
 #: the estimators that compare the responses of one prompt: a group of one gives zero advantages
