@@ -1,5 +1,7 @@
 """Megatron actor / reference workers: log-probs vs HF, layout-invariant updates, direction, offload."""
 
+import math
+
 import pytest
 import torch
 
@@ -92,7 +94,7 @@ def test_pp2_log_probs_equal_hf_with_a_short_last_micro_batch(tmp_path):
 
 def _lr_steps(rank: int, schedule: dict, updates: int) -> list:
     arch = load_model_arch("tiny_qwen")
-    cfg = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_steps=4, mini_batch_size=4, micro_batch_size=2,
+    cfg = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_iters=4, mini_batch_size=4, micro_batch_size=2,
                       **schedule)
     worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=sharding.random_full_state_dict(arch, seed=5))
     batch = _update_batch(arch.padded_vocab_size)
@@ -116,6 +118,32 @@ def test_lr_decays_to_min_lr():
     """Cosine decay after the warm-up: half-way 1e-4 + 0.5 × 9e-4, then min_lr, and min_lr after the end."""
     steps = run_ranks(_lr_steps, 1, {"lr_decay_style": "cosine", "min_lr": 1e-4}, 5)[0]
     assert [lr for lr, _ in steps] == pytest.approx([0.0, 5e-4, 1e-3, 5.5e-4, 1e-4])
+
+
+def _lr_by_iteration(rank: int, iterations: int) -> list[float]:
+    arch = load_model_arch("tiny_qwen")
+    cfg = ActorConfig(lr=1e-3, min_lr=1e-4, lr_decay_style="cosine", lr_warmup_fraction=0.25, lr_decay_iters=4,
+                      steps_per_iteration=4, epochs=2, mini_batch_size=4, micro_batch_size=2)
+    worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=sharding.random_full_state_dict(arch, seed=5))
+    batch = _update_batch(arch.padded_vocab_size)  # 8 rows: 2 mini-batches × 2 epochs = 4 optimizer steps
+    return [worker.update(batch)["lr"] for _ in range(iterations)]
+
+
+def test_the_lr_schedule_counts_iterations_however_many_optimizer_steps_each_takes():
+    """lr_decay_iters and the warm-up fraction are in iterations (as the keys say, and as Megatron means them):
+    with 4 optimizer steps an iteration, the schedule ends after lr_decay_iters iterations, not a quarter of
+    them. Step k of iteration i uses the rate at i − 1 + k/4 iterations; the reported lr is their mean."""
+    lr, low, warmup, decay = 1e-3, 1e-4, 1.0, 4.0
+
+    def by_hand(x: float) -> float:
+        if x <= warmup:
+            return lr * x / warmup
+        if x > decay:
+            return low
+        return low + (lr - low) * 0.5 * (1 + math.cos(math.pi * (x - warmup) / (decay - warmup)))
+
+    expected = [sum(by_hand(i + k / 4) for k in range(4)) / 4 for i in range(6)]
+    assert run_ranks(_lr_by_iteration, 1, 6)[0] == pytest.approx(expected, rel=1e-6)
 
 
 def _weighted_updates(rank: int) -> list[dict]:
@@ -233,6 +261,38 @@ def test_advantage_sign_moves_the_response_log_prob(sign):
     assert change * sign > 0.1, change
 
 
+def _entropy_without_bonus(rank: int) -> dict:
+    arch = load_model_arch("tiny_qwen")
+    full = sharding.random_full_state_dict(arch, seed=4)
+    batch = _update_batch(arch.padded_vocab_size)
+    out = {}
+    for coeff in (0.0, 0.01):
+        release_model_parallel()
+        cfg = ActorConfig(lr=1e-4, mini_batch_size=8, micro_batch_size=2,
+                          loss=LossConfig(clip_ratio=0.2, entropy_coeff=coeff))
+        worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=full)
+        entropy = worker.compute_log_prob(batch, with_entropy=True)["entropy"]
+        worker._backward(batch, torch.arange(8), worker._policy_loss, False)
+        unmeasured = reduced_grads(worker)
+        worker._backward(batch, torch.arange(8), worker._policy_loss, True)
+        out[coeff] = {"grads": reduced_grads(worker), "unmeasured": unmeasured, "metrics": worker.update(batch),
+                      "entropy": entropy}
+    return out
+
+
+def test_entropy_is_logged_without_the_bonus_and_takes_gradient_only_with_it():
+    """entropy_coeff 0 (the default) still reports actor/entropy, the collapse signal, computed without a graph:
+    the gradient is the policy loss's alone; with a bonus the gradient changes by it."""
+    out = run_ranks(_entropy_without_bonus, 1)[0]
+    mask = _update_batch(1024)["loss_mask"].bool()
+    for coeff in (0.0, 0.01):
+        expected = out[coeff]["entropy"][mask].mean().item()
+        assert out[coeff]["metrics"]["entropy"] == pytest.approx(expected, rel=1e-5)
+    grads = [torch.cat([g.flatten() for g in out[c]["grads"].values()]) for c in (0.0, 0.01)]
+    assert torch.equal(grads[0], torch.cat([g.flatten() for g in out[0.0]["unmeasured"].values()]))
+    assert not torch.equal(grads[0], grads[1])
+
+
 def _offload_round_trip(rank: int) -> dict:
     arch = load_model_arch("tiny_qwen")
     batch = _update_batch(arch.padded_vocab_size)
@@ -282,10 +342,10 @@ def _on_policy_grads(rank: int) -> dict:
     batch = _update_batch(arch.padded_vocab_size)
     del batch["old_log_probs"]
     rows = torch.arange(8)
-    worker._backward(batch, rows, worker._policy_loss)
+    worker._backward(batch, rows, worker._policy_loss, True)
     without = reduced_grads(worker)
     own = dict(batch, old_log_probs=worker.compute_log_prob(batch)["log_probs"])
-    worker._backward(own, rows, worker._policy_loss)
+    worker._backward(own, rows, worker._policy_loss, True)
     errors = []
     try:
         worker.update({k: v.repeat(2, 1) for k, v in batch.items()})

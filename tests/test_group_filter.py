@@ -41,8 +41,43 @@ def test_accumulator_fills_in_generation_order_and_drops_surplus():
     assert batch["prompt_id"].tolist() == [1, 1, 10, 10, 12, 12]
     assert batch["text"] == ["p1", "p1", "p10", "p10", "p12", "p12"]
     assert batch["tokens"].tolist() == [[1, 1, 1, -1, -1]] * 2 + [[10] * 5] * 2 + [[12] * 5] * 2
-    assert acc.metrics() == {"filter_groups/num_gen_batches": 2.0, "filter_groups/kept_groups": 4.0,
-                             "filter_groups/dropped_groups": 4.0, "filter_groups/kept_frac": 0.5}
+    assert acc.metrics() == {"filter_groups/num_gen_batches": 2.0, "filter_groups/kept_groups": 3.0,
+                             "filter_groups/dropped_groups": 4.0, "filter_groups/surplus_groups": 1.0,
+                             "filter_groups/kept_frac": 3 / 8, "filter_groups/informative_frac": 0.5}
+
+
+def test_kept_groups_are_the_batch_and_the_counts_add_up():
+    """Three informative groups for a batch of two: two kept, one surplus, none dropped as flat (the count
+    of kept groups once took in the surplus)."""
+    acc = GroupAccumulator(target_groups=2, group_size=2, max_batches=0)
+    assert acc.add(round_batch(0, 3, 2, width=1), torch.tensor([0., 1., 0., 1., 0., 1.]))
+    metrics = acc.metrics()
+    assert len(acc.batch()["prompt_id"]) == 2 * 2
+    assert (metrics["filter_groups/kept_groups"], metrics["filter_groups/dropped_groups"],
+            metrics["filter_groups/surplus_groups"]) == (2.0, 0.0, 1.0)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        target = int(torch.randint(1, 6, (), generator=gen))
+        acc = GroupAccumulator(target_groups=target, group_size=3, max_batches=0)
+        rounds = 0
+        while not acc.done:
+            acc.add(round_batch(10 * rounds, 4, 3, width=1), torch.randint(0, 2, (12,), generator=gen).float())
+            rounds += 1
+        m = acc.metrics()
+        assert m["filter_groups/kept_groups"] == target == len(acc.batch()["prompt_id"]) / 3
+        assert m["filter_groups/kept_groups"] + m["filter_groups/dropped_groups"] + \
+            m["filter_groups/surplus_groups"] == 4 * rounds
+
+
+def test_the_default_round_limit_survives_an_uninformative_first_round():
+    """DAPO with the default filter_groups_max_batches: a first round of flat groups (common early and late in
+    training) is followed by more rounds, as DAPO's recipe allows 10; a limit of 1 stopped such a run."""
+    from mindrl.trainer.rl import RLConfig
+
+    acc = GroupAccumulator(target_groups=2, group_size=2, max_batches=RLConfig().filter_groups_max_batches)
+    for start in range(0, 8, 2):
+        acc.add(round_batch(start, 2, 2, width=1), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert acc.add(round_batch(9, 2, 2, width=1), torch.tensor([0.0, 1.0, 1.0, 0.0]))
 
 
 def test_exhaustion_names_the_key():

@@ -143,7 +143,13 @@ def test_dapo_dynamic_sampling_drops_flat_groups_and_generates_until_the_batch_i
         "rl_config.overlong_buffer": 8, "+rl_config.filter_groups_enable": True,
         "+rl_config.filter_groups_metric": "score", "+rl_config.filter_groups_max_batches": 40}), tmp_path / "log")
     (line,) = jobs.metrics(save / "metrics.jsonl")
-    assert line["filter_groups/kept_groups"] >= 4 and line["filter_groups/dropped_groups"] > 0
-    assert line["filter_groups/num_gen_batches"] == (line["filter_groups/kept_groups"] +
-                                                     line["filter_groups/dropped_groups"]) / 4
+    assert line["filter_groups/kept_groups"] == 4 and line["filter_groups/dropped_groups"] > 0
+    rounds = line["filter_groups/num_gen_batches"]
+    assert rounds > 1 and rounds * 4 == (line["filter_groups/kept_groups"] + line["filter_groups/dropped_groups"] +
+                                         line["filter_groups/surplus_groups"])
     assert line["grpo/score/max"] > line["grpo/score/min"] and line["response_length/max"] <= 16
+    # every round's responses count: tokens and rewards cover all that was generated, the batch only the kept
+    assert line["rollout/response_tokens"] > 4 * 4 * line["response_length/mean"]
+    assert line["rollout/response_tokens"] <= rounds * 4 * 4 * 16
+    assert line["reward/mean"] != pytest.approx(line["grpo/score/mean"])
+    assert "actor/entropy" in line  # logged although entropy_coeff is 0

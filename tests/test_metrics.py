@@ -5,12 +5,15 @@ import json
 import math
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from mindrl.rewards.scorer import ScoreResult
 from mindrl.trainer.metrics import (
     MetricsSink,
     StepTimer,
     actor_metrics,
+    add_round,
     rollout_metrics,
     throughput,
     throughput_metrics,
@@ -51,6 +54,28 @@ def test_actor_metrics_use_mindspeed_names():
     assert actor_metrics(update) == {"actor/pg_loss": 0.1, "actor/kl_loss": 0.2, "actor/entropy": 1.5,
                                      "actor/pg_clipfrac": 0.05, "actor/ppo_kl": 0.01, "actor/lr": 1e-6,
                                      "grad_norm": 3.0, "actor/skipped": 0.0, "rollout_is/k3_kl": 1e-7}
+
+
+def test_generation_rounds_add_up():
+    """DAPO's rounds in one step: seconds, tokens and bytes add, the probe's worst case is the max, the rate is
+    recomputed; each round's reward metrics weigh by its samples, and a std pools to the whole's."""
+    total: dict[str, float] = {}
+    add_round(total, {"rollout/response_tokens": 100.0, "sync/gigabytes": 2.0, "sync/seconds": 1.0,
+                      "sync/gb_per_s": 2.0, "sync/probe_max_abs_diff": 3e-6})
+    add_round(total, {"rollout/response_tokens": 50.0})
+    add_round(total, {"rollout/response_tokens": 10.0, "sync/gigabytes": 2.0, "sync/seconds": 3.0,
+                      "sync/gb_per_s": 2 / 3, "sync/probe_max_abs_diff": 1e-6})
+    assert total == {"rollout/response_tokens": 160.0, "sync/gigabytes": 4.0, "sync/seconds": 4.0,
+                     "sync/gb_per_s": 1.0, "sync/probe_max_abs_diff": 3e-6}
+    rounds = [[0.0, 1.0, 1.0], [0.5, -1.0], [2.0, 2.0, 0.0, 1.0]]
+    parts = [ScoreResult(r, {"acc": [float(v > 0) for v in r]},
+                         {"reward/mean": sum(r) / len(r), "reward_model/mean": sum(r) / len(r),
+                          "reward_model/std": float(torch.tensor(r).std(unbiased=False))}) for r in rounds]
+    whole = ScoreResult.concatenate(parts)
+    flat = torch.tensor([v for r in rounds for v in r], dtype=torch.float64)
+    assert whole.rewards == flat.tolist() and whole.scores["acc"] == [float(v > 0) for v in flat]
+    assert whole.metrics["reward/mean"] == pytest.approx(flat.mean().item())
+    assert whole.metrics["reward_model/std"] == pytest.approx(flat.std(unbiased=False).item(), rel=1e-6)
 
 
 def test_step_timer_accumulates():

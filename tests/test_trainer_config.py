@@ -63,6 +63,20 @@ def test_command_line_overrides_change_values():
     assert cfg.actor_update_config().temperature == 0.7
 
 
+def test_the_lr_schedule_is_in_iterations():
+    """lr_decay_iters (default train_iters) counts iterations; the worker learns how many optimizer steps make
+    one: epochs × the batch's mini-batches, DAPO's filtered batch where it trains."""
+    cfg = load_trainer_config("grpo_tiny_cpu", ["rl_config.mini_batch_size=1", "rl_config.epochs=3",
+                                                "actor_config.micro_batch_size=1"])
+    update = cfg.actor_update_config()
+    assert (update.lr_decay_iters, update.steps_per_iteration) == (cfg.actor_config.train_iters, 3 * 4)
+    dapo = load_trainer_config("grpo_tiny_cpu", [
+        "rl_config.mini_batch_size=1", "actor_config.micro_batch_size=1", "+actor_config.lr_decay_iters=7",
+        "+rl_config.filter_groups_enable=true", "+rl_config.filter_groups_metric=acc",
+        "+rl_config.filter_groups_train_batch_size=2"])
+    assert (dapo.actor_update_config().lr_decay_iters, dapo.actor_update_config().steps_per_iteration) == (7, 2)
+
+
 def test_model_comes_from_the_defaults_list():
     cfg = load_trainer_config("grpo_tiny_cpu", ["model=[small_qwen]", "megatron_training.model=small_qwen",
                                                 "actor_config.model=small_qwen"])
@@ -96,6 +110,12 @@ MISTAKES = {
     "micro batch": (["actor_config.micro_batch_size=3"], ["micro_batch_size=3"]),
     "reference dp split": (["rl_config.use_integrated_worker=false", "+rl_config.reference_resource={num_cpus: 3}"],
                            ["16 samples", "ref_config's 3 data-parallel ranks"]),
+    "filtered batch dp split": (["rl_config.use_integrated_worker=false", "+rl_config.reference_resource={num_cpus: 4}",
+                                 "rl_config.n_samples_per_prompt=2", "rl_config.mini_batch_size=1",
+                                 "actor_config.micro_batch_size=1", "+rl_config.filter_groups_enable=true",
+                                 "+rl_config.filter_groups_metric=acc", "+rl_config.filter_groups_train_batch_size=1"],
+                                ["filter_groups_train_batch_size × n_samples_per_prompt = 2 samples",
+                                 "ref_config's 4 data-parallel ranks"]),
     "rollout split": (["megatron_training.global_batch_size=3", "rl_config.mini_batch_size=1",
                        "rl_config.n_samples_per_prompt=2", "actor_config.micro_batch_size=1"], ["2 rollout engines"]),
     "group of one": (["rl_config.n_samples_per_prompt=1"], ["n_samples_per_prompt=1"]),

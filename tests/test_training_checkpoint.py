@@ -31,7 +31,7 @@ from tests.hf_models import mcore_to_hf_state
 ROWS, SEQ, BEFORE, AFTER = 8, 16, 2, 2
 # A warm-up over all 8 optimizer steps, weight decay, clipping and a shuffle seeded by the update count:
 # a resume that lost the scheduler, the counter or Adam's moments would not continue identically.
-CFG = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_steps=16,
+CFG = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_iters=16,
                   weight_decay=0.01, clip_grad=1.0, mini_batch_size=4, micro_batch_size=2, shuffle_mini_batch=True,
                   loss=LossConfig(clip_ratio=0.2, use_kl_loss=True, kl_coef=0.1))
 LAYOUTS = {"tp2": ParallelConfig(2, 1), "pp2": ParallelConfig(1, 2)}  # on 4 ranks: DP=2 each

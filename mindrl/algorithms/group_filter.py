@@ -4,7 +4,7 @@ A prompt whose n responses all score the same has zero group-relative advantage:
 a full update and teaches nothing, and as accuracy rises more and more groups go flat, so
 the effective batch shrinks. Dynamic sampling drops those groups and generates again until
 the training batch holds `target_groups` informative prompts, giving up after
-`filter_groups_max_batches` generation rounds (0 or less: no limit, as in MindSpeed-RL).
+`filter_groups_max_batches` generation rounds (0 or less: no limit).
 
 Batches are mappings of per-sample columns (tensors with one row per sample, or lists),
 the n samples of a prompt contiguous, as everywhere in mindrl.
@@ -73,7 +73,7 @@ class GroupAccumulator:
     are dropped, as DAPO does, so the update size stays fixed.
     """
 
-    def __init__(self, target_groups: int, group_size: int, max_batches: int = 1,
+    def __init__(self, target_groups: int, group_size: int, max_batches: int = 10,
                  metric: str = "acc") -> None:
         if target_groups < 1:
             raise ValueError(f"the filtered batch needs at least one prompt group, got target_groups={target_groups}.")
@@ -84,6 +84,8 @@ class GroupAccumulator:
                                                                               max_batches, metric)
         self.rounds = 0
         self.groups_seen = 0
+        #: informative groups beyond the batch, dropped so the update size stays fixed
+        self.surplus = 0
         self._parts: dict[str, list] = {}
         self._kept = 0
 
@@ -110,7 +112,8 @@ class GroupAccumulator:
             rows = (groups.unsqueeze(-1) * self.group_size + torch.arange(self.group_size)).flatten()
             for key, column in batch.items():
                 self._parts.setdefault(key, []).append(_take_rows(column, rows))
-        self._kept += int(keep.sum())
+        self._kept += groups.numel()
+        self.surplus += int(keep.sum()) - groups.numel()
         if not self.done and 0 < self.max_batches <= self.rounds:
             raise ValueError(f"after {self.rounds} generation batches only {self._kept} of {self.target_groups} "
                              f"prompt groups had {self.metric} values that differ within the group; raise "
@@ -128,9 +131,14 @@ class GroupAccumulator:
         return {key: _concat(parts, pad_values.get(key, 0)) for key, parts in self._parts.items()}
 
     def metrics(self) -> dict[str, float]:
+        """Counts of prompt groups over the step's rounds: kept (in the batch) + dropped (flat) + surplus
+        (informative, past the batch) = every group generated."""
+        flat = self.groups_seen - self._kept - self.surplus
         return {
             "filter_groups/num_gen_batches": float(self.rounds),
             "filter_groups/kept_groups": float(self._kept),
-            "filter_groups/dropped_groups": float(self.groups_seen - self._kept),
+            "filter_groups/dropped_groups": float(flat),
+            "filter_groups/surplus_groups": float(self.surplus),
             "filter_groups/kept_frac": self._kept / max(self.groups_seen, 1),
+            "filter_groups/informative_frac": (self._kept + self.surplus) / max(self.groups_seen, 1),
         }

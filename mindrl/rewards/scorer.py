@@ -28,6 +28,24 @@ class ScoreResult:
     scores: dict[str, list[float]]
     metrics: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def concatenate(cls, parts: list[ScoreResult]) -> ScoreResult:
+        """The parts' samples in order as one result, with the metrics the whole would have had.
+
+        Every metric is a mean over samples, so each becomes the sample-weighted mean of the parts';
+        a population `<x>/std` beside its `<x>/mean` is pooled from the parts' means and stds.
+        """
+        total = sum(len(p.rewards) for p in parts) or 1
+        keys = [key for key in parts[0].metrics if all(key in p.metrics for p in parts)]
+        metrics = {key: sum(p.metrics[key] * len(p.rewards) for p in parts) / total for key in keys}
+        for key in keys:
+            mean = key.removesuffix("/std") + "/mean"
+            if key.endswith("/std") and mean in metrics:
+                second = sum((p.metrics[key] ** 2 + p.metrics[mean] ** 2) * len(p.rewards) for p in parts) / total
+                metrics[key] = max(second - metrics[mean] ** 2, 0.0) ** 0.5
+        scores = {name: [s for p in parts for s in p.scores[name]] for name in parts[0].scores}
+        return cls([r for p in parts for r in p.rewards], scores, metrics)
+
 
 def fail_scores(config: RewardConfig) -> list[float]:
     """Each verifier's score for a timed-out or failed sample (raises for a verifier that has none)."""

@@ -110,9 +110,13 @@ def check_batches(cfg: TrainerConfig) -> None:
                 f"a mini-batch of {rl.mini_batch_size}×{n}={samples} samples does not give each of the actor's {dp} "
                 f"data-parallel ranks whole micro-batches of micro_batch_size={role.micro_batch_size}; make "
                 f"mini_batch_size × n_samples_per_prompt a multiple of {dp * role.micro_batch_size}.")
-        if (gbs * n) % dp:
-            raise ConfigError(f"global_batch_size × n_samples_per_prompt = {gbs * n} samples do not split over "
-                              f"{section}'s {dp} data-parallel ranks; make it a multiple of {dp}.")
+        batches = [("global_batch_size", gbs)]
+        if rl.filter_groups_enable and rl.filter_groups_train_batch_size is not None:
+            batches.append(("filter_groups_train_batch_size", rl.filter_groups_train_batch_size))
+        for key, prompts in batches:  # every rollout is scored; DAPO's filtered batch is what trains
+            if (prompts * n) % dp:
+                raise ConfigError(f"{key} × n_samples_per_prompt = {prompts * n} samples do not split over "
+                                  f"{section}'s {dp} data-parallel ranks; make it a multiple of {dp}.")
     rollout_dp = rl.resources["actor_resource"].count // cfg.generate_config.infer_tensor_parallel_size
     if gbs % rollout_dp:
         raise ConfigError(f"global_batch_size={gbs} prompts do not split over the {rollout_dp} rollout engines "

@@ -22,6 +22,7 @@ from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_value
 from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
 from mindrl.config import ConfigError
 from mindrl.console import say
+from mindrl.rewards.scorer import ScoreResult
 from mindrl.rollout.config import SamplingConfig
 from mindrl.trainer.config import check_resources
 from mindrl.trainer.experience import rollout_batch
@@ -29,9 +30,11 @@ from mindrl.trainer.export import export_hf
 from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.metrics import (
     METRICS_FILE,
+    RESHARDING_PHASES,
     MetricsSink,
     StepTimer,
     actor_metrics,
+    add_round,
     rollout_metrics,
     throughput_metrics,
 )
@@ -86,9 +89,7 @@ class GRPOTrainer:
                 raise ConfigError("a reference on its own devices needs the run's initial weights as a checkpoint; "
                                   "set ref_config.load (or actor_config.load), or keep the reference in the actor "
                                   "with use_integrated_worker: true.")
-        #: prompts per update: DAPO fills its batch to filter_groups_train_batch_size informative groups
-        self.train_groups = (rl.filter_groups_train_batch_size if rl.filter_groups_enable else None) or \
-            actor.global_batch_size
+        self.train_groups = cfg.train_batch_size
         # One optimizer step per batch, one epoch, no IS correction: the update's own forward pass
         # gives the old log-probs, so the separate pass is skipped.
         self.on_policy = rl.epochs == 1 and rl.mini_batch_size == self.train_groups and rl.rollout_is == "none"
@@ -235,22 +236,24 @@ class GRPOTrainer:
         accumulator = GroupAccumulator(self.train_groups, self.n, rl.filter_groups_max_batches,
                                        rl.filter_groups_metric) if rl.filter_groups_enable else None
         metrics: dict[str, float] = {}
+        rounds: list[ScoreResult] = []  # every round's scores: the reward metrics cover all that was generated
         for attempt in itertools.count():
             prompts = self.loader.next_batch()
             with timer("rollout"):
                 result, generated = self.group.call("generate", [p.ids for p in prompts], self.n,
                                                     sampling_for_step(self.sampling, step, attempt))[0]
-            metrics.update(generated)
+            for phase in RESHARDING_PHASES:
+                timer.seconds[phase] = timer.seconds.get(phase, 0.0) + generated.pop(f"timing/{phase}", 0.0)
+            add_round(metrics, generated)
             batch = rollout_batch([p.ids for p in prompts], result, self.n, self.pad_id)
             labels = [p.label for p in prompts for _ in range(self.n)]
             pending = self.rewards.submit(self.texts(result.responses), labels, batch)
             if accumulator is None:
                 break
-            scored = self.rewards.collect(pending, timer)
-            scores = torch.tensor(scored.rewards)
-            verifier = {k: torch.tensor(v) for k, v in scored.scores.items()}
+            rounds.append(self.rewards.collect(pending, timer))
+            scores = torch.tensor(rounds[-1].rewards)
+            verifier = {k: torch.tensor(v) for k, v in rounds[-1].scores.items()}
             batch.update(scores=scores, **{f"verifier/{k}": v for k, v in verifier.items()})
-            metrics.update(scored.metrics)
             if accumulator.add(batch, select_filter_values(rl.filter_groups_metric, scores, verifier)):
                 break
         if accumulator is not None:
@@ -263,6 +266,7 @@ class GRPOTrainer:
             scores = torch.tensor(scored.rewards)
             verifier = {k: torch.tensor(v) for k, v in scored.scores.items()}
         else:
+            metrics.update(ScoreResult.concatenate(rounds).metrics)
             scores = batch.pop("scores")
             verifier = {k.removeprefix("verifier/"): batch.pop(k) for k in list(batch) if k.startswith("verifier/")}
         return Experience(batch, scores, verifier, metrics)

@@ -80,10 +80,18 @@ class TrainerConfig:
                 groups.append((names[section], resource))
         return groups
 
+    @property
+    def train_batch_size(self) -> int:
+        """Prompts per update: DAPO fills its batch to filter_groups_train_batch_size informative groups."""
+        rl = self.rl_config
+        return (rl.filter_groups_train_batch_size if rl.filter_groups_enable else None) or \
+            self.actor_config.global_batch_size
+
     def actor_update_config(self) -> ActorConfig:
         """The actor worker's settings (mini-batch in samples, sampling temperature for log-probs)."""
         rl = self.rl_config
-        return self.actor_config.actor_config(rl.mini_batch_size * rl.n_samples_per_prompt, epochs=rl.epochs,
+        steps = rl.epochs * (self.train_batch_size // rl.mini_batch_size)
+        return self.actor_config.actor_config(rl.mini_batch_size * rl.n_samples_per_prompt, steps, epochs=rl.epochs,
                                               shuffle_mini_batch=rl.shuffle_mini_batch, loss=self.loss,
                                               temperature=self.generate_config.sampling_config.temperature,
                                               prompt_packing=rl.packing_mode)

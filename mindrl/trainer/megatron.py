@@ -109,14 +109,15 @@ class MegatronConfig:
         return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
                               self.num_layer_list)
 
-    def actor_config(self, mini_batch_size: int, **update: Any) -> ActorConfig:
-        """The worker's optimiser/update settings (batch sizes in samples), with `update`'s RL keys (epochs,
-        shuffle_mini_batch, temperature, loss); ActorConfig validates them."""
+    def actor_config(self, mini_batch_size: int, steps_per_iteration: int = 1, **update: Any) -> ActorConfig:
+        """The worker's optimiser/update settings (batch sizes in samples; the LR schedule in iterations, each
+        `steps_per_iteration` optimizer steps), with `update`'s RL keys (epochs, shuffle_mini_batch, temperature,
+        loss); ActorConfig validates them."""
         from mindrl.workers.megatron_worker import ActorConfig  # megatron-core loads only when a worker needs it
 
         return ActorConfig(lr=self.lr, min_lr=self.min_lr, lr_decay_style=self.lr_decay_style,
-                           lr_warmup_fraction=self.lr_warmup_fraction,
-                           lr_decay_steps=self.lr_decay_iters or self.train_iters, weight_decay=self.weight_decay,
+                           lr_warmup_fraction=self.lr_warmup_fraction, steps_per_iteration=steps_per_iteration,
+                           lr_decay_iters=self.lr_decay_iters or self.train_iters, weight_decay=self.weight_decay,
                            clip_grad=self.clip_grad, adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2,
                            mini_batch_size=mini_batch_size, micro_batch_size=self.micro_batch_size,
                            seed=self.seed, **update)

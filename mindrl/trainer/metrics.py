@@ -26,6 +26,9 @@ from mindrl.console import terminal_err
 TIMING_PHASES = ("all", "rollout", "old_log_p", "reference_model", "rule_reward", "adv", "update",
                  "resharding_to_infer", "resharding_to_train")
 
+#: the phases the rollout workers time themselves (around the engine's generation)
+RESHARDING_PHASES = ("resharding_to_infer", "resharding_to_train")
+
 #: which timing each throughput divides by
 THROUGHPUT_TIMINGS = {"e2e_tps": "all", "update_tps": "update", "vllm_tps": "rollout"}
 
@@ -65,6 +68,24 @@ class StepTimer:
 
     def metrics(self) -> dict[str, float]:
         return {f"timing/{phase}": value for phase, value in self.seconds.items()}
+
+
+#: rollout metrics of a step's generation rounds (DAPO) that are not sums: the worst, and a rate recomputed
+_ROUNDS_MAX = ("sync/probe_max_abs_diff",)
+_ROUNDS_RATE = {"sync/gb_per_s": ("sync/gigabytes", "sync/seconds")}
+
+
+def add_round(total: dict[str, float], round_metrics: Mapping[str, float]) -> None:
+    """Fold one generation round's rollout metrics (seconds, tokens, bytes, counts) into the step's `total`:
+    they add up, except a worst case (its max) and a rate (recomputed from the sums)."""
+    for key, value in round_metrics.items():
+        if key in _ROUNDS_MAX:
+            total[key] = max(total.get(key, value), value)
+        elif key not in _ROUNDS_RATE:
+            total[key] = total.get(key, 0.0) + value
+    for key, (amount, seconds) in _ROUNDS_RATE.items():
+        if key in round_metrics:
+            total[key] = total[amount] / total[seconds] if total[seconds] else 0.0
 
 
 def _floats(values: torch.Tensor | Sequence[float]) -> torch.Tensor:

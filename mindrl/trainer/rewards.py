@@ -51,15 +51,10 @@ class RuleRewards:
 
     @staticmethod
     def collect(refs: list[Any]) -> ScoreResult:
-        """The parts in order as one result; each metric is the sample-weighted mean of the parts'."""
+        """The parts in order as one result."""
         import ray
 
-        parts: list[ScoreResult] = ray.get(refs)
-        total = sum(len(p.rewards) for p in parts) or 1
-        metrics = {key: sum(p.metrics.get(key, 0.0) * len(p.rewards) for p in parts) / total
-                   for key in parts[0].metrics}
-        scores = {name: [s for p in parts for s in p.scores[name]] for name in parts[0].scores}
-        return ScoreResult([r for p in parts for r in p.rewards], scores, metrics)
+        return ScoreResult.concatenate(ray.get(refs))
 
     def close(self) -> None:
         import ray

@@ -70,7 +70,7 @@ class RLConfig:
     num_cpus_for_local_task: float = 1.0
     filter_groups_enable: bool = False
     filter_groups_metric: str = "acc"
-    filter_groups_max_batches: int = 1
+    filter_groups_max_batches: int = 10
     filter_groups_train_batch_size: int | None = None
     rollout_is: str = "none"
     rollout_is_threshold: float = DEFAULT_THRESHOLD

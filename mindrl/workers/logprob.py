@@ -64,14 +64,16 @@ class _VocabParallelEntropy(torch.autograd.Function):
         return -grad.unsqueeze(-1) * probs * (logits - mean_logit)
 
 
-def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0,
-                           vocab_size: int | None = None) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) over the first `vocab_size` ids; TP-aware."""
-    return _VocabParallelEntropy.apply(_prepared(logits, temperature, vocab_size))
+def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0, vocab_size: int | None = None,
+                           grad: bool = True) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) over the first `vocab_size` ids; TP-aware. Without `grad` it
+    is a metric only: no graph, so none of the vocabulary-sized intermediates is kept for a backward pass."""
+    with torch.set_grad_enabled(torch.is_grad_enabled() and grad):
+        return _VocabParallelEntropy.apply(_prepared(logits, temperature, vocab_size))
 
 
 def gathered_log_probs(logits: torch.Tensor, source: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
-                       vocab_size: int | None = None, with_entropy: bool = False
+                       vocab_size: int | None = None, with_entropy: bool = False, entropy_grad: bool = True
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `labels` [rows, S] (and entropies) scored at the positions of `logits` [G, W, V/TP] that
     `source` [rows, S] names as flat indices (−1: no score, 0 there). Packed rows score several rows'
@@ -82,5 +84,5 @@ def gathered_log_probs(logits: torch.Tensor, source: torch.Tensor, labels: torch
     log_probs = zeros.masked_scatter(valid, vocab_parallel_log_probs(picked, labels[valid], temperature, vocab_size))
     entropy = None
     if with_entropy:
-        entropy = zeros.masked_scatter(valid, vocab_parallel_entropy(picked, temperature, vocab_size))
+        entropy = zeros.masked_scatter(valid, vocab_parallel_entropy(picked, temperature, vocab_size, entropy_grad))
     return log_probs, entropy

@@ -53,7 +53,11 @@ class ActorConfig:
     min_lr: float = 0.0
     lr_decay_style: str = "constant"
     lr_warmup_fraction: float = 0.0
-    lr_decay_steps: int = 1000
+    #: the schedule's length in iterations (train steps; an iteration is one `update` call)
+    lr_decay_iters: int = 1000
+    #: optimizer steps per iteration (epochs × mini-batches per batch): the schedule moves 1/this of an
+    #: iteration with each, so it reads the same in iterations however the batch is cut
+    steps_per_iteration: int = 1
     weight_decay: float = 0.0
     clip_grad: float = 1.0
     adam_beta1: float = 0.9
@@ -69,7 +73,7 @@ class ActorConfig:
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
-        for key in ("mini_batch_size", "micro_batch_size", "epochs", "lr_decay_steps"):
+        for key in ("mini_batch_size", "micro_batch_size", "epochs", "lr_decay_iters", "steps_per_iteration"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
@@ -202,13 +206,15 @@ class MegatronWorker:
         device = self.platform.device()
         return [{k: v.to(device) for k, v in mb.items()} for mb in out]
 
-    def _token_scores(self, logits: torch.Tensor, mb: dict, temperature: float,
-                      with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_scores(self, logits: torch.Tensor, mb: dict, temperature: float, with_entropy: bool,
+                      entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of the micro-batch's labels [rows, S] (and entropies), from plain or packed rows."""
         if "source" in mb:
-            return gathered_log_probs(logits, mb["source"], mb["labels"], temperature, self.vocab_size, with_entropy)
+            return gathered_log_probs(logits, mb["source"], mb["labels"], temperature, self.vocab_size, with_entropy,
+                                      entropy_grad)
         log_probs = vocab_parallel_log_probs(logits, mb["labels"], temperature, self.vocab_size)
-        return log_probs, vocab_parallel_entropy(logits, temperature, self.vocab_size) if with_entropy else None
+        entropy = vocab_parallel_entropy(logits, temperature, self.vocab_size, entropy_grad) if with_entropy else None
+        return log_probs, entropy
 
     @torch.no_grad()
     def compute_log_prob(self, batch: dict, with_entropy: bool = False,
@@ -272,11 +278,14 @@ class ActorWorker(MegatronWorker):
         self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, min_lr=cfg.min_lr,
                                                      weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
                                                      adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2)
+        # Megatron's scheduler counts what it is stepped by: here optimizer steps, so the iterations of the
+        # schedule's keys are multiplied by the optimizer steps one takes (as Megatron multiplies by samples)
+        decay_steps = cfg.lr_decay_iters * cfg.steps_per_iteration
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0 if cfg.lr_warmup_fraction else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
-            lr_warmup_steps=int(cfg.lr_warmup_fraction * cfg.lr_decay_steps), lr_decay_steps=cfg.lr_decay_steps,
+            lr_warmup_steps=cfg.lr_warmup_fraction * decay_steps, lr_decay_steps=decay_steps,
             lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
-            wd_incr_steps=cfg.lr_decay_steps, wd_incr_style="constant")
+            wd_incr_steps=decay_steps, wd_incr_style="constant")
         self.updates = 0
 
     def update(self, batch: dict) -> dict[str, float]:
@@ -312,13 +321,14 @@ class ActorWorker(MegatronWorker):
                 gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
                 order = rows.start + torch.randperm(n_local, generator=gen)
             for start in range(0, n_local, mini):
-                metrics = self._step(batch, order[start:start + mini], self._policy_loss)
+                # the entropy is always measured (the collapse signal of RL runs), with gradient only as a bonus
+                metrics = self._step(batch, order[start:start + mini], self._policy_loss, entropy=True)
                 for key, value in metrics.items():
                     history.setdefault(key, []).append(value)
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> list[dict]:
+    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, entropy: bool) -> list[dict]:
         """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced
         over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares."""
         cfg = self.cfg
@@ -333,8 +343,9 @@ class ActorWorker(MegatronWorker):
         scale = len(micro) * self.dp_size
 
         def loss_fn(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            log_probs, entropy = self._token_scores(logits, mb, cfg.temperature, bool(cfg.loss.entropy_coeff))
-            loss, metrics = loss_of(log_probs, entropy, mb, normalisers)
+            log_probs, entropies = self._token_scores(logits, mb, cfg.temperature, entropy,
+                                                      bool(cfg.loss.entropy_coeff))
+            loss, metrics = loss_of(log_probs, entropies, mb, normalisers)
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
         zero_grads(self.ddp, self.optimizer)
@@ -352,8 +363,8 @@ class ActorWorker(MegatronWorker):
                                            normalisers["num_tokens"]))
         return loss, metrics
 
-    def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf) -> dict[str, float]:
-        outputs = self._backward(batch, rows, loss_of)
+    def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, entropy: bool = False) -> dict[str, float]:
+        outputs = self._backward(batch, rows, loss_of, entropy)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
