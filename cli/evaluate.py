@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--output", default=None, help="parquet to write the generations and their scores to")
+    parser.add_argument("--prompt-type", default=None,
+                        help="template the prompts were rendered with, for its stop words (default: the one the data "
+                             "records)")
     parser.add_argument("--log", default="runs/evaluate.log",
                         help="where the engines' and libraries' own output goes (appended; default %(default)s)")
     args = parser.parse_args(argv)
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                          temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
                          verifiers=args.verifiers, weights=weights, ks=args.k, backend=args.backend,
                          dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                         output=args.output)
+                         output=args.output, prompt_type=args.prompt_type)
         with run_log(args.log):
             summary = evaluate(cfg)
     except ConfigError as err:

@@ -53,6 +53,8 @@ class EvalConfig:
     cpu_kv_cache_mb: int = 256
     #: where the generations and their scores go (parquet); None: not written
     output: str | None = None
+    #: the template the prompts were rendered with, for its stop words; None: the one the data records
+    prompt_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
@@ -138,6 +140,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Generate, score and summarise; writes the generations to `cfg.output` if set. Returns the summary."""
     from mindrl.checkpoint import megatron as mg
     from mindrl.config.reward import RewardConfig
+    from mindrl.data.stops import response_text, run_stop_words, stop_token_ids
     from mindrl.data.tokenizer import load_tokenizer
     from mindrl.launch import run_ranks
     from mindrl.rewards.scorer import RewardScorer
@@ -146,6 +149,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     reward = RewardConfig(verifier_function=list(cfg.verifiers), verifier_weight=list(cfg.weights))
     prompts = read_prompts(split_path(cfg.data, "test"))
     tokenizer = load_tokenizer(cfg.tokenizer)
+    stop_ids = stop_token_ids(tokenizer, run_stop_words(split_path(cfg.data, "test"), cfg.prompt_type))
     longest = max(len(p.ids) for p in prompts)
     if longest + cfg.max_tokens > cfg.max_model_len:
         raise ConfigError(f"the longest prompt ({longest} tokens) plus --max-tokens {cfg.max_tokens} exceeds "
@@ -154,9 +158,9 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         checkpoint = megatron_checkpoint(cfg.load, Path(workdir))
         par = mg.parallel_of(mg.load_args(checkpoint))
         result = run_ranks(_generate_rank, par.tp * par.pp, checkpoint, cfg, [p.ids for p in prompts],
-                           (tokenizer.eos_token_id,))[0]
+                           stop_ids)[0]
     n = cfg.n_samples
-    texts = [tokenizer.decode(r, skip_special_tokens=True) for r in result.responses]
+    texts = [response_text(tokenizer, r, stop_ids) for r in result.responses]
     labels = [p.label for p in prompts for _ in range(n)]
     with RewardScorer(reward) as scorer:
         scored = scorer.score(texts, labels, [len(r) for r in result.responses])

@@ -132,6 +132,59 @@ def test_a_reference_on_its_own_devices_starts_from_the_converted_weights(tiny_m
     assert 0 < (end - start).norm() < 0.05 * start.norm()
 
 
+RECORDER = """import json
+
+OUT = {out!r}
+
+
+def record(response: str, label: str) -> float:
+    with open(OUT, "a") as f:
+        f.write(json.dumps(response) + "\\n")
+    return 0.0
+
+
+record.worst_score = 0.0
+"""
+
+
+@pytest.mark.parametrize("backend", ["vllm", "megatron"])
+def test_responses_end_at_the_templates_stop_word_not_only_the_tokenizers_eos(tiny_math_data, tmp_path, backend):
+    """A base model's tokenizer (eos <|endoftext|>) with a chat template whose turn ends elsewhere: here half the
+    vocabulary as stop words, so a response from the random policy ends within a few tokens at one of them, and
+    the scorer reads the text up to it. Stopping only at eos, every response ran to max_tokens."""
+    import json
+
+    from mindrl.data.preprocess import PreprocessConfig, preprocess
+    from mindrl.data.tokenizer import load_tokenizer
+
+    tokenizer_dir, _ = tiny_math_data
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer.eos_token = "<|endoftext|>"
+    tokenizer.save_pretrained(str(tmp_path / "base"))
+    words = [word for i in range(3, len(tokenizer), 2)
+             if (word := tokenizer.decode([i])).strip() and tokenizer.encode(word, add_special_tokens=False) == [i]]
+    templates = tmp_path / "templates.json"
+    templates.write_text(json.dumps([{"name": "half_stops", "stop_words": words, "format_user": {"slots": [
+        "<|im_start|>user\\n{{content}}<|im_end|>\\n<|im_start|>assistant\\n"]}}]))
+    preprocess(PreprocessConfig(output_dir=str(tmp_path / "data"), tokenizer_name_or_path=str(tmp_path / "base"),
+                                generator={"kind": "arithmetic", "num_samples": 40, "seed": 0},
+                                prompt_type="half_stops", prompt_type_path=str(templates),
+                                map_keys={"prompt": "question", "answer": "answer"}))
+    recorder, texts = tmp_path / "recorder.py", tmp_path / "texts.jsonl"
+    recorder.write_text(RECORDER.format(out=str(texts)))
+    save = tmp_path / "run"
+    _run(_overrides(tmp_path / "base", tmp_path / "data", save, **{
+        "megatron_training.train_iters": 2, "rl_config.test_interval": 0, "rl_config.use_tensorboard": False,
+        "generate_config.backend": backend, "rl_config.overlong_buffer_enable": False,
+        "rl_config.verifier_function": f"[acc,'{recorder}:record']", "rl_config.verifier_weight": "[1.0,0.0]"}),
+        tmp_path / "log")
+    lines = jobs.metrics(save / "metrics.jsonl")
+    assert max(line["response_length/max"] for line in lines) < 32
+    seen = [json.loads(line) for line in texts.read_text().splitlines()]
+    assert len(seen) == 2 * 4 * 4
+    assert all(any(text.endswith(word) for word in words) for text in seen)
+
+
 def test_dapo_dynamic_sampling_drops_flat_groups_and_generates_until_the_batch_is_full(tiny_math_data, tmp_path):
     """16 new tokens with the overlong penalty past 8: most responses run to 16 and score alike, so most
     groups are flat; the driver keeps generating on fresh prompts until 4 informative groups are in."""

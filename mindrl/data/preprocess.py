@@ -2,8 +2,9 @@
 
 Output columns: `prompt` (templated text), `prompt_ids` (int32 token ids), `answer`,
 `data_source`, `extra_info` (the row's other columns as JSON, plus its input index) and
-`index`. The same input and recipe give byte-identical files: rows keep input order, the
-split is a seeded permutation, and nothing time- or machine-dependent is written.
+`index`; the schema's metadata records the template and its stop words (mindrl.data.stops).
+The same input and recipe give byte-identical files: rows keep input order, the split is a
+seeded permutation, and nothing time- or machine-dependent is written.
 Nothing is dropped silently: prompts over `max_prompt_length` tokens are dropped and
 counted, and a bad row is an error naming the row and the key unless `skip_bad_rows`.
 """
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 from mindrl.checkpoint.atomic import atomic_file
 from mindrl.config.errors import ConfigError
 from mindrl.data.readers import read_rows
+from mindrl.data.stops import template_record
 from mindrl.data.synthetic import generate_problems
 from mindrl.data.templates import get_template
 from mindrl.data.tokenizer import load_tokenizer
@@ -183,14 +185,15 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
     for name, split in splits.items():
         setattr(report, name, len(split))
         if split:
-            _write_parquet(split, out / f"{name}.parquet")
+            _write_parquet(split, out / f"{name}.parquet", template_record(cfg.prompt_type, template.stop_words))
         else:
             (out / f"{name}.parquet").unlink(missing_ok=True)  # a stale split from an earlier run
     return report
 
 
-def _write_parquet(records: list[dict], path: Path) -> None:
-    """Written beside the target and renamed, so a reader never sees half a file."""
-    table = pa.Table.from_pylist(records, schema=SCHEMA)
+def _write_parquet(records: list[dict], path: Path, metadata: dict[bytes, bytes]) -> None:
+    """Written beside the target and renamed, so a reader never sees half a file; `metadata` goes into the
+    schema (the template, whose stop words the trainers read)."""
+    table = pa.Table.from_pylist(records, schema=SCHEMA.with_metadata(metadata))
     with atomic_file(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")

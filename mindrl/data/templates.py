@@ -80,6 +80,8 @@ class ChatTemplate:
     """The tokenizer's own chat template, with a generation prompt appended."""
 
     name = TOKENIZER_TEMPLATE
+    #: the tokenizer's chat template names no end of turn apart from its eos
+    stop_words: tuple[str, ...] = ()
 
     def render(self, prompt: str, system: str | None = None, tokenizer: Any = None) -> str:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):

@@ -22,6 +22,7 @@ from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_value
 from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
 from mindrl.config import ConfigError
 from mindrl.console import say
+from mindrl.data.stops import response_text, run_stop_words, stop_token_ids
 from mindrl.rewards.scorer import ScoreResult
 from mindrl.rollout.config import SamplingConfig
 from mindrl.trainer.config import check_resources
@@ -95,8 +96,12 @@ class GRPOTrainer:
         self.on_policy = rl.epochs == 1 and rl.mini_batch_size == self.train_groups and rl.rollout_is == "none"
         self.sampling: SamplingConfig = cfg.generate_config.sampling_config
         self.tokenizer = load_tokenizer(actor.tokenizer_name_or_path, actor.arch)
-        self.loader = PromptLoader(read_prompts(split_path(actor.data_path, "train")), actor.global_batch_size,
-                                   actor.seed, shuffle=not actor.no_shuffle)
+        train_path = split_path(actor.data_path, "train")
+        #: where a response ends: the tokenizer's eos and the end of turn of the data's template
+        self.stop_ids = stop_token_ids(self.tokenizer, run_stop_words(train_path, actor.prompt_type,
+                                                                      actor.prompt_type_path))
+        self.loader = PromptLoader(read_prompts(train_path), actor.global_batch_size, actor.seed,
+                                   shuffle=not actor.no_shuffle)
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
         self.group = self.ref_group = self.rewards = self.sink = None
@@ -109,12 +114,9 @@ class GRPOTrainer:
         from mindrl.workers.ray_ranks import PolicySpec
 
         cfg, actor, rl = self.cfg, self.cfg.actor_config, self.cfg.rl_config
-        eos = {self.tokenizer.eos_token_id}
-        eos.update(i for i in self.tokenizer.convert_tokens_to_ids(["<|endoftext|>"]) if i is not None
-                   and i != self.tokenizer.unk_token_id)
         return PolicySpec(
             arch=actor.arch, par=actor.parallel, actor=cfg.actor_update_config(), generate=cfg.generate_config,
-            bf16=actor.bf16, eos_token_ids=tuple(sorted(eos)),
+            bf16=actor.bf16, eos_token_ids=self.stop_ids,
             initial_weights=self.start.initial_weights, with_reference=rl.uses_reference and self.ref_weights is None,
             ref_micro_batch_size=rl.ref_forward_micro_batch_size or actor.micro_batch_size,
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
@@ -288,7 +290,7 @@ class GRPOTrainer:
             timer.seconds["reference_model"] = time.perf_counter() - start
 
     def texts(self, responses: list[list[int]]) -> list[str]:
-        return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
+        return [response_text(self.tokenizer, r, self.stop_ids) for r in responses]
 
     @property
     def pad_id(self) -> int:

@@ -40,6 +40,9 @@ class MegatronConfig:
     #: folder of cli/preprocess_data.py output (train.parquet, test.parquet) or one parquet / jsonl file
     data_path: str | None = None
     dataset_additional_keys: list[str] = dataclasses.field(default_factory=lambda: ["labels"])
+    #: the template the prompts were rendered with, for its stop words; unset: the one the data records
+    prompt_type: str | None = None
+    prompt_type_path: str | None = None
     no_shuffle: bool = False
     global_batch_size: int | None = None
     micro_batch_size: int = 1
