@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-type", default=None,
                         help="template the prompts were rendered with, for its stop words (default: the one the data "
                              "records)")
+    parser.add_argument("--prompt-type-path", default=None, help="templates file for --prompt-type (default: "
+                                                                 "configs/model/templates.json)")
     parser.add_argument("--log", default="runs/evaluate.log",
                         help="where the engines' and libraries' own output goes (appended; default %(default)s)")
     args = parser.parse_args(argv)
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                          temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
                          verifiers=args.verifiers, weights=weights, ks=args.k, backend=args.backend,
                          dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                         output=args.output, prompt_type=args.prompt_type)
+                         output=args.output, prompt_type=args.prompt_type,
+                         prompt_type_path=args.prompt_type_path)
         with run_log(args.log):
             summary = evaluate(cfg)
     except ConfigError as err:

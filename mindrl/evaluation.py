@@ -55,6 +55,8 @@ class EvalConfig:
     output: str | None = None
     #: the template the prompts were rendered with, for its stop words; None: the one the data records
     prompt_type: str | None = None
+    #: the templates file prompt_type is looked up in (None: configs/model/templates.json)
+    prompt_type_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
@@ -149,7 +151,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     reward = RewardConfig(verifier_function=list(cfg.verifiers), verifier_weight=list(cfg.weights))
     prompts = read_prompts(split_path(cfg.data, "test"))
     tokenizer = load_tokenizer(cfg.tokenizer)
-    stop_ids = stop_token_ids(tokenizer, run_stop_words(split_path(cfg.data, "test"), cfg.prompt_type))
+    stop_ids = stop_token_ids(tokenizer, run_stop_words(split_path(cfg.data, "test"), cfg.prompt_type,
+                                                         cfg.prompt_type_path))
     longest = max(len(p.ids) for p in prompts)
     if longest + cfg.max_tokens > cfg.max_model_len:
         raise ConfigError(f"the longest prompt ({longest} tokens) plus --max-tokens {cfg.max_tokens} exceeds "

@@ -76,8 +76,12 @@ def test_the_scorer_reads_the_response_up_to_the_end_of_its_turn(base_tokenizer)
     invented = "<|im_start|>user\nAnd 3 + 5?<|im_end|>\n<|im_start|>assistant\n\\boxed{8}"
     ids = tokenizer.encode(turn + "<|im_end|>" + invented, add_special_tokens=False)
     acc = get_verifier("acc")
-    assert response_text(tokenizer, ids, stops) == turn + "<|im_end|>"
+    assert response_text(tokenizer, ids, stops) == turn
     assert acc(response_text(tokenizer, ids, stops), "7") == 1.0
     assert acc(tokenizer.decode(ids, skip_special_tokens=True), "7") == -0.5  # what the scorer was handed before
     # an end of turn that is no stop id of the run (data without a recorded template) still reaches the scorer
-    assert response_text(tokenizer, ids[:-3], stop_token_ids(tokenizer)).startswith(turn + "<|im_end|><|im_start|>")
+    unstopped = response_text(tokenizer, ids, stop_token_ids(tokenizer))
+    assert unstopped.startswith(turn + "<|im_end|><|im_start|>")
+    # a stop word that is no special token is the turn's own text, and stays
+    word = tokenizer.encode(" answer", add_special_tokens=False)
+    assert response_text(tokenizer, word + ids, word) == " answer"

@@ -6,6 +6,7 @@ ranks load and do the same two updates. 2 ranks crash saves; 2 more resume at an
 and recover from the crash.
 """
 
+import dataclasses
 import os
 import random
 import signal
@@ -106,11 +107,15 @@ def _load_and_go_on(rank: int, roots: dict[str, str]) -> dict:
         release_model_parallel()
         actor = ActorWorker(arch, par, CFG, weights=full)
         resumed = actor.load_checkpoint(roots[name])
-        out[name] = {"resumed": resumed, "at_load": _snapshot(actor), "after": _go_on(actor, vocab)}
+        out[name] = {"resumed": resumed, "at_load": _snapshot(actor), "after": _go_on(actor, vocab),
+                     "kept_schedule": actor.kept_schedule()}
     try:
         actor.load_checkpoint(roots["tp2"])
     except ConfigError as err:
         out["wrong_layout"] = str(err)
+    longer = ActorWorker(arch, LAYOUTS["pp2"], dataclasses.replace(CFG, steps_per_iteration=2), weights=full)
+    longer.load_checkpoint(roots["pp2"], load_rng=False)  # the generators stay as the next check needs them
+    out["longer_schedule"] = (longer.kept_schedule(), longer.scheduler.lr_decay_steps)
     # no_load_optim: the same as an actor built on the checkpoint's weights, as the reference loads them.
     on_weights = ActorWorker(arch, LAYOUTS["pp2"], CFG, weights=roots["pp2"])
     on_weights.updates = BEFORE  # what a resume restores: the update count seeds the mini-batch shuffle
@@ -181,6 +186,17 @@ def test_no_load_optim_gives_a_fresh_optimizer_and_no_load_rng_keeps_the_generat
         assert _equal_states(fresh["params"], fresh["on_weights_params"])
         assert fresh["draws"]["python"] != before["pp2"]["after"]["draws"]["python"]
         assert not torch.equal(fresh["draws"]["torch"], before["pp2"]["after"]["draws"]["torch"])
+
+
+def test_a_resume_keeps_the_checkpoints_lr_schedule_and_says_so_where_the_config_differs(resumed):
+    """Megatron keeps a loaded schedule; one that spans other steps than the config's (here twice the optimizer
+    steps per iteration, as a checkpoint from before the schedule counted iterations would) is announced."""
+    for result in resumed:
+        assert all(result[name]["kept_schedule"] is None for name in LAYOUTS)
+        note, decay_steps = result["longer_schedule"]
+        assert decay_steps == CFG.lr_decay_iters
+        assert note.startswith("the checkpoint's LR schedule (16 optimizer steps, 8 of warm-up) goes on") and \
+            "spans 32 (16 of warm-up)" in note and "no_load_optim: true" in note
 
 
 def test_loading_into_another_tp_pp_is_one_sentence(resumed, roots):

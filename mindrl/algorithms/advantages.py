@@ -29,10 +29,14 @@ def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     return scores.view(-1, group_size).double()
 
 
+def _flat(grouped: torch.Tensor) -> torch.Tensor:
+    """[prompts, 1]: True where every score of the group is equal."""
+    return (grouped == grouped[:, :1]).all(-1, keepdim=True)
+
+
 def _zero_flat(values: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
     """`values` [prompts, group_size] with every group whose scores are all equal set to exactly 0."""
-    flat = (grouped == grouped[:, :1]).all(-1, keepdim=True)
-    return values.masked_fill(flat, 0.0)
+    return values.masked_fill(_flat(grouped), 0.0)
 
 
 def _per_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -98,8 +102,7 @@ def reinforce_plus_plus_baseline(scores: torch.Tensor, mask: torch.Tensor, group
     grouped = _groups(scores, group_size)
     centred = _zero_flat(grouped - grouped.mean(-1, keepdim=True), grouped).view(-1)
     whitened = _masked_whiten(_per_token(centred, mask), mask)
-    informative = _zero_flat(torch.ones_like(grouped), grouped).view(-1, 1)
-    return whitened * informative.to(whitened.dtype)
+    return whitened.masked_fill(_flat(grouped).repeat_interleave(group_size, dim=0), 0.0)
 
 
 #: the estimators that compare the responses of one prompt: a group of one gives zero advantages

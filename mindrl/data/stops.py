@@ -32,12 +32,16 @@ def template_record(prompt_type: str, stop_words: Sequence[str]) -> dict[bytes, 
 
 def recorded_template(path: str | Path) -> dict[str, Any] | None:
     """{prompt_type, stop_words} recorded in a preprocessed parquet, None for data written without it."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
     if not path.is_file():
         return None
-    metadata = pq.read_schema(path).metadata or {}
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except pa.ArrowException:  # no parquet: the prompt reader says so in its own sentence
+        return None
     return json.loads(metadata[TEMPLATE_METADATA]) if TEMPLATE_METADATA in metadata else None
 
 
@@ -77,9 +81,13 @@ def stop_token_ids(tokenizer: Any, stop_words: Sequence[str] = ()) -> tuple[int,
 
 
 def response_text(tokenizer: Any, response: Sequence[int], stop_ids: Sequence[int]) -> str:
-    """The text the scorer reads: the response up to and including its first stop token (the engines end it
-    there; nothing after it is graded), with special tokens kept, so an end-of-turn marker that is no stop id
-    of this run is still there for the scorer's own cut (skipping special tokens deleted it)."""
+    """The text the scorer reads: the response up to its first stop token (the engines end it there; nothing
+    after it is graded). The stop token itself is left out where it is a special token, as decoding without
+    special tokens would (a format check then sees the turn's own text whatever the tokenizer's end marker);
+    other special tokens stay, so an end-of-turn marker that is no stop id of this run is still there for the
+    scorer's own cut (skipping special tokens deleted it, and the scorer graded the turn invented after it)."""
     stops = set(stop_ids)
     end = next((i + 1 for i, token in enumerate(response) if token in stops), len(response))
+    if end and response[end - 1] in stops and response[end - 1] in set(tokenizer.all_special_ids):
+        end -= 1
     return tokenizer.decode(list(response[:end]), skip_special_tokens=False)

@@ -159,6 +159,8 @@ class GRPOTrainer:
                 self.rewards.stats.load_state_dict(extra["reward_model_stats"])
             say(f"resumed from {self.start.resume} at iteration {self.start.iteration} "
                 f"(epoch {self.loader.epoch}, prompt {self.loader.position})")
+            if ranks[0]["schedule_note"]:
+                say(f"warning: {ranks[0]['schedule_note']}")
         save = cfg.actor_config.save
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)

@@ -64,6 +64,8 @@ class SFTTrainer:
             self.loader.load_state_dict(ranks[0]["extra"]["data"])
             say(f"resumed from {self.start.resume} at iteration {self.start.iteration} "
                 f"(epoch {self.loader.epoch}, example {self.loader.position})")
+            if ranks[0]["schedule_note"]:
+                say(f"warning: {ranks[0]['schedule_note']}")
         self.sink = MetricsSink(t.train_iters, Path(t.save) / METRICS_FILE if t.save else None,
                                 self.cfg.sft.tensorboard_dir if self.cfg.sft.use_tensorboard else None,
                                 self.start.iteration)

@@ -64,12 +64,22 @@ class _VocabParallelEntropy(torch.autograd.Function):
         return -grad.unsqueeze(-1) * probs * (logits - mean_logit)
 
 
+#: tokens per piece of an entropy computed as a metric only: bounds its vocabulary-sized temporaries
+_METRIC_CHUNK_TOKENS = 1024
+
+
 def vocab_parallel_entropy(logits: torch.Tensor, temperature: float = 1.0, vocab_size: int | None = None,
                            grad: bool = True) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) over the first `vocab_size` ids; TP-aware. Without `grad` it
-    is a metric only: no graph, so none of the vocabulary-sized intermediates is kept for a backward pass."""
-    with torch.set_grad_enabled(torch.is_grad_enabled() and grad):
+    """Entropy of softmax(logits / temperature) over the first `vocab_size` ids; TP-aware. Without `grad` (or
+    under no_grad) it is a metric: no graph, and computed a piece of tokens at a time, so its fp32 temporaries
+    (a few logits-sized tensors) stay small beside the forward's own."""
+    if grad and torch.is_grad_enabled():
         return _VocabParallelEntropy.apply(_prepared(logits, temperature, vocab_size))
+    with torch.no_grad():
+        flat = logits.reshape(-1, logits.shape[-1])
+        pieces = [_VocabParallelEntropy.apply(_prepared(piece, temperature, vocab_size))
+                  for piece in flat.split(_METRIC_CHUNK_TOKENS)]
+        return torch.cat(pieces).view(logits.shape[:-1])
 
 
 def gathered_log_probs(logits: torch.Tensor, source: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,

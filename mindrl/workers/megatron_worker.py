@@ -281,6 +281,8 @@ class ActorWorker(MegatronWorker):
         # Megatron's scheduler counts what it is stepped by: here optimizer steps, so the iterations of the
         # schedule's keys are multiplied by the optimizer steps one takes (as Megatron multiplies by samples)
         decay_steps = cfg.lr_decay_iters * cfg.steps_per_iteration
+        #: (warm-up, decay) in optimizer steps as this config sets them; a loaded checkpoint may bring others
+        self.schedule_steps = (cfg.lr_warmup_fraction * decay_steps, decay_steps)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0 if cfg.lr_warmup_fraction else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
             lr_warmup_steps=cfg.lr_warmup_fraction * decay_steps, lr_decay_steps=decay_steps,
@@ -427,6 +429,18 @@ class ActorWorker(MegatronWorker):
         """A resumable training checkpoint (mindrl/checkpoint/training.py); every rank calls it.
         `extra` is the caller's state to get back on resume (data position, trainer step, seeds)."""
         return training.save(self._train_state("save_checkpoint"), root, iteration, extra)
+
+    def kept_schedule(self) -> str | None:
+        """After a resume, a sentence where the LR schedule the checkpoint carried spans other optimizer steps than
+        this config's: Megatron keeps the checkpoint's (a changed train_iters or lr_decay_iters, or a checkpoint
+        written before the schedule counted iterations, would otherwise change the schedule unannounced)."""
+        kept = (self.scheduler.lr_warmup_steps, self.scheduler.lr_decay_steps)
+        if kept == self.schedule_steps:
+            return None
+        return (f"the checkpoint's LR schedule ({kept[1]:g} optimizer steps, {kept[0]:g} of warm-up) goes on, as "
+                f"Megatron keeps a loaded schedule, though this config's spans {self.schedule_steps[1]:g} "
+                f"({self.schedule_steps[0]:g} of warm-up); no_load_optim: true starts it over (with fresh Adam "
+                f"moments).")
 
     def load_checkpoint(self, root: str | Path, iteration: int | None = None, load_optim: bool = True,
                         load_rng: bool = True) -> training.Resumed:

@@ -109,11 +109,13 @@ class RankProcess:
 class ActorRank(RankProcess):
     """A rank hosting a trained actor (`self.actor`): resuming it and saving its checkpoints."""
 
-    def _resume(self, spec: PolicySpec | SFTSpec) -> dict | None:
-        """Load the training checkpoint the spec names, if any; the trainer state saved with it."""
+    def _resume(self, spec: PolicySpec | SFTSpec) -> dict:
+        """Load the training checkpoint the spec names, if any: the trainer state saved with it (`extra`, None
+        without a resume) and a sentence where its LR schedule differs from the config's (`schedule_note`)."""
         if spec.resume is None:
-            return None
-        return self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng).extra
+            return {"extra": None, "schedule_note": None}
+        extra = self.actor.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng).extra
+        return {"extra": extra, "schedule_note": self.actor.kept_schedule()}
 
     def save(self, root: str, iteration: int, extra: dict) -> str:
         return str(self.actor.save_checkpoint(root, iteration, extra))
@@ -145,10 +147,10 @@ class PolicyRank(ActorRank):
             self.reward = RewardModelWorker(reward.arch, reward.par, reward.weights,
                                             self.dtype(agreed_precision(reward.bf16, "reward_config")),
                                             reward.micro_batch_size, reward.seed)
-        extra = self._resume(spec)
+        resumed = self._resume(spec)
         frozen = [worker for worker in (self.reference, self.reward) if worker is not None]
         self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, frozen)
-        return {"dp_size": self.actor.dp_size, "extra": extra, "precision": precision,
+        return {"dp_size": self.actor.dp_size, **resumed, "precision": precision,
                 "engine_dtype": self.rollout.cfg.dtype}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
@@ -244,7 +246,7 @@ class SFTRank(ActorRank):
         self.join(host, port, timeout_s)
         precision = agreed_precision(spec.bf16, "megatron_training", spec.resume_bf16)
         self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, self.dtype(precision))
-        return {"dp_size": self.actor.dp_size, "extra": self._resume(spec), "precision": precision}
+        return {"dp_size": self.actor.dp_size, **self._resume(spec), "precision": precision}
 
     def step(self, batch: dict) -> dict[str, float]:
         return self.actor.sft_step(batch)
