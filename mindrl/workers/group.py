@@ -50,6 +50,13 @@ def actor_options(resource: RoleResource) -> tuple[dict[str, float], dict[str, A
     return {resource.kind: 1}, {"num_cpus": 0, "resources": {resource.kind: 1}}
 
 
+def host_threads(node_resources: Mapping[str, float], kind: str) -> int:
+    """OpenMP threads for a device rank: its node's CPUs shared among the node's devices. A device rank claims no
+    CPU from Ray (the devices are what is scarce), and Ray gives an actor without CPUs OMP_NUM_THREADS=1, which
+    leaves the rank's host work (batches, the optimizer's host parts, torch's CPU ops) one core on a 100-core node."""
+    return max(1, int(node_resources.get("CPU", 1) // max(node_resources.get(kind, 1), 1)))
+
+
 class WorkerGroup:
     def __init__(self, role: str, cls: type, resource: RoleResource, placement_timeout_s: float = 300.0) -> None:
         import ray
@@ -71,12 +78,18 @@ class WorkerGroup:
                 f"offer them within {placement_timeout_s:.0f} s; free devices, add nodes or lower the resource.")
         remote = ray.remote(cls)
         self.actors = []
-        bundles = ranks_by_node(ray.util.placement_group_table(self.placement)["bundles_to_node_id"])
+        to_node = ray.util.placement_group_table(self.placement)["bundles_to_node_id"]
+        bundles = ranks_by_node(to_node)
+        node_resources = {node["NodeID"]: node["Resources"] for node in ray.nodes() if node["Alive"]}
         for rank in range(self.world_size):
             strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=bundles[rank])
+            own = dict(options)
+            if resource.kind != "CPU" and "OMP_NUM_THREADS" not in os.environ:  # a value the user set stays
+                threads = host_threads(node_resources.get(to_node[bundles[rank]], {}), resource.kind)
+                own["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
             # the role's device kind, not what its node has: a num_cpus role on a GPU node still runs on CPU
             self.actors.append(remote.options(scheduling_strategy=strategy, name=f"mindrl-{role}-{rank}",
-                                              **options).remote(rank, self.world_size, resource.platform))
+                                              **own).remote(rank, self.world_size, resource.platform))
 
     def rendezvous(self, timeout_s: float) -> tuple[str, int]:
         import ray
