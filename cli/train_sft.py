@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindrl.trainer.entry import run_trainer
-from mindrl.trainer.sft_config import SFT_CONFIGS_DIR, check_resources, load_sft_config
+from mindrl.trainer.sft_config import SFT_CONFIGS_DIR, load_sft_config
+from mindrl.trainer.stage import check_resources
 
 
 def _fit(cfg) -> None:

@@ -1,10 +1,11 @@
 """Raw question/answer rows → templated, tokenized prompt parquet files (train / test).
 
-Output columns: `prompt` (templated text), `prompt_ids` (int32 token ids), `answer`,
-`data_source`, `extra_info` (the row's other columns as JSON, plus its input index) and
-`index`; the schema's metadata records the template and its stop words (mindrl.data.stops).
-The same input and recipe give byte-identical files: rows keep input order, the split is a
-seeded permutation, and nothing time- or machine-dependent is written.
+Output columns: `prompt` (templated text), `prompt_ids` (int32 token ids), `answer` (or, for
+preference pairs, `chosen` / `rejected` and their token ids), `data_source`, `extra_info` (the
+row's other columns as JSON, plus its input index) and `index`; the schema's metadata records
+the template and its stop words (mindrl.data.stops). The same input and recipe give
+byte-identical files: rows keep input order, the split is a seeded permutation, and nothing
+time- or machine-dependent is written.
 Nothing is dropped silently: prompts over `max_prompt_length` tokens are dropped and
 counted, and a bad row is an error naming the row and the key unless `skip_bad_rows`.
 """
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 
 from mindrl.checkpoint.atomic import atomic_file
 from mindrl.config.errors import ConfigError
+from mindrl.data.preference import PAIR_KEYS, read_pair, render_prompt, response_ids
 from mindrl.data.readers import read_rows
 from mindrl.data.stops import template_record
 from mindrl.data.synthetic import generate_problems
@@ -32,6 +34,11 @@ from mindrl.data.tokenizer import load_tokenizer
 MAP_KEYS = ("prompt", "query", "answer", "system")
 SCHEMA = pa.schema([("index", pa.int64()), ("prompt", pa.string()), ("prompt_ids", pa.list_(pa.int32())),
                     ("answer", pa.string()), ("data_source", pa.string()), ("extra_info", pa.string())])
+#: a preference pair's row (`is_pairwise_dataset`): the responses' text and tokens (the tokenizer's EOS last)
+PAIR_SCHEMA = pa.schema([("index", pa.int64()), ("prompt", pa.string()), ("prompt_ids", pa.list_(pa.int32())),
+                         ("chosen", pa.string()), ("chosen_ids", pa.list_(pa.int32())), ("rejected", pa.string()),
+                         ("rejected_ids", pa.list_(pa.int32())), ("data_source", pa.string()),
+                         ("extra_info", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,11 @@ class PreprocessConfig:
     generator: dict | None = None
     prompt_type: str = "qwen_r1"
     prompt_type_path: str | None = None
-    #: output field → input column; `response` is accepted as MindSpeed-RL's name for `answer`
-    map_keys: dict = field(default_factory=lambda: {"prompt": "prompt", "answer": "answer"})
+    #: output field → input column; `response` is accepted as MindSpeed-RL's name for `answer`. Default:
+    #: {prompt: prompt, answer: answer}; with is_pairwise_dataset each of prompt, chosen, rejected to itself
+    map_keys: dict | None = None
+    #: rows are preference pairs (prompt, chosen, rejected) for the DPO stage (MindSpeed-LLM's key)
+    is_pairwise_dataset: bool = False
     data_source: str | None = None
     max_prompt_length: int = 1024
     test_fraction: float = 0.0
@@ -58,17 +68,26 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         if (self.input is None) == (self.generator is None):
             raise ConfigError("give exactly one of input (a data file or directory) and generator.")
-        keys = dict(self.map_keys)
-        if "response" in keys:
-            if "answer" in keys:
-                raise ConfigError("map_keys has both response and answer; they are the same field, keep one.")
-            keys["answer"] = keys.pop("response")
-        unknown = set(keys) - set(MAP_KEYS)
-        if unknown:
-            raise ConfigError(f"map_keys has unknown fields {sorted(unknown)}; "
-                              f"use {', '.join(MAP_KEYS)} (or response).")
-        if not keys.get("prompt") or not keys.get("answer"):
-            raise ConfigError("map_keys must name the input columns for prompt and answer.")
+        if self.is_pairwise_dataset:
+            keys = dict(self.map_keys or {name: name for name in ("prompt", "chosen", "rejected")})
+            unknown = set(keys) - set(PAIR_KEYS)
+            if unknown:
+                raise ConfigError(f"map_keys has unknown fields {sorted(unknown)} for a pairwise dataset; use "
+                                  f"{', '.join(PAIR_KEYS)}.")
+            if not keys.get("chosen") or not keys.get("rejected"):
+                raise ConfigError("map_keys must name the input columns for chosen and rejected.")
+        else:
+            keys = dict(self.map_keys or {"prompt": "prompt", "answer": "answer"})
+            if "response" in keys:
+                if "answer" in keys:
+                    raise ConfigError("map_keys has both response and answer; they are the same field, keep one.")
+                keys["answer"] = keys.pop("response")
+            unknown = set(keys) - set(MAP_KEYS)
+            if unknown:
+                raise ConfigError(f"map_keys has unknown fields {sorted(unknown)}; "
+                                  f"use {', '.join(MAP_KEYS)} (or response).")
+            if not keys.get("prompt") or not keys.get("answer"):
+                raise ConfigError("map_keys must name the input columns for prompt and answer.")
         object.__setattr__(self, "map_keys", {k: v for k, v in keys.items() if v})
         if not 0.0 <= self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must be in [0, 1), got {self.test_fraction}.")
@@ -129,25 +148,49 @@ def _source_rows(cfg: PreprocessConfig) -> tuple[Iterable[Any], str]:
     return read_rows(cfg.input), Path(cfg.input).name
 
 
+def _prompt_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any) -> dict:
+    prompt = _field(row, number, "prompt", keys["prompt"], source)
+    if "query" in keys:
+        query = _field(row, number, "query", keys["query"], source, required=False)
+        prompt = f"{prompt}\n{query}" if query else prompt
+    answer = _field(row, number, "answer", keys["answer"], source)
+    system = _field(row, number, "system", keys["system"], source, required=False) if "system" in keys else None
+    text = template.render(prompt, system, tokenizer)
+    return {"prompt": text, "prompt_ids": tokenizer(text, add_special_tokens=False)["input_ids"], "answer": answer}
+
+
+def _pair_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any) -> dict:
+    where = f"{source} row {number}"
+    if not isinstance(row, dict):
+        raise _BadRow(f"{where} is a {type(row).__name__}, not an object with columns")
+    try:
+        pair = read_pair(row, keys, where)
+        text = render_prompt(pair, template, tokenizer, where)
+    except ConfigError as err:
+        raise _BadRow(str(err)) from None
+    return {"prompt": text, "prompt_ids": tokenizer(text, add_special_tokens=False)["input_ids"],
+            "chosen": pair.chosen, "chosen_ids": response_ids(pair.chosen, tokenizer), "rejected": pair.rejected,
+            "rejected_ids": response_ids(pair.rejected, tokenizer)}
+
+
 def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
     """Write `train.parquet` (and `test.parquet` when test_fraction > 0) into cfg.output_dir."""
     template = get_template(cfg.prompt_type, cfg.prompt_type_path)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path)
+    if cfg.is_pairwise_dataset and tokenizer.eos_token_id is None:
+        raise ConfigError(f"the tokenizer at {cfg.tokenizer_name_or_path} has no EOS token; preference responses "
+                          f"must end with the token generation stops on.")
     rows, source = _source_rows(cfg)
     data_source = cfg.data_source or source
     keys = cfg.map_keys
     used = set(keys.values())
+    make_record = _pair_record if cfg.is_pairwise_dataset else _prompt_record
     report = PreprocessReport()
     records = []
     for number, row in enumerate(rows):
         report.rows_read += 1
         try:
-            prompt = _field(row, number, "prompt", keys["prompt"], source)
-            if "query" in keys:
-                query = _field(row, number, "query", keys["query"], source, required=False)
-                prompt = f"{prompt}\n{query}" if query else prompt
-            answer = _field(row, number, "answer", keys["answer"], source)
-            system = _field(row, number, "system", keys["system"], source, required=False) if "system" in keys else None
+            record = make_record(row, number, source, keys, template, tokenizer)
         except _BadRow as bad:
             if not cfg.skip_bad_rows:
                 raise ConfigError(f"{bad}; fix the data, point map_keys at the right column, or set "
@@ -156,15 +199,12 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
             if len(report.bad_examples) < 5:
                 report.bad_examples.append(str(bad))
             continue
-        text = template.render(prompt, system, tokenizer)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) > cfg.max_prompt_length:
+        if len(record["prompt_ids"]) > cfg.max_prompt_length:
             report.dropped_too_long += 1
             continue
-        report.longest_prompt = max(report.longest_prompt, len(ids))
+        report.longest_prompt = max(report.longest_prompt, len(record["prompt_ids"]))
         extra = {k: v for k, v in row.items() if k not in used}
-        records.append({"index": number, "prompt": text, "prompt_ids": ids, "answer": answer,
-                        "data_source": data_source,
+        records.append({"index": number, **record, "data_source": data_source,
                         "extra_info": json.dumps(extra, sort_keys=True, ensure_ascii=False, default=str)})
     report.kept = len(records)
     if not records:
@@ -185,15 +225,16 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
     for name, split in splits.items():
         setattr(report, name, len(split))
         if split:
-            _write_parquet(split, out / f"{name}.parquet", template_record(cfg.prompt_type, template.stop_words))
+            _write_parquet(split, out / f"{name}.parquet", PAIR_SCHEMA if cfg.is_pairwise_dataset else SCHEMA,
+                           template_record(cfg.prompt_type, template.stop_words))
         else:
             (out / f"{name}.parquet").unlink(missing_ok=True)  # a stale split from an earlier run
     return report
 
 
-def _write_parquet(records: list[dict], path: Path, metadata: dict[bytes, bytes]) -> None:
+def _write_parquet(records: list[dict], path: Path, schema: pa.Schema, metadata: dict[bytes, bytes]) -> None:
     """Written beside the target and renamed, so a reader never sees half a file; `metadata` goes into the
     schema (the template, whose stop words the trainers read)."""
-    table = pa.Table.from_pylist(records, schema=SCHEMA.with_metadata(metadata))
+    table = pa.Table.from_pylist(records, schema=schema.with_metadata(metadata))
     with atomic_file(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")

@@ -77,17 +77,30 @@ def _fact(rng: random.Random, worded: bool) -> dict:
             "kind": "fact_word" if worded else "fact_bare", "fact": f"{a} * {b}"}
 
 
+def _fact_pair(rng: random.Random, worded: bool) -> dict:
+    """A times-table fact with a preference pair: its answer sentence chosen, a near miss rejected (a neighbouring
+    product or one off, the confusions a learner makes), for the DPO stage."""
+    fact = _fact(rng, worded)
+    a, b = (int(x) for x in fact["fact"].split(" * "))
+    misses = sorted({(a + 1) * b, (a - 1) * b, a * (b + 1), a * (b - 1), a * b + 1, a * b - 1} - {a * b})
+    wrong = rng.choice([m for m in misses if m >= 0])
+    return {**fact, "chosen": fact["solution"], "rejected": f"The answer is {wrong}."}
+
+
 GENERATORS: dict[str, tuple[Callable[[random.Random], dict], ...]] = {
     "arithmetic": (_arithmetic,),
     "word": (_buy_more, _share, _weekly),
     "mixed": (_arithmetic, _buy_more, _share, _weekly),
     # the learning demo's task: the 100 times-table facts, half of the problems worded
     "facts": (lambda rng: _fact(rng, worded=False), lambda rng: _fact(rng, worded=True)),
+    # the same facts with a chosen and a rejected answer each (the demo's optional DPO stage)
+    "fact_pairs": (lambda rng: _fact_pair(rng, worded=False), lambda rng: _fact_pair(rng, worded=True)),
 }
 
 
 def generate_problems(kind: str = "mixed", num_samples: int = 1000, seed: int = 0) -> list[dict]:
-    """`num_samples` problems of `kind` (arithmetic, word, mixed or facts), the same for the same seed."""
+    """`num_samples` problems of `kind` (arithmetic, word, mixed, facts or fact_pairs), the same for the same
+    seed."""
     if kind not in GENERATORS:
         raise ValueError(f"unknown problem kind {kind!r}; choose one of {', '.join(GENERATORS)}.")
     rng = random.Random(seed)

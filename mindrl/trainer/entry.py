@@ -1,4 +1,4 @@
-"""The command line shared by the trainers (cli/train_grpo.py, cli/train_sft.py).
+"""The command line shared by the trainers (cli/train_grpo.py, cli/train_sft.py, cli/train_dpo.py).
 
 `--config-name` picks a file of the trainer's config folder (or `--config-dir`); the rest are
 Hydra overrides. The whole config, and this machine's devices unless RAY_ADDRESS names a

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorConfig
 
 #: `stage` → the command that trains it
-STAGES = {"ray_grpo": "cli/train_grpo.py", "sft": "cli/train_sft.py"}
+STAGES = {"ray_grpo": "cli/train_grpo.py", "sft": "cli/train_sft.py", "dpo": "cli/train_dpo.py"}
 # ActorConfig checks these too, but importing it loads megatron-core (seconds on a small box);
 # a config must be judged before that, so the two value rules are repeated here.
 LR_DECAY_STYLES = ("constant", "cosine", "linear")
@@ -112,8 +112,10 @@ class MegatronConfig:
         return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
                               self.num_layer_list)
 
-    def actor_config(self, mini_batch_size: int, steps_per_iteration: int = 1, **update: Any) -> ActorConfig:
-        """The worker's optimiser/update settings (batch sizes in samples; the LR schedule in iterations, each
+    def actor_config(self, mini_batch_size: int, steps_per_iteration: int = 1, rows_per_example: int = 1,
+                     **update: Any) -> ActorConfig:
+        """The worker's optimiser/update settings (batch sizes in rows: `rows_per_example` per example counted by
+        mini_batch_size and micro_batch_size, 2 for DPO's pairs; the LR schedule in iterations, each
         `steps_per_iteration` optimizer steps), with `update`'s RL keys (epochs, shuffle_mini_batch, temperature,
         loss); ActorConfig validates them."""
         from mindrl.workers.megatron_worker import ActorConfig  # megatron-core loads only when a worker needs it
@@ -122,7 +124,8 @@ class MegatronConfig:
                            lr_warmup_fraction=self.lr_warmup_fraction, steps_per_iteration=steps_per_iteration,
                            lr_decay_iters=self.lr_decay_iters or self.train_iters, weight_decay=self.weight_decay,
                            clip_grad=self.clip_grad, adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2,
-                           mini_batch_size=mini_batch_size, micro_batch_size=self.micro_batch_size,
+                           mini_batch_size=mini_batch_size * rows_per_example,
+                           micro_batch_size=self.micro_batch_size * rows_per_example,
                            seed=self.seed, **update)
 
     def check_full_checkpoints(self, section: str) -> None:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from mindrl.algorithms.dpo_loss import DPOLossConfig, dpo_loss
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
 from mindrl.algorithms.rollout_is import mismatch_shares
 from mindrl.algorithms.sft_loss import sft_loss
@@ -105,6 +106,31 @@ LossOf = Callable[[torch.Tensor, torch.Tensor | None, dict, dict[str, float]], t
 def _sft_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
               normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
     return sft_loss(log_probs, mb["loss_mask"], normalisers["num_tokens"])
+
+
+def _dpo_loss(cfg: DPOLossConfig) -> LossOf:
+    """The DPO loss of a micro-batch whose rows are pairs (chosen, rejected), as a share of the mini-batch's
+    mean over pairs; the metrics are TRL's, as shares of their means."""
+
+    def loss_of(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
+                normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = mb["loss_mask"]
+        policy, reference = (log_probs * mask).sum(-1), (mb["ref_log_probs"] * mask).sum(-1)
+        if cfg.averaged:
+            tokens = mask.sum(-1).clamp(min=1)
+            policy, reference = policy / tokens, reference / tokens
+        chosen, rejected = policy.view(-1, 2).unbind(-1)
+        ref_chosen, ref_rejected = reference.view(-1, 2).unbind(-1)
+        losses, chosen_rewards, rejected_rewards = dpo_loss(cfg, chosen, rejected, ref_chosen, ref_rejected)
+        pairs = normalisers["num_seqs"] / 2
+        loss = losses.sum() / pairs
+        shares = {"dpo_loss": losses.detach(), "rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
+                  "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
+                  "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen.detach(),
+                  "logps/rejected": rejected.detach()}
+        return loss, {key: value.sum().item() / pairs for key, value in shares.items()}
+
+    return loss_of
 
 
 class MegatronWorker:
@@ -386,6 +412,25 @@ class ActorWorker(MegatronWorker):
         rows = self.local_rows(batch["tokens"].shape[0])
         self.model.train()
         metrics = self._step(batch, torch.arange(rows.start, rows.stop), _sft_loss)
+        self.updates += 1
+        return metrics
+
+    def dpo_step(self, batch: dict, loss: DPOLossConfig) -> dict[str, float]:
+        """One optimizer step of DPO on the whole batch: rows 2i and 2i + 1 are pair i's chosen and rejected
+        response (`tokens`, `loss_mask` over the response, `ref_log_probs` the frozen reference's), so a pair
+        is always in one micro-batch and sees one set of weights; metrics as `update`'s, under TRL's names."""
+        check_batch(batch, ("loss_mask", "ref_log_probs"))
+        rows_total = batch["tokens"].shape[0]
+        if rows_total % (2 * self.dp_size) or self.cfg.micro_batch_size % 2:
+            raise ConfigError(f"a DPO batch of {rows_total} rows in micro-batches of {self.cfg.micro_batch_size} over "
+                              f"{self.dp_size} data-parallel ranks splits a chosen/rejected pair; give each rank and "
+                              f"each micro-batch whole pairs.")
+        if self.cfg.temperature != 1.0:
+            raise ConfigError(f"DPO scores tokens at temperature 1, but this actor's is {self.cfg.temperature}; "
+                              f"build it with temperature=1.0.")
+        rows = self.local_rows(rows_total)
+        self.model.train()
+        metrics = self._step(batch, torch.arange(rows.start, rows.stop), _dpo_loss(loss))
         self.updates += 1
         return metrics
 

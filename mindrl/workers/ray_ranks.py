@@ -1,5 +1,6 @@
 """The ranks Ray actors host: a policy rank (actor + reference + rollout engine), a reference rank,
-a reward-model rank, or an SFT rank (the actor alone, taught responses).
+a reward-model rank, an SFT rank (the actor alone, taught responses) or a DPO rank (the actor and its
+frozen reference, taught preferences).
 
 A policy rank is MindSpeed-RL's integrated worker: the Megatron actor, the reference beside it
 when the KL loss needs one, the reward model when every model shares the actor's devices
@@ -16,11 +17,12 @@ checkpoint is loaded into the actor — never reloaded from a path the run has s
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from mindrl.algorithms.dpo_loss import DPOLossConfig
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
@@ -253,6 +255,41 @@ class SFTRank(ActorRank):
 
     def close(self) -> None:
         destroy()
+
+
+@dataclass(frozen=True)
+class DPOSpec(SFTSpec):
+    loss: DPOLossConfig = field(default_factory=DPOLossConfig)
+    #: Megatron checkpoint root of the reference, in the actor's layout; None: the weights the run started from
+    reference: str | None = None
+
+
+class DPORank(SFTRank):
+    """The Megatron actor under DPO, with its frozen reference beside it in the same processes and layout."""
+
+    def setup(self, host: str, port: int, spec: DPOSpec, timeout_s: float) -> dict:
+        from mindrl.workers.megatron_worker import ActorWorker
+
+        self.join(host, port, timeout_s)
+        precision = agreed_precision(spec.bf16, "megatron_training", spec.resume_bf16)
+        dtype = self.dtype(precision)
+        self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, dtype)
+        self.loss = spec.loss
+        self.reference = MegatronWorker(spec.arch, spec.par, spec.reference, dtype, 1.0, spec.actor.micro_batch_size,
+                                        spec.actor.seed, spec.actor.prompt_packing)
+        if spec.reference is None:  # the weights the run started from, copied before a resume loads others
+            load_stage_weights(self.reference.model,
+                               {name: p.detach() for name, p in self.actor.model.named_parameters()})
+        return {"dp_size": self.actor.dp_size, **self._resume(spec), "precision": precision}
+
+    def step(self, batch: dict) -> dict[str, float]:
+        """The reference's log-probs of this rank's rows (once per batch, no graph), then the actor's DPO step."""
+        rows = self.reference.local_rows(batch["tokens"].shape[0])
+        ref = self.reference.compute_log_prob(batch)
+        full = torch.zeros(batch["tokens"].shape, dtype=torch.float32)
+        if ref is not None:  # the last pipeline stage, the only one that computes the loss
+            full[rows] = ref["log_probs"]
+        return self.actor.dpo_step({**batch, "ref_log_probs": full}, self.loss)
 
 
 def _rows_of(worker: MegatronWorker, batch: dict) -> tuple[int, torch.Tensor] | None:

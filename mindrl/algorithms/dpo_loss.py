@@ -1,0 +1,82 @@
+"""Preference losses (`dpo_loss_type`) on the log-prob ratios of a chosen and a rejected response.
+
+With π and π_ref the policy's and the reference's sequence log-probs of a response,
+  Δ = (π(chosen) − π_ref(chosen)) − (π(rejected) − π_ref(rejected))
+and β = `dpo_beta`, ε = `dpo_label_smoothing`, the losses per pair are TRL's:
+  sigmoid   −(1 − ε)·log σ(βΔ) − ε·log σ(−βΔ)          (DPO; ε > 0 is conservative DPO)
+  robust    (−(1 − ε)·log σ(βΔ) + ε·log σ(−βΔ)) / (1 − 2ε)   (robust DPO: unbiased under label noise ε)
+  hinge     max(0, 1 − βΔ)                             (SLiC)
+  ipo       (Δ − 1/(2β))²                              (IPO, on log-probs averaged over the response's tokens)
+The implicit rewards β·(π − π_ref) of each side are what TRL logs as rewards/chosen and rewards/rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mindrl.algorithms.registry import Registry
+from mindrl.config.errors import ConfigError
+
+#: (Δ, β, ε) → per-pair loss
+PairLoss = Callable[[torch.Tensor, float, float], torch.Tensor]
+DPO_LOSSES: Registry[PairLoss] = Registry("DPO loss", "dpo_loss_type")
+#: losses defined on token-averaged log-probs (IPO's length normalisation, as TRL computes it); the rest sum
+AVERAGED = frozenset({"ipo"})
+
+
+@DPO_LOSSES.register("sigmoid")
+def sigmoid(delta: torch.Tensor, beta: float, smoothing: float) -> torch.Tensor:
+    return -(1 - smoothing) * F.logsigmoid(beta * delta) - smoothing * F.logsigmoid(-beta * delta)
+
+
+@DPO_LOSSES.register("robust")
+def robust(delta: torch.Tensor, beta: float, smoothing: float) -> torch.Tensor:
+    return (-(1 - smoothing) * F.logsigmoid(beta * delta) + smoothing * F.logsigmoid(-beta * delta)) / \
+        (1 - 2 * smoothing)
+
+
+@DPO_LOSSES.register("hinge")
+def hinge(delta: torch.Tensor, beta: float, smoothing: float) -> torch.Tensor:
+    return torch.relu(1 - beta * delta)
+
+
+@DPO_LOSSES.register("ipo")
+def ipo(delta: torch.Tensor, beta: float, smoothing: float) -> torch.Tensor:
+    return (delta - 1 / (2 * beta)) ** 2
+
+
+@dataclass(frozen=True)
+class DPOLossConfig:
+    """`dpo_loss_type`, `dpo_beta`, `dpo_label_smoothing` (MindSpeed-LLM's and TRL's names)."""
+
+    dpo_loss_type: str = "sigmoid"
+    dpo_beta: float = 0.1
+    dpo_label_smoothing: float = 0.0
+
+    def __post_init__(self) -> None:
+        DPO_LOSSES.get(self.dpo_loss_type)
+        if self.dpo_beta <= 0:
+            raise ConfigError(f"dpo_beta must be positive, got {self.dpo_beta}.")
+        if not 0.0 <= self.dpo_label_smoothing < 0.5:
+            raise ConfigError(f"dpo_label_smoothing must be in [0, 0.5) (the share of pairs whose labels are "
+                              f"flipped), got {self.dpo_label_smoothing}.")
+        if self.dpo_label_smoothing and self.dpo_loss_type not in ("sigmoid", "robust"):
+            raise ConfigError(f"dpo_label_smoothing applies to the sigmoid and robust losses, not "
+                              f"{self.dpo_loss_type}; set it to 0 or choose one of them.")
+
+    @property
+    def averaged(self) -> bool:
+        """Whether the sequence log-probs are token means (IPO) rather than sums."""
+        return self.dpo_loss_type in AVERAGED
+
+
+def dpo_loss(cfg: DPOLossConfig, chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair losses and the chosen and rejected implicit rewards, from [pairs] sequence log-probs."""
+    chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
+    losses = DPO_LOSSES.get(cfg.dpo_loss_type)(chosen_ratio - rejected_ratio, cfg.dpo_beta, cfg.dpo_label_smoothing)
+    return losses, cfg.dpo_beta * chosen_ratio.detach(), cfg.dpo_beta * rejected_ratio.detach()

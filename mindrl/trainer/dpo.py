@@ -1,0 +1,63 @@
+"""The DPO driver: the Megatron actor and its frozen reference on Ray, taught preference pairs.
+
+The R1 recipe's optional stage between SFT and GRPO (SFT → DPO → GRPO), on the same actor, layouts and
+checkpoints: it starts from SFT's checkpoint (`megatron_training.load`), its reference is the weights it
+starts from unless `ref_model` names another checkpoint, and GRPO's `actor_config.load` starts from its
+checkpoint (at step 0, with it as GRPO's reference). Each step is one optimizer step on `global_batch_size`
+pairs; the reference's log-probs are computed once per batch, in the same ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mindrl.checkpoint import megatron as mg
+from mindrl.config import ConfigError
+from mindrl.data.preference import dpo_batch, read_pairs
+from mindrl.trainer.dpo_config import DPOConfig
+from mindrl.trainer.metrics import StepTimer
+from mindrl.trainer.stage import StageTrainer
+from mindrl.trainer.start import JOB_DPO
+
+#: the worker's DPO metrics, under the names TRL logs them
+TRL_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+             "logps/rejected")
+
+
+class DPOTrainer(StageTrainer):
+    JOB = JOB_DPO
+    EXAMPLE = "pair"
+
+    def __init__(self, cfg: DPOConfig) -> None:
+        reference = cfg.section.ref_model
+        if reference is not None:  # here, not in the workers after Ray starts
+            root = Path(reference)
+            if not (root / mg.TRACKER).is_file():
+                raise ConfigError(f"dpo_config.ref_model={reference} holds no {mg.TRACKER}; point it at a Megatron "
+                                  f"checkpoint (cli/convert_ckpt.py's output or a run's `save`).")
+            mg.check_checkpoint(root, mg.read_tracker(root), cfg.training.arch, cfg.training.parallel)
+        super().__init__(cfg)
+
+    def read_examples(self, path: Path) -> tuple[list, int]:
+        return read_pairs(path, self.cfg.training.seq_length)
+
+    def rank_spec(self) -> tuple[type, Any]:
+        from mindrl.workers.ray_ranks import DPORank, DPOSpec
+
+        t, section = self.cfg.training, self.cfg.section
+        return DPORank, DPOSpec(t.arch, t.parallel, t.actor_config(t.global_batch_size, rows_per_example=2), t.bf16,
+                                self.start.initial_weights, self.start.resume,
+                                self.start.iteration if self.start.resume else None, self.start.bf16,
+                                not t.no_load_optim, not t.no_load_rng, section.loss, section.ref_model)
+
+    def train_step(self) -> dict[str, float]:
+        timer = StepTimer()
+        with timer("all"):
+            pairs = self.loader.next_batch()
+            batch = dpo_batch(pairs, self.pad_id)
+            out = self.group.call("step", batch)[0]
+        seconds = timer.seconds["all"]
+        real = sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in pairs)
+        return {"dpo/loss": out["dpo_loss"], **{name: out[name] for name in TRL_NAMES}, "grad_norm": out["grad_norm"],
+                "actor/lr": out["lr"], "timing/all": seconds, "tokens_per_s": real / seconds}

@@ -1,0 +1,58 @@
+"""The DPO trainer's configuration: `megatron_training` (stage dpo) and `dpo_config`.
+
+`load_dpo_config("dpo_facts_cpu", ["dpo_config.dpo_beta=0.2"])` composes configs/dpo/<name>.yaml with Hydra,
+refuses unknown keys and checks the layout, batch sizes and loss settings before Ray starts. Key names are
+MindSpeed-LLM's and TRL's: `dpo_beta`, `dpo_loss_type`, `dpo_label_smoothing`, `ref_model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mindrl.algorithms.dpo_loss import DPOLossConfig
+from mindrl.config import ConfigError
+from mindrl.config.paths import CONFIGS_DIR
+from mindrl.trainer.stage import StageConfig, StageSection
+
+DPO_CONFIGS_DIR = CONFIGS_DIR / "dpo"
+
+
+@dataclass(frozen=True)
+class DPOSection(StageSection):
+    """`dpo_config`: the preference loss, the reference, and where the ranks run."""
+
+    #: sigmoid (DPO), robust, hinge or ipo (mindrl.algorithms.dpo_loss)
+    dpo_loss_type: str = "sigmoid"
+    dpo_beta: float = 0.1
+    #: the share of pairs assumed mislabelled (conservative / robust DPO); 0 for plain DPO
+    dpo_label_smoothing: float = 0.0
+    #: a Megatron checkpoint root of the frozen reference, in the actor's layout; unset: the weights DPO starts from
+    ref_model: str | None = None
+
+    def check(self, name: str) -> None:
+        try:
+            DPOLossConfig(self.dpo_loss_type, self.dpo_beta, self.dpo_label_smoothing)
+        except ConfigError as err:
+            raise ConfigError(f"{name}: {err}") from None
+
+    @property
+    def loss(self) -> DPOLossConfig:
+        return DPOLossConfig(self.dpo_loss_type, self.dpo_beta, self.dpo_label_smoothing)
+
+
+@dataclass(frozen=True)
+class DPOConfig(StageConfig):
+    section: DPOSection
+
+    STAGE = "dpo"
+    SECTION = "dpo_config"
+    SECTION_TYPE = DPOSection
+    CONFIGS_DIR = DPO_CONFIGS_DIR
+
+
+def load_dpo_config(config_name: str, overrides: Sequence[str] = (),
+                    config_dir: str | Path | None = None) -> DPOConfig:
+    """configs/dpo/<config_name>.yaml (or `config_dir`) with Hydra overrides, checked; raises ConfigError."""
+    return DPOConfig.load(config_name, overrides, config_dir)
