@@ -1,14 +1,16 @@
-"""The learning demo: SFT warm start, GRPO, and the held-out accuracy before and after, on CPU.
+"""The learning demo: SFT warm start, (optionally DPO,) GRPO, and the held-out accuracy after each, on CPU.
 
-    python cli/demo.py [--seed 1234] [--sft-steps N] [--grpo-steps N] [--out runs/facts] [--png PATH]
+    python cli/demo.py [--seed 1234] [--sft-steps N] [--dpo [--dpo-steps N]] [--grpo-steps N] [--out runs/facts]
+                       [--png PATH]
 
-Needs the facts tokenizer and data (scripts/demo.sh makes them). Runs cli/train_sft.py
-(sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with cli/evaluate.py,
-runs cli/train_grpo.py (grpo_facts_cpu) from it, evaluates the result the same way, writes the
-reward / accuracy curve to `--png` and prints the before/after table, the two evaluation commands
-(run again, they print the same figures) and one JSON line (every figure: `<out>/demo.json`). Each
-stage keeps what its libraries print in its own log (`<out>/sft/run.log`, `<out>/grpo/run.log`,
-`<out>/evaluate.log`); the console shows mindrl's lines. Step counts default to the configs'.
+Needs the facts tokenizer and data (scripts/demo.sh makes them, and the preference pairs `--dpo` reads).
+Runs cli/train_sft.py (sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with
+cli/evaluate.py, with `--dpo` runs cli/train_dpo.py (dpo_facts_cpu) from it and evaluates that, runs
+cli/train_grpo.py (grpo_facts_cpu) from the last stage, evaluates the result the same way, writes the
+reward / accuracy curve to `--png` and prints the table, the evaluation commands (run again, they print
+the same figures) and one JSON line (every figure: `<out>/demo.json`). Each stage keeps what its libraries
+print in its own log (`<out>/<stage>/run.log`, `<out>/evaluate.log`); the console shows mindrl's lines.
+Step counts default to the configs'.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ def _accuracy(command: list[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])["by_source"]["all"]
 
 
-def write_curve(metrics_file: Path, before: float, after: float, png: Path) -> None:
+def write_curve(metrics_file: Path, before: float, after: float, png: Path, start: str = "SFT") -> None:
     """Mean reward and training accuracy per GRPO step (and their 10-step means), the held-out greedy
-    accuracy at each validation, and after SFT and after GRPO as the dashed lines."""
+    accuracy at each validation, and after the stage GRPO started from (`start`) and after GRPO as the
+    dashed lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,7 +75,7 @@ def write_curve(metrics_file: Path, before: float, after: float, png: Path) -> N
     if checks:
         ax.plot(*zip((0, before), *checks, strict=True), "o-", color="black", markersize=4,
                 label="held-out accuracy (greedy)")
-    ax.axhline(before, color="grey", linestyle="--", label=f"held-out accuracy after SFT ({before:.1%})")
+    ax.axhline(before, color="grey", linestyle="--", label=f"held-out accuracy after {start} ({before:.1%})")
     ax.axhline(after, color="black", linestyle="--", label=f"held-out accuracy after GRPO ({after:.1%})")
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, 1.15)
@@ -89,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--sft-steps", type=int, default=None, help="default: sft_facts_cpu's train_iters")
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: grpo_facts_cpu's train_iters")
+    parser.add_argument("--dpo", action="store_true", help="a DPO stage between SFT and GRPO (the R1 chain)")
+    parser.add_argument("--dpo-steps", type=int, default=None, help="default: dpo_facts_cpu's train_iters")
+    parser.add_argument("--dpo-data", default="data/facts_dpo", help="the preference pairs (facts_dpo recipe)")
     parser.add_argument("--out", default="runs/facts", help="where the checkpoints and metrics go")
     parser.add_argument("--data", default="data/facts")
     parser.add_argument("--tokenizer", default="data/facts_tokenizer")
@@ -101,36 +107,47 @@ def main(argv: list[str] | None = None) -> int:
     def steps(count: int | None) -> list[str]:
         return [] if count is None else [f"megatron_training.train_iters={count}"]
 
-    for needed in (Path(args.tokenizer) / "tokenizer.json", Path(args.data) / "train.parquet"):
-        if not needed.is_file():
-            print(f"error: {needed} is missing; make the facts tokenizer and data first (scripts/demo.sh does).",
+    needed = [Path(args.tokenizer) / "tokenizer.json", Path(args.data) / "train.parquet"]
+    for path in needed + ([Path(args.dpo_data) / "train.parquet"] if args.dpo else []):
+        if not path.is_file():
+            print(f"error: {path} is missing; make the facts tokenizer and data first (scripts/demo.sh does).",
                   file=sys.stderr)
             return 2
-    evaluations = [evaluate_command(out / stage, args.data, args.tokenizer) for stage in ("sft", "grpo")]
-    sft_s, _ = _cli([str(ROOT / "cli" / "train_sft.py"), "--config-name", "sft_facts_cpu", *common,
-                     *steps(args.sft_steps), f"megatron_training.save={out / 'sft'}"])
-    before = _accuracy(evaluations[0])
-    grpo_s, _ = _cli([str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_facts_cpu", *common,
-                      *steps(args.grpo_steps), f"megatron_training.save={out / 'grpo'}",
-                      f"actor_config.load={out / 'sft'}", f"generate_config.sampling_config.seed={args.seed}"])
-    after = _accuracy(evaluations[1])
+    stages = ["sft", "dpo", "grpo"] if args.dpo else ["sft", "grpo"]
+    evaluations = [evaluate_command(out / stage, args.data, args.tokenizer) for stage in stages]
+    seconds, held_out = {}, {}
+    seconds["sft"], _ = _cli([str(ROOT / "cli" / "train_sft.py"), "--config-name", "sft_facts_cpu", *common,
+                              *steps(args.sft_steps), f"megatron_training.save={out / 'sft'}"])
+    held_out["sft"] = _accuracy(evaluations[0])
+    if args.dpo:
+        dpo = [f"megatron_training.seed={args.seed}", f"megatron_training.data_path={args.dpo_data}",
+               f"megatron_training.tokenizer_name_or_path={args.tokenizer}"]
+        seconds["dpo"], _ = _cli([str(ROOT / "cli" / "train_dpo.py"), "--config-name", "dpo_facts_cpu", *dpo,
+                                  *steps(args.dpo_steps), f"megatron_training.save={out / 'dpo'}",
+                                  f"megatron_training.load={out / 'sft'}"])
+        held_out["dpo"] = _accuracy(evaluations[1])
+    seconds["grpo"], _ = _cli([str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_facts_cpu", *common,
+                               *steps(args.grpo_steps), f"megatron_training.save={out / 'grpo'}",
+                               f"actor_config.load={out / stages[-2]}",
+                               f"generate_config.sampling_config.seed={args.seed}"])
+    held_out["grpo"] = _accuracy(evaluations[-1])
+    before, after = held_out[stages[-2]], held_out["grpo"]
     png = Path(args.png) if args.png else out / "curve.png"
-    write_curve(out / "grpo" / "metrics.jsonl", before["pass@1"], after["pass@1"], png)
-    print(f"\n{'held-out (greedy)':<20}{'after SFT':>12}{'after GRPO':>12}")
+    write_curve(out / "grpo" / "metrics.jsonl", before["pass@1"], after["pass@1"], png, stages[-2].upper())
+    print(f"\n{'held-out (greedy)':<20}" + "".join(f"{'after ' + stage.upper():>12}" for stage in stages))
     for key, label in (("pass@1", "accuracy"), ("score/answer_sentence_mean", "answer layout"),
                        ("response_length_mean", "response tokens")):
         fmt = "{:>12.1%}" if key != "response_length_mean" else "{:>12.1f}"
-        print(f"{label:<20}" + fmt.format(before[key]) + fmt.format(after[key]))
-    print(f"GRPO gain: {100 * (after['pass@1'] - before['pass@1']):+.1f} points in {grpo_s:.0f} s "
-          f"(SFT {sft_s:.0f} s); curve: {png}")
+        print(f"{label:<20}" + "".join(fmt.format(held_out[stage][key]) for stage in stages))
+    print(f"GRPO gain: {100 * (after['pass@1'] - before['pass@1']):+.1f} points in {seconds['grpo']:.0f} s "
+          f"({', '.join(f'{stage.upper()} {seconds[stage]:.0f} s' for stage in stages[:-1])}); curve: {png}")
     # each command over two lines, as a shell reads them: a long path would take a line past a screen's width
     print("the held-out figures again:\n" + "\n".join(f"  python {' '.join(c[:7])} \\\n      {' '.join(c[7:])}"
                                                        for c in evaluations) + "\n")
-    summary = {"seed": args.seed, "sft_accuracy": before["pass@1"], "grpo_accuracy": after["pass@1"],
-               "gain_points": round(100 * (after["pass@1"] - before["pass@1"]), 2), "sft_seconds": round(sft_s, 1),
-               "grpo_seconds": round(grpo_s, 1), "figures": str(out / FIGURES)}
-    (out / FIGURES).write_text(json.dumps({**summary, "curve": str(png), "held_out": {"sft": before, "grpo": after}},
-                                          indent=1) + "\n")
+    summary = {"seed": args.seed, **{f"{stage}_accuracy": held_out[stage]["pass@1"] for stage in stages},
+               "gain_points": round(100 * (after["pass@1"] - before["pass@1"]), 2),
+               **{f"{stage}_seconds": round(seconds[stage], 1) for stage in stages}, "figures": str(out / FIGURES)}
+    (out / FIGURES).write_text(json.dumps({**summary, "curve": str(png), "held_out": held_out}, indent=1) + "\n")
     print(json.dumps(summary), flush=True)
     return 0
 

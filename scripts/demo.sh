@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's main-job command: sets up .venv if needed, then runs the learning demo on the embedded
 # 2.5M-parameter CPU model, offline: facts tokenizer -> times-table prompts (parquet) -> SFT warm start
-# -> held-out evaluation -> GRPO with vLLM-CPU rollouts -> evaluation again, curve PNG and before/after
-# table (extra arguments go to cli/demo.py: --seed, --sft-steps, --grpo-steps, --out, --png).
+# -> held-out evaluation -> (with --dpo: DPO on preference pairs -> evaluation) -> GRPO with vLLM-CPU rollouts
+# -> evaluation again, curve PNG and before/after table (extra arguments go to cli/demo.py: --seed, --sft-steps,
+# --dpo, --dpo-steps, --grpo-steps, --out, --png).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
@@ -12,4 +13,5 @@ PY="${MINDRL_VENV:-$ROOT/.venv}/bin/python"
 # both are deterministic and take seconds: rebuilt every time, so a changed recipe never meets stale data
 "$PY" cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits
 "$PY" cli/preprocess_data.py --config-name facts
+"$PY" cli/preprocess_data.py --config-name facts_dpo
 exec "$PY" cli/demo.py "$@"

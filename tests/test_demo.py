@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from mindrl.data.preprocess import PreprocessConfig, preprocess
 from tests import jobs
 
 
-def test_the_demo_chain_runs_sft_then_grpo_from_it_and_its_figures_reproduce(tmp_path):
+@pytest.mark.parametrize("stages", [("sft", "grpo"), ("sft", "dpo", "grpo")], ids=["sft-grpo", "sft-dpo-grpo"])
+def test_the_demo_chain_runs_each_stage_from_the_last_and_its_figures_reproduce(tmp_path, stages):
     cli = jobs.ROOT / "cli"
     tokenizer = tmp_path / "tok"
     subprocess.run([sys.executable, str(cli / "build_tiny_tokenizer.py"), "--out", str(tokenizer), "--task", "facts",
@@ -20,9 +23,16 @@ def test_the_demo_chain_runs_sft_then_grpo_from_it_and_its_figures_reproduce(tmp
                                 generator={"kind": "facts", "num_samples": 400, "seed": 0}, prompt_type="chatml",
                                 map_keys={"prompt": "question", "answer": "answer"}, data_source="facts",
                                 max_prompt_length=64, test_fraction=0.1, unseen_test_prompts=True))
+    dpo = []
+    if "dpo" in stages:
+        preprocess(PreprocessConfig(output_dir=str(tmp_path / "pairs"), tokenizer_name_or_path=str(tokenizer),
+                                    generator={"kind": "fact_pairs", "num_samples": 200, "seed": 1},
+                                    prompt_type="chatml", is_pairwise_dataset=True,
+                                    map_keys={"prompt": "question", "chosen": "chosen", "rejected": "rejected"}))
+        dpo = ["--dpo", "--dpo-steps", "2", "--dpo-data", str(tmp_path / "pairs")]
     out, log = tmp_path / "run", tmp_path / "demo.log"
     with open(log, "w") as sink:
-        done = subprocess.run([sys.executable, str(cli / "demo.py"), "--sft-steps", "4", "--grpo-steps", "2",
+        done = subprocess.run([sys.executable, str(cli / "demo.py"), "--sft-steps", "4", "--grpo-steps", "2", *dpo,
                                "--out", str(out), "--data", str(tmp_path / "facts"), "--tokenizer", str(tokenizer)],
                               stdout=sink, stderr=subprocess.STDOUT, cwd=jobs.ROOT, timeout=jobs.JOB_LIMIT_S)
     text = log.read_text()
@@ -31,25 +41,28 @@ def test_the_demo_chain_runs_sft_then_grpo_from_it_and_its_figures_reproduce(tmp
     for noise in ("FutureWarning", "Triton not available", "NUMA binding", "RAY_DEDUP_LOGS"):
         assert noise not in text, noise
     assert max(map(len, text.splitlines())) <= 300
-    logs = "".join((out / stage / "run.log").read_text() for stage in ("sft", "grpo"))
+    logs = "".join((out / stage / "run.log").read_text() for stage in stages)
     assert "Triton not available" in logs and "NUMA binding" in logs and "FutureWarning" in logs
     summary = json.loads(text.strip().splitlines()[-1])
     figures = json.loads((out / "demo.json").read_text())
     assert {k: figures[k] for k in summary} == summary
     held_out = figures["held_out"]
-    assert held_out["sft"]["prompts"] == held_out["grpo"]["prompts"] == 40
-    assert held_out["sft"]["pass@1"] == summary["sft_accuracy"]
-    assert held_out["grpo"]["pass@1"] == summary["grpo_accuracy"]
+    assert list(held_out) == list(stages) and {held_out[stage]["prompts"] for stage in stages} == {40}
+    assert all(held_out[stage]["pass@1"] == summary[f"{stage}_accuracy"] for stage in stages)
     assert "held-out (greedy)" in text and "GRPO gain:" in text
     assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    sft, grpo = jobs.metrics(out / "sft" / "metrics.jsonl"), jobs.metrics(out / "grpo" / "metrics.jsonl")
-    assert len(sft) == 4 and len(grpo) == 2
-    # GRPO starts from the SFT weights, which are also its KL reference: no divergence before the first update
-    assert grpo[0]["actor/kl_loss"] == 0.0 < grpo[1]["actor/kl_loss"]
+    lines = {stage: jobs.metrics(out / stage / "metrics.jsonl") for stage in stages}
+    steps = {"sft": 4, "dpo": 2, "grpo": 2}
+    assert {stage: len(lines[stage]) for stage in stages} == {stage: steps[stage] for stage in stages}
+    # each stage starts from the last one's weights, which are also its reference: DPO's first step has every
+    # implicit reward 0, GRPO's first step no divergence before the first update
+    if "dpo" in stages:
+        assert lines["dpo"][0]["rewards/margins"] == 0.0 and lines["dpo"][0]["dpo/loss"] > 0
+    assert lines["grpo"][0]["actor/kl_loss"] == 0.0 < lines["grpo"][1]["actor/kl_loss"]
 
     commands = [line.split()[1:] for line in text.replace(" \\\n", " ").splitlines() if line.startswith("  python ")]
-    assert [c[c.index("--load") + 1] for c in commands] == [str(out / "sft"), str(out / "grpo")]
-    for command, stage in zip(commands, ("sft", "grpo"), strict=True):
+    assert [c[c.index("--load") + 1] for c in commands] == [str(out / stage) for stage in stages]
+    for command, stage in zip(commands, stages, strict=True):
         again = subprocess.run([sys.executable, *command], cwd=jobs.ROOT, capture_output=True, text=True,
                                timeout=jobs.JOB_LIMIT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert again.returncode == 0, again.stderr[-4000:]

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from mindrl.config.reward import RewardConfig
+from mindrl.data.preprocess import PreprocessConfig
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.trainer.dpo_config import DPOSection
 from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.rl import RLConfig
 from mindrl.trainer.sft_config import SFTSection
@@ -32,7 +34,7 @@ ROWS = {name: row for page in sorted(DOCS.glob("*.md")) for name, row in _rows(p
 
 
 @pytest.mark.parametrize("section", [MegatronConfig, RLConfig, RewardConfig, GenerateConfig, SamplingConfig,
-                                     SFTSection])
+                                     SFTSection, DPOSection, PreprocessConfig])
 def test_every_key_of_every_section_has_its_row_in_the_docs(section):
     missing = [f.name for f in dataclasses.fields(section) if f.name not in NOT_KEYS and f.name not in ROWS]
     assert not missing, f"{section.__name__} keys without a row in docs/*.md: {missing}"

@@ -189,6 +189,23 @@ def _eos(path) -> int:
     return load_tokenizer(path).eos_token_id
 
 
+def test_the_facts_pairs_hold_out_what_the_facts_prompts_hold_out(facts_pairs, tmp_path):
+    """The demo's DPO stage trains on no prompt the demo's evaluation holds out (the two recipes' splits agree)."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    tokenizer, _ = facts_pairs
+    prompts = {}
+    for recipe in ("facts", "facts_dpo"):
+        values = yaml.safe_load((jobs.ROOT / "configs" / "datasets" / f"{recipe}.yaml").read_text())
+        values.update(output_dir=str(tmp_path / recipe), tokenizer_name_or_path=str(tokenizer))
+        preprocess(PreprocessConfig.from_dict(values))
+        prompts[recipe] = {split: set(pq.read_table(tmp_path / recipe / f"{split}.parquet").column("prompt")
+                                      .to_pylist()) for split in ("train", "test")}
+    assert prompts["facts_dpo"]["test"] == prompts["facts"]["test"]
+    assert not prompts["facts_dpo"]["train"] & prompts["facts"]["test"] and len(prompts["facts_dpo"]["train"]) > 100
+
+
 @pytest.mark.parametrize("override, message", [
     ("dpo_config.dpo_beta=0", "dpo_config: dpo_beta must be positive"),
     ("dpo_config.dpo_loss_type=kto", "unknown DPO loss 'kto'"),
@@ -200,6 +217,14 @@ def _eos(path) -> int:
 def test_dpo_config_mistakes_are_one_sentence(override, message):
     with pytest.raises(ConfigError, match=message):
         load_dpo_config("dpo_facts_cpu", [override])
+
+
+def test_a_reference_that_is_no_checkpoint_is_one_sentence_before_anything_starts(tmp_path):
+    from mindrl.trainer.dpo import DPOTrainer
+
+    cfg = load_dpo_config("dpo_facts_cpu", [f"dpo_config.ref_model={tmp_path}"])
+    with pytest.raises(ConfigError, match=f"^dpo_config.ref_model={tmp_path} holds no latest_checkpointed_iteration"):
+        DPOTrainer(cfg)
 
 
 def _dpo_overrides(tokenizer, data, save, **extra) -> list[str]:
@@ -228,6 +253,12 @@ def test_train_dpo_learns_resumes_exactly_and_is_where_grpo_starts(facts_pairs, 
     assert first["dpo/loss"] == pytest.approx(0.6931472, abs=1e-6) and first["rewards/margins"] == 0.0
     assert last["rewards/margins"] > 0 and last["dpo/loss"] < first["dpo/loss"]
     assert (whole / "hf" / "config.json").is_file()
+    # another reference than the start weights (ref_model): the same policy, so the same log-probs at step 1,
+    # but implicit rewards against the trained checkpoint, no longer 0
+    jobs.run("train_dpo.py", "dpo_facts_cpu", _dpo_overrides(tokenizer, data, tmp_path / "other", **{
+        "megatron_training.train_iters": 1, "dpo_config.ref_model": whole}), tmp_path / "other.log")
+    (other,) = jobs.metrics(tmp_path / "other" / "metrics.jsonl")
+    assert other["logps/chosen"] == first["logps/chosen"] and other["rewards/chosen"] != 0.0
     base = load_dpo_config("dpo_facts_cpu").training
     loaded = dataclasses.replace(base, load=str(whole))
     assert start_point(loaded, JOB_DPO).resume == str(whole)  # DPO resumes its own checkpoint ...

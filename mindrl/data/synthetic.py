@@ -79,11 +79,13 @@ def _fact(rng: random.Random, worded: bool) -> dict:
 
 def _fact_pair(rng: random.Random, worded: bool) -> dict:
     """A times-table fact with a preference pair: its answer sentence chosen, a near miss rejected (a neighbouring
-    product or one off, the confusions a learner makes), for the DPO stage."""
+    product or one off, the confusions a learner makes), for the DPO stage. The miss is drawn from the question's
+    own generator, so `fact_pairs` asks the same questions in the same order as `facts` for a seed: a recipe
+    with the facts recipe's split keeps the same prompts held out."""
     fact = _fact(rng, worded)
     a, b = (int(x) for x in fact["fact"].split(" * "))
     misses = sorted({(a + 1) * b, (a - 1) * b, a * (b + 1), a * (b - 1), a * b + 1, a * b - 1} - {a * b})
-    wrong = rng.choice([m for m in misses if m >= 0])
+    wrong = random.Random(fact["question"]).choice([m for m in misses if m >= 0])
     return {**fact, "chosen": fact["solution"], "rejected": f"The answer is {wrong}."}
 
 
