@@ -80,3 +80,22 @@ def dpo_loss(cfg: DPOLossConfig, chosen: torch.Tensor, rejected: torch.Tensor, r
     chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
     losses = DPO_LOSSES.get(cfg.dpo_loss_type)(chosen_ratio - rejected_ratio, cfg.dpo_beta, cfg.dpo_label_smoothing)
     return losses, cfg.dpo_beta * chosen_ratio.detach(), cfg.dpo_beta * rejected_ratio.detach()
+
+
+def sequence_log_probs(cfg: DPOLossConfig, token_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[rows] log-probs of each row's response: the sum over its tokens (`mask`), the mean for IPO."""
+    total = (token_log_probs * mask).sum(-1)
+    return total / mask.sum(-1).clamp(min=1) if cfg.averaged else total
+
+
+def pair_losses(cfg: DPOLossConfig, policy: torch.Tensor,
+                reference: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-pair losses and TRL's per-pair metrics from [rows] sequence log-probs whose rows 2i and 2i + 1 are pair
+    i's chosen and rejected response (`dpo_loss`, `rewards/...`, `logps/...`: their means are what TRL logs)."""
+    chosen, rejected = policy.view(-1, 2).unbind(-1)
+    losses, chosen_rewards, rejected_rewards = dpo_loss(cfg, chosen, rejected, *reference.view(-1, 2).unbind(-1))
+    return losses, {"dpo_loss": losses.detach(), "rewards/chosen": chosen_rewards,
+                    "rewards/rejected": rejected_rewards,
+                    "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
+                    "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen.detach(),
+                    "logps/rejected": rejected.detach()}

@@ -47,23 +47,28 @@ def _messages(value: Any, what: str) -> list[dict[str, str]] | None:
     raise ConfigError(f"{what} is neither text nor a list of {{role, content}} messages")
 
 
-def _answer(value: Any, what: str) -> tuple[str, list[dict[str, str]]]:
-    """(the assistant's answer, the messages before it) of a response given as text or as messages."""
-    messages = _messages(value, what)
-    if messages is None:
-        return value, []
-    if messages[-1]["role"] != "assistant":
+def _answer(row: Mapping[str, Any], field: str, column: str, where: str) -> tuple[str, list[dict[str, str]]]:
+    """(the assistant's answer, the messages before it) of the response in `column`, given as text or messages."""
+    what = f"{where}: {column!r} (mapped to {field})"
+    if row.get(column) is None:
+        raise ConfigError(f"{where} has no {column!r} (mapped to {field})")
+    messages = _messages(row[column], what)
+    answer, context = (row[column], []) if messages is None else (messages[-1]["content"], messages[:-1])
+    if messages is not None and messages[-1]["role"] != "assistant":
         raise ConfigError(f"{what} ends with a {messages[-1]['role']!r} message, not the assistant's answer")
-    return messages[-1]["content"], messages[:-1]
+    if not answer.strip():
+        raise ConfigError(f"{what} is an empty response")
+    return answer, context
 
 
 def read_pair(row: Mapping[str, Any], keys: Mapping[str, str], where: str) -> Pair:
     """One row's pair through `map_keys` (output field → input column); a malformed row is a ConfigError naming
-    `where` (the row) and what to change."""
-    chosen, chosen_context = _answer(row.get(keys["chosen"]), f"{where}: {keys['chosen']!r}")
-    rejected, rejected_context = _answer(row.get(keys["rejected"]), f"{where}: {keys['rejected']!r}")
-    if not chosen.strip() or not rejected.strip():
-        raise ConfigError(f"{where} has an empty chosen or rejected response")
+    `where` (the file and row), the field and what is wrong."""
+    chosen, chosen_context = _answer(row, "chosen", keys["chosen"], where)
+    rejected, rejected_context = _answer(row, "rejected", keys["rejected"], where)
+    if chosen == rejected:
+        raise ConfigError(f"{where}: {keys['chosen']!r} and {keys['rejected']!r} (chosen and rejected) are the same "
+                          f"response, a pair that teaches nothing")
     system = row.get(keys["system"]) if "system" in keys else None
     if "prompt" in keys and row.get(keys["prompt"]) is not None:
         prompt = row[keys["prompt"]]
@@ -122,7 +127,11 @@ def read_pairs(path: str | Path, seq_length: int) -> tuple[list[PairExample], in
         raise ConfigError(f"{err.args[0].rstrip('.')}; the DPO trainer reads preference pairs: preprocess the data "
                           f"with is_pairwise_dataset: true.") from None
     pairs, too_long = [], 0
-    for prompt, chosen, rejected in zip(*columns.values(), strict=True):
+    for row, (prompt, chosen, rejected) in enumerate(zip(*columns.values(), strict=True)):
+        if len(prompt) >= seq_length:
+            raise ConfigError(f"{path} row {row}: its prompt of {len(prompt)} tokens leaves no room for a response "
+                              f"within seq_length={seq_length}; raise seq_length or preprocess with a "
+                              f"max_prompt_length below it.")
         if len(prompt) + max(len(chosen), len(rejected)) > seq_length:
             too_long += 1
             continue

@@ -12,11 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mindrl.algorithms.dpo_loss import pair_losses
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
 from mindrl.data.preference import dpo_batch, read_pairs
 from mindrl.trainer.dpo_config import DPOConfig
 from mindrl.trainer.metrics import StepTimer
+from mindrl.trainer.prompts import split_path
 from mindrl.trainer.stage import StageTrainer
 from mindrl.trainer.start import JOB_DPO
 
@@ -38,6 +40,14 @@ class DPOTrainer(StageTrainer):
                                   f"checkpoint (cli/convert_ckpt.py's output or a run's `save`).")
             mg.check_checkpoint(root, mg.read_tracker(root), cfg.training.arch, cfg.training.parallel)
         super().__init__(cfg)
+        t, test_path = cfg.training, split_path(cfg.training.data_path, "test")
+        self.test_pairs = []
+        if cfg.section.test_interval and test_path.is_file():
+            self.test_pairs, _ = read_pairs(test_path, t.seq_length)
+            if len(self.test_pairs) < t.global_batch_size:
+                raise ConfigError(f"{test_path} holds {len(self.test_pairs)} pairs that fit seq_length, fewer than "
+                                  f"one batch of global_batch_size={t.global_batch_size}; add held-out pairs or set "
+                                  f"dpo_config.test_interval: 0.")
 
     def read_examples(self, path: Path) -> tuple[list, int]:
         return read_pairs(path, self.cfg.training.seq_length)
@@ -61,3 +71,20 @@ class DPOTrainer(StageTrainer):
         real = sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in pairs)
         return {"dpo/loss": out["dpo_loss"], **{name: out[name] for name in TRL_NAMES}, "grad_norm": out["grad_norm"],
                 "actor/lr": out["lr"], "timing/all": seconds, "tokens_per_s": real / seconds}
+
+    def validate(self, step: int) -> dict[str, float]:
+        """TRL's metrics over the held-out pairs every test_interval steps, in whole batches of global_batch_size
+        pairs (a remainder smaller than a batch is left out)."""
+        from mindrl.workers.group import gather_rows
+
+        if not self.test_pairs or step % self.cfg.section.test_interval:
+            return {}
+        size, sums, count = self.cfg.training.global_batch_size, {}, 0
+        for start in range(0, len(self.test_pairs) - size + 1, size):
+            batch = dpo_batch(self.test_pairs[start:start + size], self.pad_id)
+            both = gather_rows(self.group.call("sequence_log_probs", batch), self.dp_size)
+            _, per_pair = pair_losses(self.cfg.section.loss, both[:, 0], both[:, 1])
+            for key, values in per_pair.items():
+                sums[key] = sums.get(key, 0.0) + values.sum().item()
+            count += size
+        return {f"validation/{'dpo/loss' if key == 'dpo_loss' else key}": value / count for key, value in sums.items()}

@@ -14,6 +14,7 @@ from pathlib import Path
 from mindrl.algorithms.dpo_loss import DPOLossConfig
 from mindrl.config import ConfigError
 from mindrl.config.paths import CONFIGS_DIR
+from mindrl.config.values import positive
 from mindrl.trainer.stage import StageConfig, StageSection
 
 DPO_CONFIGS_DIR = CONFIGS_DIR / "dpo"
@@ -30,8 +31,11 @@ class DPOSection(StageSection):
     dpo_label_smoothing: float = 0.0
     #: a Megatron checkpoint root of the frozen reference, in the actor's layout; unset: the weights DPO starts from
     ref_model: str | None = None
+    #: every this many steps (0: never), TRL's metrics over the held-out pairs (test.parquet beside train.parquet)
+    test_interval: int = 0
 
     def check(self, name: str) -> None:
+        positive(name, self, "test_interval", allow_zero=True)
         try:
             DPOLossConfig(self.dpo_loss_type, self.dpo_beta, self.dpo_label_smoothing)
         except ConfigError as err:

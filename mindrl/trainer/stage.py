@@ -146,6 +146,7 @@ class StageTrainer(ABC):
         pad = self.tokenizer.pad_token_id
         self.pad_id = self.tokenizer.eos_token_id if pad is None else pad
         self.group = self.sink = None
+        self.dp_size = 0
 
     @abstractmethod
     def read_examples(self, path: Path) -> tuple[list, int]:
@@ -158,6 +159,10 @@ class StageTrainer(ABC):
     @abstractmethod
     def train_step(self) -> dict[str, float]:
         """One optimizer step on the next batch; its metrics."""
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Held-out metrics after `step`, where the stage has them (logged with the step's)."""
+        return {}
 
     def setup(self) -> None:
         from mindrl.trainer.cluster import connect_when_ready
@@ -173,6 +178,7 @@ class StageTrainer(ABC):
         self.group = WorkerGroup(self.JOB, rank_class, section.resource)
         host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
         ranks = self.group.call("setup", host, port, spec, COLLECTIVE_TIMEOUT_S)
+        self.dp_size = ranks[0]["dp_size"]
         say(ranks[0]["precision"].line)
         if self.start.resume:
             self.loader.load_state_dict(ranks[0]["extra"]["data"])
@@ -195,7 +201,7 @@ class StageTrainer(ABC):
         try:
             self.setup()
             for step in range(self.start.iteration + 1, t.train_iters + 1):
-                self.sink.log(step, self.train_step())
+                self.sink.log(step, {**self.train_step(), **self.validate(step)})
                 if t.saves_at(step):
                     extra = {"job": self.JOB, "data": self.loader.state_dict(),
                              "initial_weights": self.start.initial_weights, "step": step}

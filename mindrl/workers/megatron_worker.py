@@ -23,7 +23,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from mindrl.algorithms.dpo_loss import DPOLossConfig, dpo_loss
+from mindrl.algorithms.dpo_loss import DPOLossConfig, pair_losses, sequence_log_probs
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
 from mindrl.algorithms.rollout_is import mismatch_shares
 from mindrl.algorithms.sft_loss import sft_loss
@@ -115,20 +115,10 @@ def _dpo_loss(cfg: DPOLossConfig) -> LossOf:
     def loss_of(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
                 normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         mask = mb["loss_mask"]
-        policy, reference = (log_probs * mask).sum(-1), (mb["ref_log_probs"] * mask).sum(-1)
-        if cfg.averaged:
-            tokens = mask.sum(-1).clamp(min=1)
-            policy, reference = policy / tokens, reference / tokens
-        chosen, rejected = policy.view(-1, 2).unbind(-1)
-        ref_chosen, ref_rejected = reference.view(-1, 2).unbind(-1)
-        losses, chosen_rewards, rejected_rewards = dpo_loss(cfg, chosen, rejected, ref_chosen, ref_rejected)
+        losses, per_pair = pair_losses(cfg, sequence_log_probs(cfg, log_probs, mask),
+                                       sequence_log_probs(cfg, mb["ref_log_probs"], mask))
         pairs = normalisers["num_seqs"] / 2
-        loss = losses.sum() / pairs
-        shares = {"dpo_loss": losses.detach(), "rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
-                  "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
-                  "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen.detach(),
-                  "logps/rejected": rejected.detach()}
-        return loss, {key: value.sum().item() / pairs for key, value in shares.items()}
+        return losses.sum() / pairs, {key: value.sum().item() / pairs for key, value in per_pair.items()}
 
     return loss_of
 

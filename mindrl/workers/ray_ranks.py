@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from mindrl.algorithms.dpo_loss import DPOLossConfig
+from mindrl.algorithms.dpo_loss import DPOLossConfig, sequence_log_probs
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
@@ -290,6 +290,17 @@ class DPORank(SFTRank):
         if ref is not None:  # the last pipeline stage, the only one that computes the loss
             full[rows] = ref["log_probs"]
         return self.actor.dpo_step({**batch, "ref_log_probs": full}, self.loss)
+
+    def sequence_log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:
+        """(data-parallel rank, [its rows, 2]: the policy's and the reference's response log-probs) on the ranks
+        that hold results: what held-out pairs are judged by."""
+        actor, reference = self.actor.compute_log_prob(batch), self.reference.compute_log_prob(batch)
+        if actor is None:
+            return None
+        mask = batch["loss_mask"][self.actor.local_rows(batch["tokens"].shape[0])]
+        both = torch.stack([sequence_log_probs(self.loss, actor["log_probs"], mask),
+                            sequence_log_probs(self.loss, reference["log_probs"], mask)], -1)
+        return _held(self.actor, both)
 
 
 def _rows_of(worker: MegatronWorker, batch: dict) -> tuple[int, torch.Tensor] | None:
