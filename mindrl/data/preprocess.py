@@ -68,26 +68,19 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         if (self.input is None) == (self.generator is None):
             raise ConfigError("give exactly one of input (a data file or directory) and generator.")
-        if self.is_pairwise_dataset:
-            keys = dict(self.map_keys or {name: name for name in ("prompt", "chosen", "rejected")})
-            unknown = set(keys) - set(PAIR_KEYS)
-            if unknown:
-                raise ConfigError(f"map_keys has unknown fields {sorted(unknown)} for a pairwise dataset; use "
-                                  f"{', '.join(PAIR_KEYS)}.")
-            if not keys.get("chosen") or not keys.get("rejected"):
-                raise ConfigError("map_keys must name the input columns for chosen and rejected.")
-        else:
-            keys = dict(self.map_keys or {"prompt": "prompt", "answer": "answer"})
-            if "response" in keys:
-                if "answer" in keys:
-                    raise ConfigError("map_keys has both response and answer; they are the same field, keep one.")
-                keys["answer"] = keys.pop("response")
-            unknown = set(keys) - set(MAP_KEYS)
-            if unknown:
-                raise ConfigError(f"map_keys has unknown fields {sorted(unknown)}; "
-                                  f"use {', '.join(MAP_KEYS)} (or response).")
-            if not keys.get("prompt") or not keys.get("answer"):
-                raise ConfigError("map_keys must name the input columns for prompt and answer.")
+        pairwise = self.is_pairwise_dataset
+        known, required = (PAIR_KEYS, ("chosen", "rejected")) if pairwise else (MAP_KEYS, ("prompt", "answer"))
+        keys = dict(self.map_keys or {name: name for name in ("prompt", *required)})
+        if not pairwise and "response" in keys:
+            if "answer" in keys:
+                raise ConfigError("map_keys has both response and answer; they are the same field, keep one.")
+            keys["answer"] = keys.pop("response")
+        unknown = set(keys) - set(known)
+        if unknown:
+            raise ConfigError(f"map_keys has unknown fields {sorted(unknown)}{' for a pairwise dataset' * pairwise}; "
+                              f"use {', '.join(known)}{'' if pairwise else ' (or response)'}.")
+        if not all(keys.get(name) for name in required):
+            raise ConfigError(f"map_keys must name the input columns for {required[0]} and {required[1]}.")
         object.__setattr__(self, "map_keys", {k: v for k, v in keys.items() if v})
         if not 0.0 <= self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must be in [0, 1), got {self.test_fraction}.")
