@@ -262,7 +262,7 @@ def _dpo_overrides(tokenizer, data, save, **extra) -> list[str]:
     values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
               "megatron_training.save": save, "megatron_training.load": "null", "megatron_training.bf16": "false",
               "megatron_training.global_batch_size": 8, "megatron_training.micro_batch_size": 4,
-              "megatron_training.save_interval": 2, **extra}
+              "megatron_training.save_interval": 2, "megatron_training.lr": 5e-4, "dpo_config.dpo_beta": 0.1, **extra}
     return [f"{key}={value}" for key, value in values.items()]
 
 
