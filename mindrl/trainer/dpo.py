@@ -55,11 +55,8 @@ class DPOTrainer(StageTrainer):
     def rank_spec(self) -> tuple[type, Any]:
         from mindrl.workers.ray_ranks import DPORank, DPOSpec
 
-        t, section = self.cfg.training, self.cfg.section
-        return DPORank, DPOSpec(t.arch, t.parallel, t.actor_config(t.global_batch_size, rows_per_example=2), t.bf16,
-                                self.start.initial_weights, self.start.resume,
-                                self.start.iteration if self.start.resume else None, self.start.bf16,
-                                not t.no_load_optim, not t.no_load_rng, section.loss, section.ref_model)
+        section = self.cfg.section
+        return DPORank, self.stage_spec(DPOSpec, rows_per_example=2, loss=section.loss, reference=section.ref_model)
 
     def train_step(self) -> dict[str, float]:
         timer = StepTimer()

@@ -29,11 +29,7 @@ class SFTTrainer(StageTrainer):
     def rank_spec(self) -> tuple[type, Any]:
         from mindrl.workers.ray_ranks import SFTRank, SFTSpec
 
-        t = self.cfg.training
-        return SFTRank, SFTSpec(t.arch, t.parallel, t.actor_config(t.global_batch_size), t.bf16,
-                                self.start.initial_weights, self.start.resume,
-                                self.start.iteration if self.start.resume else None, self.start.bf16,
-                                not t.no_load_optim, not t.no_load_rng)
+        return SFTRank, self.stage_spec(SFTSpec)
 
     def train_step(self) -> dict[str, float]:
         timer = StepTimer()

@@ -156,6 +156,15 @@ class StageTrainer(ABC):
     def rank_spec(self) -> tuple[type, Any]:
         """The Ray rank class and the spec its `setup` takes."""
 
+    def stage_spec(self, spec_class: type, rows_per_example: int = 1, **extra: Any) -> Any:
+        """`spec_class` (SFTSpec or a subclass) with what every stage's ranks are given: the layout, the actor's
+        settings (`rows_per_example` rows per example of the batch), the precision and where to start or resume."""
+        t = self.cfg.training
+        return spec_class(t.arch, t.parallel, t.actor_config(t.global_batch_size, rows_per_example=rows_per_example),
+                          t.bf16, self.start.initial_weights, self.start.resume,
+                          self.start.iteration if self.start.resume else None, self.start.bf16, not t.no_load_optim,
+                          not t.no_load_rng, **extra)
+
     @abstractmethod
     def train_step(self) -> dict[str, float]:
         """One optimizer step on the next batch; its metrics."""
