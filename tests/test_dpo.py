@@ -28,7 +28,7 @@ from tests.hf_models import mcore_to_hf_state
 # (layout, micro-batch in rows, prompt packing): TP=2, PP=2 and DP=2 on two ranks
 LAYOUTS = [(ParallelConfig(2, 1), 4, "on"), (ParallelConfig(1, 2), 2, "off"), (ParallelConfig(1, 1), 2, "on")]
 LOSSES = [DPOLossConfig("sigmoid", dpo_beta=0.5, dpo_label_smoothing=0.1), DPOLossConfig("ipo", dpo_beta=0.5),
-          DPOLossConfig("hinge", dpo_beta=0.5)]
+          DPOLossConfig("hinge", dpo_beta=0.5), DPOLossConfig("sigmoid", dpo_beta=0.5, rpo_alpha=0.7)]
 
 
 def _pairs(vocab: int) -> list[PairExample]:
@@ -61,10 +61,11 @@ def _dpo_grads(rank: int, full: dict, loss: DPOLossConfig) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("loss", LOSSES, ids=lambda loss: loss.dpo_loss_type)
+@pytest.mark.parametrize("loss", LOSSES, ids=lambda loss: loss.dpo_loss_type + "+rpo" * bool(loss.rpo_alpha))
 def test_dpo_gradients_equal_hf_transformers_with_trls_loss_at_tp2_pp2_and_dp2(loss):
     """The oracle: HF's forward and autograd, sequence log-probs summed (IPO: averaged) over the response tokens,
-    and TRL's loss formula written out here, over pairs of rows in one batch."""
+    and TRL's loss formula written out here, over pairs of rows in one batch (with rpo_alpha, TRL's loss_type
+    ["sigmoid", "sft"] weighted [1, rpo_alpha]: the chosen tokens' mean NLL, the batch taken at once)."""
     arch = load_model_arch("tiny_qwen")
     full = sharding.random_full_state_dict(arch, seed=6)
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hfm.hf_config_from_arch(arch, "qwen2",
@@ -84,7 +85,8 @@ def test_dpo_gradients_equal_hf_transformers_with_trls_loss_at_tp2_pp2_and_dp2(l
         losses = torch.relu(1 - beta * logits)
     else:
         losses = (logits - 1 / (2 * beta)) ** 2
-    losses.mean().backward()
+    nll = -(token_logps[0::2] * mask[0::2]).sum() / mask[0::2].sum()
+    (losses.mean() + loss.rpo_alpha * nll).backward()
     expected = {name: p.grad for name, p in model.named_parameters()}
     ranks = run_ranks(_dpo_grads, 2, full, loss)
     chosen_rewards = beta * (policy[0::2] - reference[0::2]).detach()
@@ -105,6 +107,7 @@ def test_dpo_gradients_equal_hf_transformers_with_trls_loss_at_tp2_pp2_and_dp2(l
                                                                rel=1e-4, abs=1e-6)
             assert metrics["rewards/accuracies"] == (chosen_rewards > rejected_rewards).float().mean().item()
             assert metrics["logps/rejected"] == pytest.approx(policy[1::2].mean().item(), rel=1e-5)
+            assert metrics.get("nll_loss", 0.0) == pytest.approx(nll.item() if loss.rpo_alpha else 0.0, rel=1e-5)
     assert any(r[0]["packed"] for r in ranks)  # the packed path (a pair behind one copy of its prompt) ran too
     assert max(g.abs().max().item() for g in expected.values()) > 1e-4
 
@@ -241,6 +244,7 @@ def test_the_facts_pairs_hold_out_what_the_facts_prompts_hold_out(facts_pairs, t
     ("dpo_config.dpo_beta=0", "dpo_config: dpo_beta must be positive"),
     ("dpo_config.dpo_loss_type=kto", "unknown DPO loss 'kto'"),
     ("dpo_config.dpo_label_smoothing=0.6", r"dpo_label_smoothing must be in \[0, 0.5\)"),
+    ("dpo_config.rpo_alpha=-1", "dpo_config: rpo_alpha must be a finite weight ≥ 0"),
     ("+dpo_config.response_format=x", "response_format"),
     ("megatron_training.stage=sft", "is not what cli/train_dpo.py trains; use dpo; sft runs with cli/train_sft.py"),
     ("megatron_training.global_batch_size=12", "multiple of 16"),
@@ -262,7 +266,8 @@ def _dpo_overrides(tokenizer, data, save, **extra) -> list[str]:
     values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
               "megatron_training.save": save, "megatron_training.load": "null", "megatron_training.bf16": "false",
               "megatron_training.global_batch_size": 8, "megatron_training.micro_batch_size": 4,
-              "megatron_training.save_interval": 2, "megatron_training.lr": 5e-4, "dpo_config.dpo_beta": 0.1, **extra}
+              "megatron_training.save_interval": 2, "megatron_training.lr": 5e-4, "dpo_config.dpo_beta": 0.1,
+              "dpo_config.rpo_alpha": 0.0, **extra}
     return [f"{key}={value}" for key, value in values.items()]
 
 
@@ -299,11 +304,14 @@ def test_train_dpo_learns_resumes_exactly_after_sigkill_and_is_where_grpo_starts
     assert late["validation/rewards/accuracies"] > 0.5
     assert (whole / "hf" / "config.json").is_file()
     # another reference than the start weights (ref_model): the same policy, so the same log-probs at step 1,
-    # but implicit rewards against the trained checkpoint, no longer 0
+    # but implicit rewards against the trained checkpoint, no longer 0; with RPO's NLL term the same preference
+    # loss, and the chosen answers' NLL per token logged beside it
     jobs.run("train_dpo.py", "dpo_facts_cpu", _dpo_overrides(tokenizer, data, tmp_path / "other", **{
-        "megatron_training.train_iters": 1, "dpo_config.ref_model": whole}), tmp_path / "other.log")
+        "megatron_training.train_iters": 1, "dpo_config.ref_model": whole, "dpo_config.rpo_alpha": 1.0}),
+        tmp_path / "other.log")
     (other,) = jobs.metrics(tmp_path / "other" / "metrics.jsonl")
     assert other["logps/chosen"] == first["logps/chosen"] and other["rewards/chosen"] != 0.0
+    assert other["dpo/nll_loss"] > 0 and "dpo/nll_loss" not in first
     base = load_dpo_config("dpo_facts_cpu").training
     loaded = dataclasses.replace(base, load=str(whole))
     assert start_point(loaded, JOB_DPO).resume == str(whole)  # DPO resumes its own checkpoint ...

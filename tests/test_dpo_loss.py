@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mindrl.algorithms.dpo_loss import DPO_LOSSES, DPOLossConfig, dpo_loss
+from mindrl.algorithms.dpo_loss import DPO_LOSSES, DPOLossConfig, chosen_nll, dpo_loss
 from mindrl.config import ConfigError
 
 
@@ -64,7 +64,18 @@ def test_gradients_equal_the_published_formulas_derivatives(loss_type):
     ({"dpo_beta": 0.0}, "dpo_beta must be positive"),
     ({"dpo_label_smoothing": 0.5}, r"dpo_label_smoothing must be in \[0, 0.5\)"),
     ({"dpo_loss_type": "ipo", "dpo_label_smoothing": 0.1}, "applies to the sigmoid and robust losses, not ipo"),
+    ({"rpo_alpha": float("nan")}, "rpo_alpha must be a finite weight ≥ 0"),
+    ({"rpo_alpha": float("inf")}, "rpo_alpha must be a finite weight ≥ 0"),
 ])
 def test_config_mistakes_are_one_sentence(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         DPOLossConfig(**kwargs)
+
+
+def test_chosen_nll_by_hand_sums_to_the_batch_token_mean_over_shares():
+    """Rows 0 and 2 are chosen: tokens −1, −2 (masked −9) and −3 → NLL 6 over 3 tokens; the rejected rows'
+    −5s never count. Two shares of the batch (micro-batches) with its token count add up to the same 2.0."""
+    log_probs = torch.tensor([[-1.0, -2.0, -9.0], [-5.0, -5.0, -5.0], [-3.0, 0.0, 0.0], [-5.0, -5.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert chosen_nll(log_probs, mask, 3.0).item() == 2.0
+    assert (chosen_nll(log_probs[:2], mask[:2], 3.0) + chosen_nll(log_probs[2:], mask[2:], 3.0)).item() == 2.0

@@ -8,6 +8,9 @@ and β = `dpo_beta`, ε = `dpo_label_smoothing`, the losses per pair are TRL's:
   hinge     max(0, 1 − βΔ)                             (SLiC)
   ipo       (Δ − 1/(2β))²                              (IPO, on log-probs averaged over the response's tokens)
 The implicit rewards β·(π − π_ref) of each side are what TRL logs as rewards/chosen and rewards/rejected.
+With `rpo_alpha` = α > 0 the loss gains α times the chosen responses' negative log-likelihood per token (RPO,
+TRL's loss_type [.., "sft"] with weight α): DPO alone can lower the chosen answers' likelihood as long as the
+rejected ones fall faster, which on a task the model mostly answers right costs greedy accuracy.
 """
 
 from __future__ import annotations
@@ -56,9 +59,14 @@ class DPOLossConfig:
     dpo_loss_type: str = "sigmoid"
     dpo_beta: float = 0.1
     dpo_label_smoothing: float = 0.0
+    #: weight of the chosen responses' token-mean NLL added to the preference loss (RPO; TRL's `rpo_alpha`)
+    rpo_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         DPO_LOSSES.get(self.dpo_loss_type)
+        if not 0.0 <= self.rpo_alpha < float("inf"):
+            raise ConfigError(f"rpo_alpha must be a finite weight ≥ 0 (0 leaves the chosen responses' NLL out), "
+                              f"got {self.rpo_alpha}.")
         if self.dpo_beta <= 0:
             raise ConfigError(f"dpo_beta must be positive, got {self.dpo_beta}.")
         if not 0.0 <= self.dpo_label_smoothing < 0.5:
@@ -86,6 +94,13 @@ def sequence_log_probs(cfg: DPOLossConfig, token_log_probs: torch.Tensor, mask: 
     """[rows] log-probs of each row's response: the sum over its tokens (`mask`), the mean for IPO."""
     total = (token_log_probs * mask).sum(-1)
     return total / mask.sum(-1).clamp(min=1) if cfg.averaged else total
+
+
+def chosen_nll(token_log_probs: torch.Tensor, mask: torch.Tensor, chosen_tokens: float) -> torch.Tensor:
+    """This share of the batch's chosen-response NLL per token: rows 2i are the chosen responses, and
+    `chosen_tokens` counts the whole batch's, so shares over micro-batches and ranks sum to TRL's "sft" loss of
+    the batch taken at once."""
+    return -(token_log_probs[0::2] * mask[0::2]).sum() / chosen_tokens
 
 
 def pair_losses(cfg: DPOLossConfig, policy: torch.Tensor,

@@ -66,8 +66,10 @@ class DPOTrainer(StageTrainer):
             out = self.group.call("step", batch)[0]
         seconds = timer.seconds["all"]
         real = sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in pairs)
-        return {"dpo/loss": out["dpo_loss"], **{name: out[name] for name in TRL_NAMES}, "grad_norm": out["grad_norm"],
-                "actor/lr": out["lr"], "timing/all": seconds, "tokens_per_s": real / seconds}
+        nll = {"dpo/nll_loss": out["nll_loss"]} if "nll_loss" in out else {}
+        return {"dpo/loss": out["dpo_loss"], **nll, **{name: out[name] for name in TRL_NAMES},
+                "grad_norm": out["grad_norm"], "actor/lr": out["lr"], "actor/prompt_packed": out["prompt_packed"],
+                "timing/all": seconds, "tokens_per_s": real / seconds}
 
     def validate(self, step: int) -> dict[str, float]:
         """TRL's metrics over the held-out pairs every test_interval steps, in whole batches of global_batch_size

@@ -2,7 +2,7 @@
 
 `load_dpo_config("dpo_facts_cpu", ["dpo_config.dpo_beta=0.2"])` composes configs/dpo/<name>.yaml with Hydra,
 refuses unknown keys and checks the layout, batch sizes and loss settings before Ray starts. Key names are
-MindSpeed-LLM's and TRL's: `dpo_beta`, `dpo_loss_type`, `dpo_label_smoothing`, `ref_model`.
+MindSpeed-LLM's and TRL's: `dpo_beta`, `dpo_loss_type`, `dpo_label_smoothing`, `rpo_alpha`, `ref_model`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class DPOSection(StageSection):
     dpo_beta: float = 0.1
     #: the share of pairs assumed mislabelled (conservative / robust DPO); 0 for plain DPO
     dpo_label_smoothing: float = 0.0
+    #: weight of the chosen responses' NLL per token added to the loss (RPO; TRL's `rpo_alpha`); 0: plain DPO
+    rpo_alpha: float = 0.0
     #: a Megatron checkpoint root of the frozen reference, in the actor's layout; unset: the weights DPO starts from
     ref_model: str | None = None
     #: every this many steps (0: never), TRL's metrics over the held-out pairs (test.parquet beside train.parquet)
@@ -37,13 +39,13 @@ class DPOSection(StageSection):
     def check(self, name: str) -> None:
         positive(name, self, "test_interval", allow_zero=True)
         try:
-            DPOLossConfig(self.dpo_loss_type, self.dpo_beta, self.dpo_label_smoothing)
+            _ = self.loss  # building it checks the loss settings
         except ConfigError as err:
             raise ConfigError(f"{name}: {err}") from None
 
     @property
     def loss(self) -> DPOLossConfig:
-        return DPOLossConfig(self.dpo_loss_type, self.dpo_beta, self.dpo_label_smoothing)
+        return DPOLossConfig(self.dpo_loss_type, self.dpo_beta, self.dpo_label_smoothing, self.rpo_alpha)
 
 
 @dataclass(frozen=True)

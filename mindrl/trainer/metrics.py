@@ -45,7 +45,8 @@ ACCURACY_VERIFIERS = ("base_acc", "acc", "math_17k_acc", "acc_for_ppo", "acc_for
 METRICS_FILE = "metrics.jsonl"
 #: console postfix: metric → short label
 POSTFIX = {"grpo/score/mean": "score", "accuracy": "acc", "response_length/mean": "len",
-           "actor/pg_loss": "pg", "actor/kl_loss": "kl", "sft/loss": "loss", "timing/all": "step_s"}
+           "actor/pg_loss": "pg", "actor/kl_loss": "kl", "sft/loss": "loss", "dpo/loss": "loss",
+           "rewards/accuracies": "pair_acc", "rewards/margins": "margin", "timing/all": "step_s"}
 #: where the console is no terminal: a progress line at least every this many seconds,
 PLAIN_PROGRESS_S = 30.0
 #: and every 1/this of the run's steps

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from mindrl.algorithms.dpo_loss import DPOLossConfig, pair_losses, sequence_log_probs
+from mindrl.algorithms.dpo_loss import DPOLossConfig, chosen_nll, pair_losses, sequence_log_probs
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
 from mindrl.algorithms.rollout_is import mismatch_shares
 from mindrl.algorithms.sft_loss import sft_loss
@@ -108,9 +108,10 @@ def _sft_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
     return sft_loss(log_probs, mb["loss_mask"], normalisers["num_tokens"])
 
 
-def _dpo_loss(cfg: DPOLossConfig) -> LossOf:
+def _dpo_loss(cfg: DPOLossConfig, chosen_tokens: float) -> LossOf:
     """The DPO loss of a micro-batch whose rows are pairs (chosen, rejected), as a share of the mini-batch's
-    mean over pairs; the metrics are TRL's, as shares of their means."""
+    mean over pairs, plus `rpo_alpha` times its share of the chosen responses' NLL (`chosen_tokens`: the
+    mini-batch's chosen response tokens); the metrics are TRL's, as shares of their means."""
 
     def loss_of(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
                 normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -118,7 +119,13 @@ def _dpo_loss(cfg: DPOLossConfig) -> LossOf:
         losses, per_pair = pair_losses(cfg, sequence_log_probs(cfg, log_probs, mask),
                                        sequence_log_probs(cfg, mb["ref_log_probs"], mask))
         pairs = normalisers["num_seqs"] / 2
-        return losses.sum() / pairs, {key: value.sum().item() / pairs for key, value in per_pair.items()}
+        loss = losses.sum() / pairs
+        metrics = {key: value.sum().item() / pairs for key, value in per_pair.items()}
+        if cfg.rpo_alpha:
+            nll = chosen_nll(log_probs, mask, chosen_tokens)
+            loss = loss + cfg.rpo_alpha * nll
+            metrics["nll_loss"] = nll.item()
+        return loss, metrics
 
     return loss_of
 
@@ -420,7 +427,8 @@ class ActorWorker(MegatronWorker):
                               f"build it with temperature=1.0.")
         rows = self.local_rows(rows_total)
         self.model.train()
-        metrics = self._step(batch, torch.arange(rows.start, rows.stop), _dpo_loss(loss))
+        chosen_tokens = batch["loss_mask"][0::2].sum().item()  # the whole batch's: every rank holds it
+        metrics = self._step(batch, torch.arange(rows.start, rows.stop), _dpo_loss(loss, chosen_tokens))
         self.updates += 1
         return metrics
 
