@@ -16,17 +16,16 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
+from trl_side import StepTimer, save_policy  # noqa: E402
 
-from mindrl.config import load_model_arch  # noqa: E402
-from mindrl.models import hf_mapping as hfm  # noqa: E402
 from mindrl.rewards.verifiers import accuracy, loose_format  # noqa: E402
 
 NEW_TOKENS = {"tiny": 64, "small": 128}
@@ -50,29 +49,16 @@ def main() -> None:
     import transformers
     from trl import GRPOConfig, GRPOTrainer
 
-    arch = load_model_arch(f"{args.model}_qwen")
-    config = transformers.Qwen2Config(**hfm.hf_config_from_arch(arch, "qwen2", torch.float32))
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config)
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
     tokenizer.padding_side = "left"
     rows = pq.read_table(Path(args.data) / "train.parquet").to_pylist()
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
 
-    steps: list[float] = []
-
-    class Timer(transformers.TrainerCallback):
-        def on_step_begin(self, *_: object, **__: object) -> None:
-            self.start = time.perf_counter()
-
-        def on_step_end(self, *_: object, **__: object) -> None:
-            steps.append(time.perf_counter() - self.start)
-
+    timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
-        model.save_pretrained(Path(out) / "policy")  # TRL builds its reference from the policy's folder
         trainer = GRPOTrainer(
-            model=str(Path(out) / "policy"), reward_funcs=[_reward], processing_class=tokenizer, train_dataset=dataset,
-            callbacks=[Timer()],
+            model=save_policy(args.model, Path(out) / "policy"), reward_funcs=[_reward], processing_class=tokenizer,
+            train_dataset=dataset, callbacks=[timer],
             args=GRPOConfig(output_dir=out, use_cpu=True, bf16=args.dtype == "bf16", learning_rate=1e-5, beta=0.04,
                             num_generations=8, per_device_train_batch_size=128, gradient_accumulation_steps=1,
                             max_completion_length=NEW_TOKENS[args.model], max_steps=args.steps, logging_steps=1,
@@ -81,7 +67,7 @@ def main() -> None:
         trainer.train()
         logs = [entry for entry in trainer.state.log_history if "completions/mean_length" in entry]
     prompt = sum(len(tokenizer(r["prompt"])["input_ids"]) for r in rows[:64]) / 64
-    print(json.dumps({"step_s": steps, "completion_len": [entry["completions/mean_length"] for entry in logs],
+    print(json.dumps({"step_s": timer.steps, "completion_len": [entry["completions/mean_length"] for entry in logs],
                       "prompt_len": prompt}))
 
 
