@@ -77,7 +77,7 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, seq_
                  "megatron_training.seq_length": seq_length, "megatron_training.train_iters": steps,
                  "megatron_training.global_batch_size": PAIRS, "megatron_training.micro_batch_size": MICRO_PAIRS,
                  "megatron_training.bf16": dtype == "bf16", "megatron_training.lr": LR,
-                 "dpo_config.dpo_beta": BETA, "dpo_config.test_interval": 0}
+                 "dpo_config.dpo_beta": BETA, "dpo_config.rpo_alpha": 0.0, "dpo_config.test_interval": 0}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, str(ROOT / "cli" / "train_dpo.py"), "--config-name", "dpo_facts_cpu",
                           *(f"{key}={value}" for key, value in overrides.items())], env=env, capture_output=True,
