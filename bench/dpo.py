@@ -120,7 +120,8 @@ def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, seq_le
     if run.returncode:
         raise RuntimeError(f"TRL {model} {dtype} failed:\n{run.stderr[-3000:]}")
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    seconds = sum(out["step_s"][1:]) / (len(out["step_s"]) - 1)
+    timed = out["step_s"][1:] or out["step_s"]
+    seconds = sum(timed) / len(timed)
     return {"tokens_per_s": round(PAIRS * out["pair_tokens"] / seconds, 1), "step_s": round(seconds, 3),
             "pair_tokens": round(out["pair_tokens"], 1), "loss_first": out["loss"][0]}
 

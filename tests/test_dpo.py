@@ -307,11 +307,16 @@ def test_train_dpo_learns_resumes_exactly_after_sigkill_and_is_where_grpo_starts
     # but implicit rewards against the trained checkpoint, no longer 0; with RPO's NLL term the same preference
     # loss, and the chosen answers' NLL per token logged beside it
     jobs.run("train_dpo.py", "dpo_facts_cpu", _dpo_overrides(tokenizer, data, tmp_path / "other", **{
-        "megatron_training.train_iters": 1, "dpo_config.ref_model": whole, "dpo_config.rpo_alpha": 1.0}),
-        tmp_path / "other.log")
+        "megatron_training.train_iters": 1, "dpo_config.ref_model": whole, "dpo_config.rpo_alpha": 1.0,
+        "dpo_config.test_interval": 1}), tmp_path / "other.log")
     (other,) = jobs.metrics(tmp_path / "other" / "metrics.jsonl")
     assert other["logps/chosen"] == first["logps/chosen"] and other["rewards/chosen"] != 0.0
     assert other["dpo/nll_loss"] > 0 and "dpo/nll_loss" not in first
+    # held out: the chosen answers' NLL per token is their mean sequence log-prob over their mean length
+    held_out_pairs, _ = read_pairs(data / "test.parquet", 64)
+    chosen_tokens = sum(len(p.chosen_ids) for p in held_out_pairs[:16])  # the two whole batches of 8 pairs
+    assert other["validation/dpo/nll_loss"] == pytest.approx(-other["validation/logps/chosen"] * 16 / chosen_tokens,
+                                                              rel=1e-5)
     base = load_dpo_config("dpo_facts_cpu").training
     loaded = dataclasses.replace(base, load=str(whole))
     assert start_point(loaded, JOB_DPO).resume == str(whole)  # DPO resumes its own checkpoint ...

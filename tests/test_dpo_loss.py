@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mindrl.algorithms.dpo_loss import DPO_LOSSES, DPOLossConfig, chosen_nll, dpo_loss
+from mindrl.algorithms.dpo_loss import DPO_LOSSES, DPOLossConfig, chosen_nll, dpo_loss, sequence_chosen_nll
 from mindrl.config import ConfigError
 
 
@@ -79,3 +79,12 @@ def test_chosen_nll_by_hand_sums_to_the_batch_token_mean_over_shares():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     assert chosen_nll(log_probs, mask, 3.0).item() == 2.0
     assert (chosen_nll(log_probs[:2], mask[:2], 3.0) + chosen_nll(log_probs[2:], mask[2:], 3.0)).item() == 2.0
+
+
+def test_sequence_chosen_nll_from_summed_and_from_averaged_log_probs():
+    """Chosen rows 0 and 2 of 2 and 3 tokens at −4 and −6 in all (IPO's token means −2 and −2): NLL 10 both ways."""
+    lengths = torch.tensor([2.0, 3.0])
+    summed = torch.tensor([-4.0, -9.0, -6.0, -9.0])
+    averaged = torch.tensor([-2.0, -3.0, -2.0, -3.0])
+    assert sequence_chosen_nll(DPOLossConfig("sigmoid"), summed, lengths).item() == 10.0
+    assert sequence_chosen_nll(DPOLossConfig("ipo"), averaged, lengths).item() == 10.0

@@ -8,9 +8,12 @@ and β = `dpo_beta`, ε = `dpo_label_smoothing`, the losses per pair are TRL's:
   hinge     max(0, 1 − βΔ)                             (SLiC)
   ipo       (Δ − 1/(2β))²                              (IPO, on log-probs averaged over the response's tokens)
 The implicit rewards β·(π − π_ref) of each side are what TRL logs as rewards/chosen and rewards/rejected.
-With `rpo_alpha` = α > 0 the loss gains α times the chosen responses' negative log-likelihood per token (RPO,
-TRL's loss_type [.., "sft"] with weight α): DPO alone can lower the chosen answers' likelihood as long as the
-rejected ones fall faster, which on a task the model mostly answers right costs greedy accuracy.
+With `rpo_alpha` = α > 0 the loss gains α times the chosen responses' negative log-likelihood per token (RPO;
+older TRL's `rpo_alpha`, TRL 1.16's loss_type [.., "sft"] with weight α): DPO alone can lower the chosen
+answers' likelihood as long as the rejected ones fall faster, which on a task the model mostly answers right
+costs greedy accuracy. The mean is over the whole batch's chosen tokens, the same for every layout and
+micro-batch size; TRL's equals it for a batch taken in one micro-batch (under gradient accumulation TRL
+averages each micro-batch's own mean).
 """
 
 from __future__ import annotations
@@ -54,12 +57,12 @@ def ipo(delta: torch.Tensor, beta: float, smoothing: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class DPOLossConfig:
-    """`dpo_loss_type`, `dpo_beta`, `dpo_label_smoothing` (MindSpeed-LLM's and TRL's names)."""
+    """`dpo_loss_type`, `dpo_beta`, `dpo_label_smoothing` (MindSpeed-LLM's and TRL's names) and `rpo_alpha`."""
 
     dpo_loss_type: str = "sigmoid"
     dpo_beta: float = 0.1
     dpo_label_smoothing: float = 0.0
-    #: weight of the chosen responses' token-mean NLL added to the preference loss (RPO; TRL's `rpo_alpha`)
+    #: weight of the chosen responses' token-mean NLL added to the preference loss (RPO)
     rpo_alpha: float = 0.0
 
     def __post_init__(self) -> None:
@@ -100,7 +103,14 @@ def chosen_nll(token_log_probs: torch.Tensor, mask: torch.Tensor, chosen_tokens:
     """This share of the batch's chosen-response NLL per token: rows 2i are the chosen responses, and
     `chosen_tokens` counts the whole batch's, so shares over micro-batches and ranks sum to TRL's "sft" loss of
     the batch taken at once."""
-    return -(token_log_probs[0::2] * mask[0::2]).sum() / chosen_tokens
+    return -(token_log_probs[0::2] * mask[0::2]).sum() / max(chosen_tokens, 1.0)
+
+
+def sequence_chosen_nll(cfg: DPOLossConfig, policy: torch.Tensor, chosen_tokens: torch.Tensor) -> torch.Tensor:
+    """The chosen responses' summed NLL from [rows] sequence log-probs (rows 2i chosen, as `sequence_log_probs`
+    gives them) and each one's token count: what held-out pairs are judged by, where no token log-probs are kept."""
+    chosen = policy[0::2]
+    return -(chosen * chosen_tokens if cfg.averaged else chosen).sum()
 
 
 def pair_losses(cfg: DPOLossConfig, policy: torch.Tensor,

@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mindrl.algorithms.dpo_loss import pair_losses
+import torch
+
+from mindrl.algorithms.dpo_loss import pair_losses, sequence_chosen_nll
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
 from mindrl.data.preference import dpo_batch, read_pairs
@@ -73,17 +75,26 @@ class DPOTrainer(StageTrainer):
 
     def validate(self, step: int) -> dict[str, float]:
         """TRL's metrics over the held-out pairs every test_interval steps, in whole batches of global_batch_size
-        pairs (a remainder smaller than a batch is left out)."""
+        pairs (a remainder smaller than a batch is left out); with rpo_alpha also the chosen answers' NLL per
+        token, the quantity RPO's term holds down."""
         from mindrl.workers.group import gather_rows
 
         if not self.test_pairs or step % self.cfg.section.test_interval:
             return {}
-        size, sums, count = self.cfg.training.global_batch_size, {}, 0
+        loss, size, sums, count = self.cfg.section.loss, self.cfg.training.global_batch_size, {}, 0
+        nll, chosen_tokens = 0.0, 0
         for start in range(0, len(self.test_pairs) - size + 1, size):
-            batch = dpo_batch(self.test_pairs[start:start + size], self.pad_id)
-            both = gather_rows(self.group.call("sequence_log_probs", batch), self.dp_size)
-            _, per_pair = pair_losses(self.cfg.section.loss, both[:, 0], both[:, 1])
+            pairs = self.test_pairs[start:start + size]
+            both = gather_rows(self.group.call("sequence_log_probs", dpo_batch(pairs, self.pad_id)), self.dp_size)
+            _, per_pair = pair_losses(loss, both[:, 0], both[:, 1])
             for key, values in per_pair.items():
                 sums[key] = sums.get(key, 0.0) + values.sum().item()
             count += size
-        return {f"validation/{'dpo/loss' if key == 'dpo_loss' else key}": value / count for key, value in sums.items()}
+            lengths = torch.tensor([len(p.chosen_ids) for p in pairs], dtype=both.dtype)
+            nll += sequence_chosen_nll(loss, both[:, 0], lengths).item()
+            chosen_tokens += int(lengths.sum())
+        metrics = {f"validation/{'dpo/loss' if key == 'dpo_loss' else key}": value / count
+                   for key, value in sums.items()}
+        if loss.rpo_alpha:
+            metrics["validation/dpo/nll_loss"] = nll / chosen_tokens
+        return metrics

@@ -29,7 +29,7 @@ class DPOSection(StageSection):
     dpo_beta: float = 0.1
     #: the share of pairs assumed mislabelled (conservative / robust DPO); 0 for plain DPO
     dpo_label_smoothing: float = 0.0
-    #: weight of the chosen responses' NLL per token added to the loss (RPO; TRL's `rpo_alpha`); 0: plain DPO
+    #: weight of the chosen responses' NLL per token added to the loss (RPO, older TRL's `rpo_alpha`); 0: plain DPO
     rpo_alpha: float = 0.0
     #: a Megatron checkpoint root of the frozen reference, in the actor's layout; unset: the weights DPO starts from
     ref_model: str | None = None
