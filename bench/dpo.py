@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from grpo_e2e import TRL_DIR, TRL_PACKAGES, _pass_flops  # noqa: E402  (the GRPO benchmark's TRL and FLOP model)
+from grpo_e2e import _pass_flops, run_trl  # noqa: E402  (the GRPO benchmark's FLOP model and TRL runner)
 from rollout import _matmul  # noqa: E402
 
 from mindrl.config import load_model_arch  # noqa: E402
@@ -87,21 +87,21 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, seq_
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def _shape(data: Path) -> tuple[dict[str, float], int]:
+def _shape(data: Path) -> tuple[float, float, int]:
     """Mean prompt and response tokens of the pairs, and the longest prompt and response (the runs' seq_length)."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(data / "train.parquet", columns=["prompt_ids", "chosen_ids", "rejected_ids"]).to_pydict()
     longest = max(len(p) + max(len(c), len(r)) for p, c, r in zip(*table.values(), strict=True))
-    return {key: sum(map(len, values)) / len(values) for key, values in table.items()}, longest
+    mean = {key: sum(map(len, values)) / len(values) for key, values in table.items()}
+    return mean["prompt_ids"], (mean["chosen_ids"] + mean["rejected_ids"]) / 2, longest
 
 
-def _summary(model: str, lines: list[dict], lengths: dict[str, float]) -> dict:
+def _summary(model: str, lines: list[dict], prompt: float, response: float) -> dict:
     arch = load_model_arch(f"{model}_qwen")
     timed = lines[1:] or lines
     seconds = sum(line["timing/all"] for line in timed) / len(timed)
     packed = sum(line["actor/prompt_packed"] for line in timed) / len(timed)
-    prompt, response = lengths["prompt_ids"], (lengths["chosen_ids"] + lengths["rejected_ids"]) / 2
     flops = 4 * _pass_flops(arch, PAIRS, 2, round(prompt), round(response), packed)
     return {"tokens_per_s": round(PAIRS * 2 * (prompt + response) / seconds, 1), "step_s": round(seconds, 3),
             "gflops": round(flops / seconds / 1e9, 1), "prompt_packed": packed}
@@ -109,17 +109,10 @@ def _summary(model: str, lines: list[dict], lengths: dict[str, float]) -> dict:
 
 def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, seq_length: int) -> dict:
     """TRL's tokens/s on the same work, from its second step."""
-    if not (TRL_DIR / "trl").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(TRL_DIR),
-                        *TRL_PACKAGES], check=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(TRL_DIR)}
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "trl_dpo.py"), "--model", model, "--dtype", dtype,
-                          "--data", str(data), "--tokenizer", str(tokenizer), "--steps", str(steps),
-                          "--pairs", str(PAIRS), "--micro-pairs", str(MICRO_PAIRS), "--beta", str(BETA),
-                          "--lr", str(LR), "--max-length", str(seq_length)], env=env, capture_output=True, text=True)
-    if run.returncode:
-        raise RuntimeError(f"TRL {model} {dtype} failed:\n{run.stderr[-3000:]}")
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = run_trl("trl_dpo.py", ["--model", model, "--dtype", dtype, "--data", str(data), "--tokenizer",
+                                 str(tokenizer), "--steps", str(steps), "--pairs", str(PAIRS), "--micro-pairs",
+                                 str(MICRO_PAIRS), "--beta", str(BETA), "--lr", str(LR), "--max-length",
+                                 str(seq_length)], f"{model} {dtype}")
     timed = out["step_s"][1:] or out["step_s"]
     seconds = sum(timed) / len(timed)
     return {"tokens_per_s": round(PAIRS * out["pair_tokens"] / seconds, 1), "step_s": round(seconds, 3),
@@ -136,16 +129,15 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
         tokenizer, data = _data(Path(tmp), args.response_tokens, PAIRS * args.steps)
-        lengths, seq_length = _shape(data)
+        prompt, response, seq_length = _shape(data)
         result: dict = {"bench": "dpo", "pairs": PAIRS, "micro_pairs": MICRO_PAIRS, "threads": 2,
-                        "prompt_len": round(lengths["prompt_ids"], 1),
-                        "response_len": round((lengths["chosen_ids"] + lengths["rejected_ids"]) / 2, 1)}
+                        "prompt_len": round(prompt, 1), "response_len": round(response, 1)}
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
                 before = run_ranks(_matmul, 1, dtype, 2)[0]
                 lines = _train(model, dtype, args.steps, tokenizer, data, seq_length, Path(tmp) / f"{model}_{dtype}")
                 matmul = max(before, run_ranks(_matmul, 1, dtype, 2)[0])
-                measured = _summary(model, lines, lengths)
+                measured = _summary(model, lines, prompt, response)
                 measured.update(matmul_gflops=round(matmul, 1), share_of_matmul=round(measured["gflops"] / matmul, 2),
                                 loss_first=lines[0]["dpo/loss"])
                 if not args.no_trl:

@@ -107,18 +107,24 @@ _SHIPPED = {model: yaml.safe_load((ROOT / "configs" / "rlxf" / f"grpo_{model}_cp
 _FILE_KEYS = {model: _file_keys(shipped) for model, shipped in _SHIPPED.items()}
 
 
-def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path) -> dict:
-    """TRL's e2e tokens/s on the same work, from its second step."""
+def run_trl(script: str, args: list[str], what: str) -> dict:
+    """The JSON line that bench/<script> prints, run with TRL (installed into .bench-trl/ on first use) on two
+    threads; `what` names the run in the error if it fails."""
     if not (TRL_DIR / "trl").is_dir():
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(TRL_DIR),
                         *TRL_PACKAGES], check=True)
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(TRL_DIR)}
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "trl_grpo.py"), "--model", model, "--dtype", dtype,
-                          "--data", str(data), "--tokenizer", str(tokenizer), "--steps", str(steps)],
-                         env=env, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], env=env, capture_output=True,
+                         text=True)
     if run.returncode:
-        raise RuntimeError(f"TRL {model} {dtype} failed:\n{run.stderr[-3000:]}")
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"TRL {what} failed:\n{run.stderr[-3000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _trl(model: str, dtype: str, steps: int, tokenizer: Path, data: Path) -> dict:
+    """TRL's e2e tokens/s on the same work, from its second step."""
+    out = run_trl("trl_grpo.py", ["--model", model, "--dtype", dtype, "--data", str(data), "--tokenizer",
+                                  str(tokenizer), "--steps", str(steps)], f"{model} {dtype}")
     seconds = sum(out["step_s"][1:]) / (len(out["step_s"]) - 1)
     response = sum(out["completion_len"][1:]) / (len(out["completion_len"]) - 1)
     return {"e2e_tokens_per_s": round(16 * 8 * (out["prompt_len"] + response) / seconds, 1),

@@ -90,9 +90,10 @@ class DPOTrainer(StageTrainer):
             for key, values in per_pair.items():
                 sums[key] = sums.get(key, 0.0) + values.sum().item()
             count += size
-            lengths = torch.tensor([len(p.chosen_ids) for p in pairs], dtype=both.dtype)
-            nll += sequence_chosen_nll(loss, both[:, 0], lengths).item()
-            chosen_tokens += int(lengths.sum())
+            if loss.rpo_alpha:
+                lengths = torch.tensor([len(p.chosen_ids) for p in pairs], dtype=both.dtype)
+                nll += sequence_chosen_nll(loss, both[:, 0], lengths).item()
+                chosen_tokens += int(lengths.sum())
         metrics = {f"validation/{'dpo/loss' if key == 'dpo_loss' else key}": value / count
                    for key, value in sums.items()}
         if loss.rpo_alpha:
