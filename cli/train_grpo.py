@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindrl.trainer.config import TRAINER_CONFIGS_DIR, check_resources, load_trainer_config
+from mindrl.trainer.config import TRAINER_CONFIGS_DIR, check_resources, trainer_loader
 from mindrl.trainer.entry import run_trainer
 
 
@@ -26,7 +26,7 @@ def _fit(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, load_trainer_config, check_resources,
+    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, trainer_loader(False), check_resources,
                        _fit)
 
 

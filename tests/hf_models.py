@@ -60,7 +60,9 @@ def mcore_to_hf_state(full: dict[str, torch.Tensor], arch) -> dict[str, torch.Te
     from mindrl.models import sharding
 
     state = {hfm.EMBEDDING[0]: full[hfm.EMBEDDING[1]], hfm.FINAL_NORM[0]: full[hfm.FINAL_NORM[1]]}
-    if not arch.tied_embeddings:
+    if arch.has_score_head:
+        state[hfm.SCORE[0]] = full[hfm.SCORE[1]]
+    elif not arch.tied_embeddings:
         state[hfm.OUTPUT[0]] = full[hfm.OUTPUT[1]]
     for i in range(arch.num_layers):
         layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}

@@ -152,7 +152,8 @@ def _rollout(calls: list) -> ColocatedRollout:
                          offload_train_optimizer=True)
     rollout = ColocatedRollout.__new__(ColocatedRollout)
     rollout.actor, rollout.cfg, rollout.synced_update = Worker("actor", calls), cfg, None
-    rollout.engine, rollout.frozen = ForgetfulEngine(calls), [Worker("reference", calls)]
+    rollout.engine = ForgetfulEngine(calls)
+    rollout.beside = [Worker("reference", calls), Worker("critic", calls)]
 
     def sync():
         calls.append("sync")
@@ -168,9 +169,10 @@ def _rollout(calls: list) -> ColocatedRollout:
 def test_weights_are_woken_and_synced_before_the_training_state_goes_and_the_cache_comes():
     calls = []
     _rollout(calls).generate([[1, 2]], n=2)
-    assert calls == ["offload actor grads+optimizer", "wake weights", "sync", "offload actor params",
-                     "offload reference params", "wake cache", "generate", "release", "onload actor",
-                     "onload reference"]
+    assert calls == ["offload actor grads+optimizer", "offload reference grads+optimizer",
+                     "offload critic grads+optimizer", "wake weights", "sync", "offload actor params",
+                     "offload reference params", "offload critic params", "wake cache", "generate", "release",
+                     "onload actor", "onload reference", "onload critic"]
 
 
 def test_a_second_generation_without_an_update_syncs_again_once_the_engine_dropped_its_weights():

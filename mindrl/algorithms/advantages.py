@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from mindrl.algorithms.registry import Registry
+from mindrl.config.errors import ConfigError
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", "adv_estimator")
 
@@ -43,7 +44,8 @@ def _per_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return values.to(mask.dtype).unsqueeze(-1) * mask
 
 
-def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Mean 0 and (unbiased) variance 1 over the masked tokens of the whole batch, 0 elsewhere (verl's)."""
     count = mask.sum().clamp(min=1)
     mean = (values * mask).sum() / count
     var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
@@ -91,7 +93,7 @@ def reinforce_plus_plus(scores: torch.Tensor, mask: torch.Tensor, group_size: in
     for t in reversed(range(token_rewards.shape[1])):
         running = token_rewards[:, t] + gamma * running * mask[:, t]
         returns[:, t] = running
-    return _masked_whiten(returns, mask)
+    return masked_whiten(returns, mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
@@ -101,13 +103,24 @@ def reinforce_plus_plus_baseline(scores: torch.Tensor, mask: torch.Tensor, group
     a flat group's tokens then hold minus the batch's token mean over its std, and are set back to 0."""
     grouped = _groups(scores, group_size)
     centred = _zero_flat(grouped - grouped.mean(-1, keepdim=True), grouped).view(-1)
-    whitened = _masked_whiten(_per_token(centred, mask), mask)
+    whitened = masked_whiten(_per_token(centred, mask), mask)
     return whitened.masked_fill(_flat(grouped).repeat_interleave(group_size, dim=0), 0.0)
 
 
 #: the estimators that compare the responses of one prompt: a group of one gives zero advantages
 GROUP_ESTIMATORS = frozenset(name for name in ADVANTAGE_ESTIMATORS.names() if ADVANTAGE_ESTIMATORS.get(name) in
                              (group_norm, group_mean, rloo, reinforce_plus_plus_baseline))
+
+
+#: estimators that need a learned critic's values (mindrl/algorithms/gae.py); cli/train_ppo.py trains them
+CRITIC_ESTIMATORS = ("gae",)
+
+
+def check_estimator(name: str) -> None:
+    """One sentence for an `adv_estimator` neither table knows."""
+    if name not in CRITIC_ESTIMATORS and name not in ADVANTAGE_ESTIMATORS.names():
+        known = ", ".join(sorted([*ADVANTAGE_ESTIMATORS.names(), *CRITIC_ESTIMATORS]))
+        raise ConfigError(f"unknown advantage estimator {name!r} for adv_estimator; known: {known}.")
 
 
 def compute_advantages(name: str, scores: torch.Tensor, mask: torch.Tensor, group_size: int,

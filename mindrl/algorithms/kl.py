@@ -48,3 +48,23 @@ def kl_penalized_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Ten
     token_rewards = -coef * kl * mask
     last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & mask.bool()
     return token_rewards + scores.unsqueeze(-1) * last
+
+
+class KLController:
+    """The coefficient of the KL penalty in the reward (`kl_ctrl_type`): fixed, or adaptive as Ziegler et al.
+    (and verl, MindSpeed-RL) adapt it — after each batch, coef ·= 1 + clip(KL / kl_target − 1, ±0.2) ·
+    n_steps / kl_horizon, so the measured KL is pulled towards the target."""
+
+    def __init__(self, kind: str, coef: float, target: float = 100.0, horizon: int = 1000) -> None:
+        self.kind, self.value, self.target, self.horizon = kind, coef, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if self.kind == "adaptive":
+            error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])

@@ -54,7 +54,15 @@ def check_colocation(cfg: TrainerConfig) -> None:
 
 
 def check_layouts(cfg: TrainerConfig) -> None:
-    """Every role's TP/PP against its model and device count, and the rollout engine's TP."""
+    """Every role's TP/PP against its model and device count, the rollout engine's TP, and a critic in the actor's
+    processes in the actor's layout."""
+    critic, actor = cfg.critic_config, cfg.actor_config
+    if critic is not None and not cfg.critic_on_own_devices and \
+            (critic.parallel.tp, critic.parallel.pp) != (actor.parallel.tp, actor.parallel.pp):
+        raise ConfigError(f"the critic runs in the actor's processes (no rl_config.critic_resource) and so in its "
+                          f"layout, TP={actor.parallel.tp} PP={actor.parallel.pp}, but critic_config asks "
+                          f"TP={critic.parallel.tp} PP={critic.parallel.pp}; match them or give the critic its own "
+                          f"critic_resource.")
     for section, role, resource in cfg.roles():
         try:
             validate_parallel(role.arch, role.parallel, world_size=resource.count)
@@ -102,14 +110,27 @@ def check_batches(cfg: TrainerConfig) -> None:
         if rl.filter_groups_train_batch_size % rl.mini_batch_size:
             raise ConfigError(f"filter_groups_train_batch_size={rl.filter_groups_train_batch_size} is not a "
                               f"multiple of mini_batch_size={rl.mini_batch_size}; make it one.")
-    samples = rl.mini_batch_size * n
-    for section, role, resource in cfg.roles():
+    trained = {"actor_config": ("mini_batch_size", rl.mini_batch_size)}
+    if cfg.critic_config is not None:
+        trained["critic_config"] = ("critic_mini_batch_size", rl.critic_mini_batch_size or rl.mini_batch_size)
+        if gbs % trained["critic_config"][1]:
+            raise ConfigError(f"global_batch_size={gbs} is not a multiple of the critic's mini-batch of "
+                              f"{trained['critic_config'][1]} prompts (critic_mini_batch_size, else mini_batch_size); "
+                              f"make it one.")
+    roles = cfg.roles()
+    if cfg.critic_config is not None and not cfg.critic_on_own_devices:
+        roles.append(("critic_config", cfg.critic_config, rl.resources["actor_resource"]))
+    for section, role, resource in roles:
         dp = resource.count // (role.parallel.tp * role.parallel.pp)
-        if section == "actor_config" and samples % (dp * role.micro_batch_size):
-            raise ConfigError(
-                f"a mini-batch of {rl.mini_batch_size}×{n}={samples} samples does not give each of the actor's {dp} "
-                f"data-parallel ranks whole micro-batches of micro_batch_size={role.micro_batch_size}; make "
-                f"mini_batch_size × n_samples_per_prompt a multiple of {dp * role.micro_batch_size}.")
+        if section in trained:
+            key, prompts = trained[section]
+            samples = prompts * n
+            if samples % (dp * role.micro_batch_size):
+                raise ConfigError(
+                    f"a {section.removesuffix('_config')} mini-batch of {prompts}×{n}={samples} samples does not give "
+                    f"each of its {dp} data-parallel ranks whole micro-batches of {section}.micro_batch_size="
+                    f"{role.micro_batch_size}; make {key} × n_samples_per_prompt a multiple of "
+                    f"{dp * role.micro_batch_size}.")
         batches = [("global_batch_size", gbs)]
         if rl.filter_groups_enable and rl.filter_groups_train_batch_size is not None:
             batches.append(("filter_groups_train_batch_size", rl.filter_groups_train_batch_size))

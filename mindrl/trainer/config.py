@@ -15,7 +15,7 @@ the config *and* the list, one sentence per key, so a user porting a config sees
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,23 @@ def load_trainer_config(config_name: str, overrides: Sequence[str] = (),
     if notes:
         raise ConfigError(unsupported_keys_message(notes))
     return cfg
+
+
+def trainer_loader(critic: bool) -> Callable[[str, Sequence[str], str | Path | None], TrainerConfig]:
+    """load_trainer_config for cli/train_ppo.py (`critic`: adv_estimator gae) or cli/train_grpo.py (the others),
+    refusing a config meant for the other command."""
+
+    def load(config_name: str, overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> TrainerConfig:
+        cfg = load_trainer_config(config_name, overrides, config_dir)
+        if cfg.rl_config.trains_critic and not critic:
+            raise ConfigError(f"adv_estimator gae trains a critic; run {config_name} with cli/train_ppo.py.")
+        if critic and not cfg.rl_config.trains_critic:
+            raise ConfigError(f"cli/train_ppo.py trains a critic for adv_estimator: gae, but {config_name}'s is "
+                              f"{cfg.rl_config.adv_estimator}; set rl_config.adv_estimator: gae or run "
+                              f"cli/train_grpo.py.")
+        return cfg
+
+    return load
 
 
 def load_mindspeed_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[TrainerConfig, list[str]]:

@@ -74,6 +74,9 @@ def check_runnable(cfg: TrainerConfig) -> None:
 
 
 class GRPOTrainer:
+    #: what this trainer's checkpoints say wrote them: only its own resume (mindrl/trainer/start.py)
+    job = JOB_GRPO
+
     def __init__(self, cfg: TrainerConfig) -> None:
         from mindrl.data.tokenizer import load_tokenizer
 
@@ -81,7 +84,7 @@ class GRPOTrainer:
         self.cfg = cfg
         actor = cfg.actor_config
         rl, self.n = cfg.rl_config, cfg.rl_config.n_samples_per_prompt
-        self.start: StartPoint = start_point(actor)
+        self.start: StartPoint = start_point(actor, self.job)
         #: a reference on its own devices loads the run's first weights in its own layout
         self.ref_weights = None
         if rl.uses_reference and not rl.use_integrated_worker:
@@ -214,8 +217,7 @@ class GRPOTrainer:
         with timer("all"):
             exp = self.experience(step, timer)
             batch = exp.batch
-            with timer("adv"):
-                batch["advantages"] = compute_advantages(rl.adv_estimator, exp.scores, batch["loss_mask"], self.n)
+            exp.metrics.update(self.advantages(exp, timer))
             if "old_log_probs" in batch:
                 exp.metrics.update(mismatch_metrics(batch["old_log_probs"], batch["engine_log_probs"],
                                                     batch["loss_mask"], rl.rollout_is_config))
@@ -223,9 +225,8 @@ class GRPOTrainer:
                     batch["rollout_is_weights"] = rollout_is_weights(batch["old_log_probs"], batch["engine_log_probs"],
                                                                      batch["loss_mask"], rl.rollout_is_config)
                 del batch["engine_log_probs"]
-            with timer("update"):
-                update = self.group.call("update", batch)[0]
-        metrics = {**exp.metrics, **timer.metrics(), **actor_metrics(update)}
+            updated = self.update(step, batch, timer)
+        metrics = {**exp.metrics, **timer.metrics(), **updated}
         metrics["old_log_p/from_update"] = float("old_log_probs" not in batch)
         metrics["prompt_length/mean"] = batch["prompt_lengths"].double().mean().item()
         metrics.update(rollout_metrics(batch["response_lengths"], self.sampling.max_tokens, exp.scores,
@@ -233,6 +234,19 @@ class GRPOTrainer:
         metrics.update(throughput_metrics(batch["prompt_lengths"], batch["response_lengths"],
                                           self.group.world_size, timer.seconds))
         return metrics
+
+    def advantages(self, exp: Experience, timer: StepTimer) -> dict[str, float]:
+        """Put the batch's `advantages` in place; returns metrics of the estimate."""
+        batch = exp.batch
+        with timer("adv"):
+            batch["advantages"] = compute_advantages(self.cfg.rl_config.adv_estimator, exp.scores, batch["loss_mask"],
+                                                     self.n)
+        return {}
+
+    def update(self, step: int, batch: dict[str, torch.Tensor], timer: StepTimer) -> dict[str, float]:
+        """Train on the scored batch; returns the update's metrics."""
+        with timer("update"):
+            return actor_metrics(self.group.call("update", batch)[0])
 
     def experience(self, step: int, timer: StepTimer) -> Experience:
         """A scored batch with the log-probs the update needs (several rollout rounds under DAPO)."""
@@ -313,9 +327,12 @@ class GRPOTrainer:
         return {f"validation/{key}": value for key, value in summary.items()}
 
     def save(self, step: int) -> None:
-        extra = {"job": JOB_GRPO, "data": self.loader.state_dict(), "initial_weights": self.start.initial_weights,
-                 "step": step, "reward_model_stats": self.rewards.stats.state_dict()}
-        self.group.call("save", self.cfg.actor_config.save, step, extra)
+        self.group.call("save", self.cfg.actor_config.save, step, self.save_extra(step))
+
+    def save_extra(self, step: int) -> dict[str, Any]:
+        """The driver's state a resume needs, saved with the actor's checkpoint."""
+        return {"job": self.job, "data": self.loader.state_dict(), "initial_weights": self.start.initial_weights,
+                "step": step, "reward_model_stats": self.rewards.stats.state_dict()}
 
     def export(self) -> Path:
         return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)

@@ -7,7 +7,7 @@ mindrl.trainer.checks, and mindrl.trainer.config runs them after building.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from mindrl.algorithms.policy_loss import LossConfig
@@ -22,7 +22,7 @@ from mindrl.trainer.rl import RLConfig
 if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorConfig
 
-SECTIONS = ("model", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
+SECTIONS = ("model", "megatron_training", "actor_config", "ref_config", "reward_config", "critic_config", "rl_config",
             "generate_config")
 
 
@@ -41,6 +41,8 @@ class TrainerConfig:
     rl_config: RLConfig
     generate_config: GenerateConfig
     loss: LossConfig
+    #: PPO's critic (adv_estimator: gae): its architecture is the actor's with a one-output value head
+    critic_config: MegatronConfig | None = None
     #: the top-level sections the file (after overrides) actually gave
     sections_given: frozenset[str] = field(default_factory=frozenset)
     #: keys set to something other than their default that have no effect here, each with what would enable it;
@@ -65,11 +67,18 @@ class TrainerConfig:
             out.append(("ref_config", self.ref_config, res["reference_resource"] or res["actor_resource"]))
         if self.reward_config is not None:
             out.append(("reward_config", self.reward_config, res["reward_resource"] or res["actor_resource"]))
+        if self.critic_on_own_devices:
+            out.append(("critic_config", self.critic_config, res["critic_resource"]))
         return out
+
+    @property
+    def critic_on_own_devices(self) -> bool:
+        return self.critic_config is not None and self.rl_config.resources["critic_resource"] is not None
 
     def device_groups(self) -> list[tuple[str, RoleResource]]:
         """Disjoint sets of devices: colocated roles share one."""
-        names = {"actor_config": "actor", "ref_config": "reference", "reward_config": "reward"}
+        names = {"actor_config": "actor", "ref_config": "reference", "reward_config": "reward",
+                 "critic_config": "critic"}
         groups: list[tuple[str, RoleResource]] = []
         for section, _, resource in self.roles():
             shared = (section == "ref_config" and self.colocate_actor_ref) or \
@@ -96,6 +105,15 @@ class TrainerConfig:
                                               temperature=self.generate_config.sampling_config.temperature,
                                               prompt_packing=rl.packing_mode)
 
+    def critic_update_config(self) -> ActorConfig:
+        """The critic worker's settings: its own optimizer keys (critic_config), mini-batches and epochs
+        (critic_mini_batch_size, critic_epochs; the actor's by default)."""
+        rl = self.rl_config
+        mini, epochs = rl.critic_mini_batch_size or rl.mini_batch_size, rl.critic_epochs or rl.epochs
+        steps = epochs * (self.train_batch_size // mini)
+        return self.critic_config.actor_config(mini * rl.n_samples_per_prompt, steps, epochs=epochs,
+                                               shuffle_mini_batch=rl.shuffle_mini_batch, prompt_packing="off")
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], notes: list[KeyNote] | None = None) -> TrainerConfig:
         """Build every section and check each on its own (mindrl.trainer.checks then checks them together);
@@ -112,14 +130,21 @@ class TrainerConfig:
         models = data.get("model") or {}
         base = normalise(data.get("megatron_training") or {})
         rl = RLConfig.from_dict(data.get("rl_config") or {}, keys)
-        role = {"megatron_training": MegatronConfig.from_dict("megatron_training", base, models, keys)}
+        stage = "ray_ppo" if rl.trains_critic else "ray_grpo"
+        role = {"megatron_training": MegatronConfig.from_dict("megatron_training", base, models, keys, stage)}
         wanted = ["actor_config", "ref_config"]
         if "reward_config" in data or rl.resources["reward_resource"] is not None:
             wanted.append("reward_config")
+        if rl.trains_critic:
+            wanted.append("critic_config")
+        elif data.get("critic_config") is not None or rl.resources["critic_resource"] is not None:
+            raise ConfigError(f"critic_config / critic_resource configure PPO's critic, which adv_estimator "
+                              f"{rl.adv_estimator} does not use; remove them or set adv_estimator: gae "
+                              f"(cli/train_ppo.py).")
         for s in wanted:
             own = normalise(data.get(s) or {})
             # a megatron_training key was reported there already; report only the role's own keys
-            role[s] = MegatronConfig.from_dict(s, {**base, **own}, models, Keys(notes, only=set(own)))
+            role[s] = MegatronConfig.from_dict(s, {**base, **own}, models, Keys(notes, only=set(own)), stage)
         notices = []
         if rl.use_integrated_worker:
             notices = _integrated_reference_notices(normalise(data.get("ref_config") or {}), role["ref_config"],
@@ -130,7 +155,10 @@ class TrainerConfig:
             reward = reward_model_role(reward, role["actor_config"])
         gen = GenerateConfig.from_dict(data.get("generate_config") or {}, keys)
         loss = rl.loss_config(gen.sampling_config.max_tokens)
-        return cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss,
+        critic = role.get("critic_config")
+        if critic is not None:
+            critic = replace(critic, arch=replace(critic.arch, num_labels=1))
+        return cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss, critic,
                    frozenset(k for k in data if data[k] is not None), tuple(notices))
 
 

@@ -1,4 +1,5 @@
-"""`megatron_training` and the role sections merged over it (`actor_config`, `ref_config`, `reward_config`).
+"""`megatron_training` and the role sections merged over it (`actor_config`, `ref_config`, `reward_config`,
+`critic_config`).
 
 As in MindSpeed-RL a role section is `{**megatron_training, **role}` and may name its
 architecture with `model:` (an entry of the defaults list) or override architecture keys
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorConfig
 
 #: `stage` → the command that trains it
-STAGES = {"ray_grpo": "cli/train_grpo.py", "sft": "cli/train_sft.py", "dpo": "cli/train_dpo.py"}
+STAGES = {"ray_grpo": "cli/train_grpo.py", "ray_ppo": "cli/train_ppo.py", "sft": "cli/train_sft.py",
+          "dpo": "cli/train_dpo.py"}
 # ActorConfig checks these too, but importing it loads megatron-core (seconds on a small box);
 # a config must be judged before that, so the two value rules are repeated here.
 LR_DECAY_STYLES = ("constant", "cosine", "linear")
@@ -34,7 +36,7 @@ _ARCH_KEYS = frozenset(f.name for f in dataclasses.fields(ModelArch)) - {"name"}
 class MegatronConfig:
     #: which entry of the defaults list's `model` group this role builds
     model: str | None = None
-    #: which trainer the file is for (ray_grpo or sft); unset means the one loading it
+    #: which trainer the file is for (ray_grpo, ray_ppo, sft or dpo); unset means the one loading it
     stage: str | None = None
     tokenizer_name_or_path: str | None = None
     #: folder of cli/preprocess_data.py output (train.parquet, test.parquet) or one parquet / jsonl file
@@ -81,6 +83,11 @@ class MegatronConfig:
         positive(section, self, "global_batch_size", "micro_batch_size", "seq_length", "train_iters",
                  "lr_decay_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size")
         positive(section, self, "save_interval", allow_zero=True)
+        if {self.stage, stage} == {"ray_grpo", "ray_ppo"}:
+            raise ConfigError(f"{section}.stage={self.stage!r} but rl_config.adv_estimator is "
+                              f"{'gae, which trains a critic (ray_ppo)' if stage == 'ray_ppo' else 'critic-free'}; "
+                              f"set stage: {stage} or pick the estimator of {self.stage} "
+                              f"({'gae' if self.stage == 'ray_ppo' else 'group_norm'}).")
         if self.stage is not None and self.stage != stage:
             known = f"; {self.stage} runs with {STAGES[self.stage]}" if self.stage in STAGES else \
                 " (DAPO runs as ray_grpo with filter_groups_enable and clip-higher)" if stage == "ray_grpo" else ""

@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from mindrl.console import terminal_err
 
-#: MindSpeed-RL's phases of one GRPO step, logged as timing/<phase> in seconds
+#: MindSpeed-RL's phases of one GRPO step (PPO adds values and update_critic), logged as timing/<phase> in seconds
 TIMING_PHASES = ("all", "rollout", "old_log_p", "reference_model", "rule_reward", "adv", "update",
-                 "resharding_to_infer", "resharding_to_train")
+                 "resharding_to_infer", "resharding_to_train", "values", "update_critic")
 
 #: the phases the rollout workers time themselves (around the engine's generation)
 RESHARDING_PHASES = ("resharding_to_infer", "resharding_to_train")

@@ -1,9 +1,10 @@
 """`rl_config`: algorithm, rewards, roles' resources and colocation, logging (MindSpeed-RL names).
 
 Batch sizes follow MindSpeed-RL's units: `mini_batch_size` counts prompts (× n_samples_per_prompt
-inside). Deliberate differences: `kl_ctrl_type: adaptive` is refused (MindSpeed-RL's GRPO never
-updates it), clip-higher and token-level loss work in GRPO too (MindSpeed-RL's GRPO ignores them),
-unknown verifier names are errors, and resources may be `num_gpus` or `num_cpus` besides `num_npus`.
+inside). Deliberate differences: `kl_ctrl_type: adaptive` is refused without `use_kl_in_reward` (the
+only place an adaptive coefficient moves, in MindSpeed-RL too), clip-higher and token-level loss work in
+GRPO too (MindSpeed-RL's GRPO ignores them), unknown verifier names are errors, and resources may be
+`num_gpus` or `num_cpus` besides `num_npus`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mindrl.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from mindrl.algorithms.advantages import CRITIC_ESTIMATORS, check_estimator
 from mindrl.algorithms.kl import KL_ESTIMATORS
 from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
+from mindrl.algorithms.value_loss import ValueLossConfig
 from mindrl.config import ConfigError
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.resources import RoleResource
@@ -25,7 +27,8 @@ from mindrl.config.values import check_types, positive
 from mindrl.trainer.reward_model import NORMALISATIONS
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
-_RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource")
+_RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource", "critic_resource")
+KL_CONTROLLERS = ("fixed", "adaptive")
 # MindSpeed-RL's token_level_loss is a coarser name for two loss_agg_modes.
 _AGG_OF_TOKEN_LEVEL = {True: "token-mean", False: "seq-mean-token-mean"}
 
@@ -40,12 +43,24 @@ class RLConfig:
     actor_resource: dict | None = None
     reference_resource: dict | None = None
     reward_resource: dict | None = None
+    #: the PPO critic's own devices; unset: it runs in the actor's processes, in the actor's layout
+    critic_resource: dict | None = None
     n_samples_per_prompt: int = 1
     mini_batch_size: int = 1
     epochs: int = 1
     shuffle_mini_batch: bool = False
     max_prompt_length: int = 512
     adv_estimator: str = "group_norm"
+    #: GAE's discount and trace decay (adv_estimator: gae)
+    gamma: float = 1.0
+    lam: float = 0.95
+    #: how far one batch may move the critic's value of a token (PPO's value clip)
+    cliprange_value: float = 0.5
+    #: PPO: the critic alone trains for this many steps before the actor's first update
+    critic_warmup: int = 0
+    #: prompts per critic optimizer step and passes over the batch (null: mini_batch_size, epochs)
+    critic_mini_batch_size: int | None = None
+    critic_epochs: int | None = None
     clip_ratio: float = 0.2
     clip_higher_enable: bool = False
     clip_ratio_low: float | None = None
@@ -57,6 +72,11 @@ class RLConfig:
     kl_penalty: str = "low_var_kl"
     kl_ctrl_type: str = "fixed"
     init_kl_coef: float = 0.01
+    #: PPO: the KL to the reference is a per-token penalty in the reward (coefficient init_kl_coef, moved by the
+    #: adaptive controller) instead of a loss term
+    use_kl_in_reward: bool = False
+    kl_target: float = 100.0
+    kl_horizon: int = 1000
     actor_forward_micro_batch_size: int | None = None
     ref_forward_micro_batch_size: int | None = None
     #: auto | true | false: the actor and reference see a prompt's samples packed behind one copy of it
@@ -108,13 +128,25 @@ class RLConfig:
     def _check(self) -> None:
         check_types("rl_config", self)
         positive("rl_config", self, "n_samples_per_prompt", "mini_batch_size", "epochs", "max_prompt_length",
-                 "actor_forward_micro_batch_size", "ref_forward_micro_batch_size", "filter_groups_train_batch_size")
-        positive("rl_config", self, "test_interval", "resource_wait_timeout", allow_zero=True)
-        ADVANTAGE_ESTIMATORS.get(self.adv_estimator)
+                 "actor_forward_micro_batch_size", "ref_forward_micro_batch_size", "filter_groups_train_batch_size",
+                 "critic_mini_batch_size", "critic_epochs", "kl_target", "kl_horizon")
+        positive("rl_config", self, "test_interval", "resource_wait_timeout", "critic_warmup", allow_zero=True)
+        check_estimator(self.adv_estimator)
         KL_ESTIMATORS.get(self.kl_penalty)
-        if self.kl_ctrl_type != "fixed":
-            raise ConfigError(f"rl_config.kl_ctrl_type={self.kl_ctrl_type!r} is not supported: GRPO's KL weight is "
-                              f"the fixed init_kl_coef (MindSpeed-RL never updates an adaptive one); use fixed.")
+        if self.kl_ctrl_type not in KL_CONTROLLERS:
+            raise ConfigError(f"rl_config.kl_ctrl_type must be fixed or adaptive, got {self.kl_ctrl_type!r}.")
+        if self.kl_ctrl_type == "adaptive" and not self.use_kl_in_reward:
+            raise ConfigError("rl_config.kl_ctrl_type: adaptive moves the KL penalty in the reward, which only "
+                              "use_kl_in_reward: true (PPO) has; the KL loss's weight is the fixed init_kl_coef, so "
+                              "use fixed or set use_kl_in_reward: true.")
+        if self.use_kl_in_reward and self.adv_estimator not in CRITIC_ESTIMATORS:
+            raise ConfigError(f"rl_config.use_kl_in_reward puts the KL in token-level rewards, which only "
+                              f"adv_estimator gae reads ({self.adv_estimator} takes one score per response); set "
+                              f"adv_estimator: gae or use the KL loss (use_kl_in_reward: false).")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise ConfigError(f"rl_config.gamma and lam must lie in [0, 1], got gamma={self.gamma}, lam={self.lam}.")
+        if not self.cliprange_value > 0:
+            raise ConfigError(f"rl_config.cliprange_value must be positive, got {self.cliprange_value}.")
         if self.init_kl_coef < 0:
             raise ConfigError(f"rl_config.init_kl_coef must be >= 0 (0 turns the KL loss off), got "
                               f"{self.init_kl_coef}.")
@@ -150,11 +182,21 @@ class RLConfig:
         try:
             return LossConfig(clip_ratio=self.clip_ratio, clip_ratio_low=self.clip_ratio_low,
                               clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
-                              loss_agg_mode=mode, use_kl_loss=self.init_kl_coef > 0, kl_coef=self.init_kl_coef,
+                              loss_agg_mode=mode, use_kl_loss=self.init_kl_coef > 0 and not self.use_kl_in_reward,
+                              kl_coef=self.init_kl_coef,
                               kl_loss_type=self.kl_penalty, entropy_coeff=self.entropy_coeff,
                               loss_norm_length=max_tokens if mode == "seq-mean-token-sum-norm" else None)
         except ConfigError as err:
             raise ConfigError(f"rl_config: {err}") from None
+
+    def value_loss_config(self, max_tokens: int) -> ValueLossConfig:
+        """The critic's loss, aggregated as the actor's is."""
+        policy = self.loss_config(max_tokens)
+        return ValueLossConfig(self.cliprange_value, policy.loss_agg_mode, policy.loss_norm_length)
+
+    @property
+    def trains_critic(self) -> bool:
+        return self.adv_estimator in CRITIC_ESTIMATORS
 
     @property
     def packing_mode(self) -> str:

@@ -23,7 +23,7 @@ from mindrl.config import ConfigError
 from mindrl.trainer.megatron import MegatronConfig
 
 #: what a training checkpoint's `job` says wrote it (checkpoints without one are GRPO's)
-JOB_GRPO, JOB_SFT, JOB_DPO = "grpo", "sft", "dpo"
+JOB_GRPO, JOB_SFT, JOB_DPO, JOB_PPO = "grpo", "sft", "dpo", "ppo"
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class StartPoint:
 
 
 def start_point(actor: MegatronConfig, job: str = JOB_GRPO, section: str = "actor_config") -> StartPoint:
-    """`job` is the trainer asking (JOB_GRPO, JOB_SFT or JOB_DPO): only its own checkpoints resume. A resume
+    """`job` is the trainer asking (JOB_GRPO, JOB_SFT, JOB_DPO or JOB_PPO): only its own checkpoints resume. A resume
     point past train_iters is refused (`section` names where `load` was set)."""
     start = _start_point(actor, job)
     if start.iteration > actor.train_iters:

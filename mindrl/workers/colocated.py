@@ -1,13 +1,14 @@
 """The actor and its rollout engines on the same ranks (MindSpeed-RL's integrated mode).
 
 One `generate` call, on every actor rank, in the order that keeps the peak lowest:
-1. offload the gradients and optimizer state (`offload_train_grad` / `offload_train_optimizer`),
+1. offload the gradients and optimizer state (`offload_train_grad` / `offload_train_optimizer`) of the actor
+   and of a PPO critic beside it,
 2. wake the engine's weights and sync the actor's into them if the actor has changed since the
    last sync (always after an update: a stale engine is the classic silent RL failure) or the
    engine no longer holds them (a level-2 sleep drops them: a second rollout in a step, or the
    one after a validation, would otherwise sample from undefined memory),
-3. offload the actor's parameters and the frozen models beside it (the reference, a colocated
-   reward model) (`offload_train_param`) — the sync has read them; not when the engine
+3. offload the actor's parameters and those of the models beside it (the reference, a colocated
+   reward model, the critic) (`offload_train_param`) — the sync has read them; not when the engine
    generates with the actor's own model,
 4. wake the engine's KV cache, now that the training state is off the device,
 5. generate: each engine takes its share of the prompts (rollout data parallelism: world size /
@@ -40,26 +41,26 @@ _PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.
 
 class ColocatedRollout:
     def __init__(self, actor: ActorWorker, engine: RolloutEngine, cfg: GenerateConfig,
-                 frozen: Sequence[MegatronWorker] = ()) -> None:
+                 beside: Sequence[MegatronWorker] = ()) -> None:
         world = dist.get_world_size()
         if not engine.shares_actor_weights and world % cfg.infer_tensor_parallel_size:
             raise ValueError(f"infer_tensor_parallel_size={cfg.infer_tensor_parallel_size} does not divide the "
                              f"{world} actor ranks the engines run on; choose a divisor of {world}.")
         self.actor, self.engine, self.cfg = actor, engine, _engine_dtype(cfg, actor)
-        #: models on the actor's devices that never change (offloaded with its parameters)
-        self.frozen = list(frozen)
+        #: the other models on the actor's devices (offloaded with it)
+        self.beside = list(beside)
         self.dtype = _DTYPES[self.cfg.dtype]
         self.synced_update: int | None = None  # the actor's update count the engine's weights come from
         self.last_sync: SyncStats | None = None
 
     @classmethod
     def build(cls, actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int],
-              frozen: Sequence[MegatronWorker] = ()) -> ColocatedRollout:
+              beside: Sequence[MegatronWorker] = ()) -> ColocatedRollout:
         """The configured engine on the actor's ranks (every actor rank calls this), driven by the actor. vLLM
         sizes its memory by what is free when it starts (and refuses to start below its share of the device), so
         the state the rollouts will offload is off the device while it starts too."""
         cfg = _engine_dtype(cfg, actor)
-        workers = (actor, *frozen)
+        workers = (actor, *beside)
         params = cfg.offload_train_param and resolve_backend(cfg) == "vllm"  # the Megatron engine is the actor
         for worker in workers:
             worker.offload(params=params, grads=cfg.offload_train_grad, optimizer=cfg.offload_train_optimizer)
@@ -68,7 +69,7 @@ class ColocatedRollout:
         finally:
             for worker in workers:
                 worker.onload()
-        return cls(actor, engine, cfg, frozen)
+        return cls(actor, engine, cfg, beside)
 
     def _rollout_group(self) -> tuple[int, int]:
         """(this rank's engine group, number of groups): the engines split the prompts between them.
@@ -88,13 +89,14 @@ class ColocatedRollout:
         cfg, actor = self.cfg, self.actor
         metrics: dict[str, float] = {}
         start = time.perf_counter()
-        actor.offload(params=False, grads=cfg.offload_train_grad, optimizer=cfg.offload_train_optimizer)
+        for worker in (actor, *self.beside):
+            worker.offload(params=False, grads=cfg.offload_train_grad, optimizer=cfg.offload_train_optimizer)
         try:
             self.engine.resume_weights()
             if self.synced_update != actor.updates or not self.engine.holds_weights:
                 metrics.update(self.sync())
             if cfg.offload_train_param and not self.engine.shares_actor_weights:
-                for worker in (actor, *self.frozen):
+                for worker in (actor, *self.beside):
                     worker.offload(params=True, grads=False, optimizer=False)
             self.engine.resume_memory()
             generate_start = time.perf_counter()
@@ -105,7 +107,7 @@ class ColocatedRollout:
             start = time.perf_counter()
             self.engine.release_memory()
         finally:
-            for worker in (actor, *self.frozen):
+            for worker in (actor, *self.beside):
                 worker.onload()
         metrics["timing/resharding_to_train"] = time.perf_counter() - start
         return result, metrics

@@ -154,12 +154,16 @@ class MegatronWorker:
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         if isinstance(weights, str):
-            weights = mg.load_rank(weights, self.tp_rank, self.pp_rank, arch, par)["model"]
+            weights = self._stage_weights(weights)
         elif isinstance(weights, dict):
             weights = sharding.shard_state_dict(weights, arch, par, self.tp_rank, self.pp_rank)
         if weights is not None:
             load_stage_weights(self.model, weights)
         self.offloader = StorageOffloader(self.platform)
+
+    def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
+        """This rank's stage of the Megatron checkpoint at `root`, checked against the model."""
+        return mg.load_rank(root, self.tp_rank, self.pp_rank, self.arch, self.par)["model"]
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
         """Free the chosen training state from the device (`offload_train_*`); returns bytes freed. Gradients
@@ -327,15 +331,26 @@ class ActorWorker(MegatronWorker):
         optional = ("old_log_probs", "rollout_is_weights", "engine_log_probs")
         keys = ("loss_mask", "advantages") + (("ref_log_probs",) if cfg.loss.use_kl_loss else ())
         check_batch(batch, keys + tuple(key for key in optional if key in batch))
-        rows_total = batch["tokens"].shape[0]
-        if rows_total % cfg.mini_batch_size:
-            raise ConfigError(f"batch of {rows_total} rows is not a whole number of mini-batches of "
-                              f"mini_batch_size={cfg.mini_batch_size}; make the rows a multiple of it.")
-        if "old_log_probs" not in batch and (cfg.epochs > 1 or rows_total > cfg.mini_batch_size):
-            minis = rows_total // cfg.mini_batch_size
+        minis = self._mini_batches_of(batch)
+        if "old_log_probs" not in batch and (cfg.epochs > 1 or minis > 1):
             raise ConfigError(f"this update takes {cfg.epochs * minis} optimizer steps (epochs={cfg.epochs}, {minis} "
                               f"mini-batches), so the batch needs old_log_probs from a pass before the update.")
-        rows = self.local_rows(rows_total)
+        # the entropy is always measured (the collapse signal of RL runs), with gradient only as a bonus
+        return self._epochs(batch, self._policy_loss, entropy=True)
+
+    def _mini_batches_of(self, batch: dict) -> int:
+        rows_total = batch["tokens"].shape[0]
+        if rows_total % self.cfg.mini_batch_size:
+            raise ConfigError(f"batch of {rows_total} rows is not a whole number of mini-batches of "
+                              f"mini_batch_size={self.cfg.mini_batch_size}; make the rows a multiple of it.")
+        return rows_total // self.cfg.mini_batch_size
+
+    def _epochs(self, batch: dict, loss_of: LossOf, entropy: bool) -> dict[str, float]:
+        """`epochs` passes over this rank's rows in mini-batches, one optimizer step each; the metrics averaged
+        over the steps."""
+        cfg = self.cfg
+        self._mini_batches_of(batch)
+        rows = self.local_rows(batch["tokens"].shape[0])
         n_local = rows.stop - rows.start
         mini = cfg.mini_batch_size // self.dp_size
         self.model.train()
@@ -346,8 +361,7 @@ class ActorWorker(MegatronWorker):
                 gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
                 order = rows.start + torch.randperm(n_local, generator=gen)
             for start in range(0, n_local, mini):
-                # the entropy is always measured (the collapse signal of RL runs), with gradient only as a bonus
-                metrics = self._step(batch, order[start:start + mini], self._policy_loss, entropy=True)
+                metrics = self._step(batch, order[start:start + mini], loss_of, entropy=entropy)
                 for key, value in metrics.items():
                     history.setdefault(key, []).append(value)
         self.updates += 1

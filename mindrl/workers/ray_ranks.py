@@ -1,6 +1,6 @@
-"""The ranks Ray actors host: a policy rank (actor + reference + rollout engine), a reference rank,
-a reward-model rank, an SFT rank (the actor alone, taught responses) or a DPO rank (the actor and its
-frozen reference, taught preferences).
+"""The ranks Ray actors host: a policy rank (actor + reference + rollout engine, and PPO's critic when
+it has no devices of its own), a reference rank, a critic rank, a reward-model rank, an SFT rank (the
+actor alone, taught responses) or a DPO rank (the actor and its frozen reference, taught preferences).
 
 A policy rank is MindSpeed-RL's integrated worker: the Megatron actor, the reference beside it
 when the KL loss needs one, the reward model when every model shares the actor's devices
@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from mindrl.algorithms.dpo_loss import DPOLossConfig, sequence_log_probs
+from mindrl.algorithms.value_loss import ValueLossConfig
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
@@ -44,6 +45,50 @@ class RewardSpec:
     weights: str
     micro_batch_size: int
     seed: int
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    #: the actor's architecture (the critic replaces its LM head with a value head)
+    arch: ModelArch
+    par: ParallelConfig
+    cfg: ActorConfig
+    loss: ValueLossConfig
+    #: critic_config.bf16: true, false or auto (the ranks decide, mindrl.platform.precision)
+    bf16: bool | str
+    #: Megatron checkpoint root to start from (mindrl/workers/critic_worker.py); None: random initialisation
+    weights: str | None
+    #: the critic's training checkpoint root to resume from, at the actor's iteration
+    resume: str | None = None
+    resume_iteration: int | None = None
+    #: whether the run resumed was trained in bf16 (bf16: auto keeps it)
+    resume_bf16: bool | None = None
+    load_optim: bool = True
+    load_rng: bool = True
+
+
+class CriticHost:
+    """A rank holding PPO's critic (`self.critic`): in the actor's processes, or on devices of its own."""
+
+    critic = None
+
+    def _build_critic(self, spec: CriticSpec) -> Precision:
+        from mindrl.workers.critic_worker import CriticWorker
+
+        precision = agreed_precision(spec.bf16, "critic_config", spec.resume_bf16)
+        self.critic = CriticWorker(spec.arch, spec.par, spec.cfg, spec.loss, spec.weights, RankProcess.dtype(precision))
+        if spec.resume is not None:
+            self.critic.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng)
+        return precision
+
+    def values(self, batch: dict) -> tuple[int, torch.Tensor] | None:
+        return _held(self.critic, self.critic.compute_values(batch))
+
+    def update_critic(self, batch: dict) -> dict[str, float]:
+        return self.critic.update(batch)
+
+    def save_critic(self, root: str, iteration: int) -> str:
+        return str(self.critic.save_checkpoint(root, iteration, {"job": "ppo", "role": "critic"}))
 
 
 @dataclass(frozen=True)
@@ -69,6 +114,8 @@ class PolicySpec:
     load_rng: bool = True
     #: a reward model hosted beside the actor (colocate_all_models), in the actor's TP/PP layout
     reward: RewardSpec | None = None
+    #: PPO's critic hosted beside the actor (no critic_resource), in the actor's TP/PP layout
+    critic: CriticSpec | None = None
 
 
 class RankProcess:
@@ -123,7 +170,7 @@ class ActorRank(RankProcess):
         return str(self.actor.save_checkpoint(root, iteration, extra))
 
 
-class PolicyRank(ActorRank):
+class PolicyRank(ActorRank, CriticHost):
     def setup(self, host: str, port: int, spec: PolicySpec, timeout_s: float) -> dict:
         """Join the group, build the models and the engine, and resume if asked; returns the data-parallel
         size and, on a resume, the trainer state saved with the checkpoint."""
@@ -149,11 +196,14 @@ class PolicyRank(ActorRank):
             self.reward = RewardModelWorker(reward.arch, reward.par, reward.weights,
                                             self.dtype(agreed_precision(reward.bf16, "reward_config")),
                                             reward.micro_batch_size, reward.seed)
+        critic_precision = None
+        if spec.critic is not None:  # before the actor resumes: the actor's random generators are the ones restored
+            critic_precision = self._build_critic(spec.critic)
         resumed = self._resume(spec)
-        frozen = [worker for worker in (self.reference, self.reward) if worker is not None]
-        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, frozen)
+        beside = [worker for worker in (self.reference, self.reward, self.critic) if worker is not None]
+        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, beside)
         return {"dp_size": self.actor.dp_size, **resumed, "precision": precision,
-                "engine_dtype": self.rollout.cfg.dtype}
+                "engine_dtype": self.rollout.cfg.dtype, "critic_precision": critic_precision}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
         return self.rollout.generate(prompts, n, sampling)
@@ -184,6 +234,18 @@ class ReferenceSpec:
     micro_batch_size: int
     seed: int
     prompt_packing: str = "auto"
+
+
+class CriticRank(RankProcess, CriticHost):
+    """PPO's critic on devices of its own (rl_config.critic_resource), in its own layout."""
+
+    def setup(self, host: str, port: int, spec: CriticSpec, timeout_s: float) -> dict:
+        self.join(host, port, timeout_s)
+        precision = self._build_critic(spec)
+        return {"dp_size": self.critic.dp_size, "precision": precision}
+
+    def close(self) -> None:
+        destroy()
 
 
 class RewardRank(RankProcess):
