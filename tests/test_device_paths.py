@@ -293,7 +293,7 @@ def test_the_engine_starts_with_the_state_the_rollouts_offload_already_off(monke
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
     monkeypatch.setattr(colocated, "make_engine", lambda *args: calls.append("start engine") or ForgetfulEngine(calls))
     cfg = GenerateConfig(offload_train_param=True, offload_train_grad=True, offload_train_optimizer=True)
-    rollout = ColocatedRollout.build(actor, cfg, [], frozen=[reference])
+    rollout = ColocatedRollout.build(actor, cfg, [], beside=[reference])
     assert calls == ["offload actor params+grads+optimizer", "offload reference params+grads+optimizer",
                      "start engine", "onload actor", "onload reference"]
     assert rollout.cfg.dtype == "bfloat16"  # auto: the actor's precision

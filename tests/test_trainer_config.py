@@ -8,7 +8,13 @@ import pytest
 
 from mindrl.config import ConfigError
 from mindrl.config.resources import Cluster
-from mindrl.trainer.config import TRAINER_CONFIGS_DIR, check_resources, load_mindspeed_config, load_trainer_config
+from mindrl.trainer.config import (
+    TRAINER_CONFIGS_DIR,
+    check_resources,
+    load_mindspeed_config,
+    load_trainer_config,
+    trainer_loader,
+)
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -19,12 +25,13 @@ BIG = {"NPU": 32, "GPU": 8, "CPU": 2}
 
 
 def test_the_expected_configs_ship():
-    assert {"grpo_qwen25_7b", "grpo_qwen25_32b", "grpo_llama3_8b", "grpo_tiny_cpu", "grpo_small_cpu"} <= set(SHIPPED)
+    assert {"grpo_qwen25_7b", "grpo_qwen25_32b", "grpo_llama3_8b", "grpo_tiny_cpu", "grpo_small_cpu", "ppo_tiny_cpu",
+            "ppo_qwen25_32b"} <= set(SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_config_loads_and_validates(name):
-    cfg = load_trainer_config(name)
+    cfg = trainer_loader(name.startswith("ppo_"))(name)
     assert cfg.actor_config.arch.name == cfg.actor_config.model
     assert cfg.rl_config.n_samples_per_prompt >= 2
     check_resources(cfg, Cluster(BIG))
@@ -33,7 +40,7 @@ def test_shipped_config_loads_and_validates(name):
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the CPU configs take two cores")
-@pytest.mark.parametrize("name", ["grpo_tiny_cpu", "grpo_small_cpu"])
+@pytest.mark.parametrize("name", ["grpo_tiny_cpu", "grpo_small_cpu", "ppo_tiny_cpu"])
 def test_cpu_configs_fit_this_machine(name):
     cfg = load_trainer_config(name)
     assert cfg.rl_config.resources["actor_resource"].kind == "CPU"
@@ -269,11 +276,11 @@ def test_mindspeed_reference_configs_load_and_name_unsupported_keys(name):
     for note in notes:
         _one_sentence(note)
     named = " ".join(notes)
-    for key in ("use_flash_attn", "use_fused_rmsnorm", "sequence_parallel", "tokenizer_type", "split", "gamma",
+    for key in ("use_flash_attn", "use_fused_rmsnorm", "sequence_parallel", "tokenizer_type", "split",
                 "distributed_backend"):
         assert f".{key} " in named, key
     assert sum("megatron_training.use_flash_attn " in n for n in notes) == 1  # once, where it was written
-    assert "init_kl_coef" not in named and "n_samples_per_prompt" not in named
+    assert "init_kl_coef" not in named and "n_samples_per_prompt" not in named and "gamma" not in named
 
 
 def test_dapo_reference_keys_map_onto_the_grpo_trainer():

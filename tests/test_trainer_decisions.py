@@ -62,7 +62,7 @@ def test_the_cli_prints_each_warning_once_before_it_starts(tmp_path):
 
 
 def test_every_unsupported_key_is_named_in_one_message_grouped_by_section():
-    overrides = ["+megatron_training.use_flash_attn=true", "+rl_config.gamma=1.0", "+actor_config.lr_decay_stile=x",
+    overrides = ["+megatron_training.use_flash_attn=true", "+rl_config.guarantee_order=true", "+actor_config.lr_decay_stile=x",
                  "+megatron_training.sequence_parallel=true", "+generate_config.enable_chunked_prefill=true"]
     with pytest.raises(ConfigError) as err:
         load_trainer_config("grpo_tiny_cpu", overrides)
@@ -78,17 +78,18 @@ def test_every_unsupported_key_is_named_in_one_message_grouped_by_section():
 
 def test_a_value_mistake_after_unsupported_keys_is_named_with_them():
     with pytest.raises(ConfigError) as err:
-        load_trainer_config("grpo_tiny_cpu", ["+rl_config.gamma=1.0", "+rl_config.lam=0.95",
+        load_trainer_config("grpo_tiny_cpu", ["+rl_config.guarantee_order=true", "+rl_config.blocking=true",
                                               "rl_config.n_samples_per_prompt=0"])
     text = str(err.value)
     assert text.startswith("2 keys of this config are not supported")
-    assert "rl_config.gamma" in text and "rl_config.lam" in text
+    assert "rl_config.guarantee_order" in text and "rl_config.blocking" in text
     assert text.splitlines()[-1].startswith("and then: rl_config.n_samples_per_prompt must be")
 
 
 def test_one_unsupported_key_stays_one_sentence():
-    with pytest.raises(ConfigError, match=r"^rl_config.gamma is a GAE key and GRPO has no value function; remove it"):
-        load_trainer_config("grpo_tiny_cpu", ["+rl_config.gamma=1.0"])
+    with pytest.raises(ConfigError, match=r"^rl_config.beta is never read by MindSpeed-RL's GRPO loss; set "
+                                          r"init_kl_coef instead"):
+        load_trainer_config("grpo_tiny_cpu", ["+rl_config.beta=0.1"])
 
 
 @pytest.mark.parametrize("definition, accepted", [

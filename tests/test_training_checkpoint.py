@@ -354,3 +354,25 @@ def test_a_resharded_checkpoint_resumes_with_no_load_optim_and_no_load_rng(saved
         assert result["resharded"].iteration == BEFORE
         expected = sharding.shard_state_dict(full, arch, ParallelConfig(2, 1), rank, 0)
         assert _equal_states(result["resharded_params"], expected)
+
+
+def _save_unstepped_then_resume(rank: int, root: str) -> dict:
+    """PPO's critic warm-up checkpoints an actor whose optimizer has never stepped: it saves, and the resumed
+    actor's first update is the unbroken one's, bit for bit."""
+    arch = load_model_arch("tiny_qwen")
+    full = sharding.random_full_state_dict(arch, seed=4)
+    unbroken = ActorWorker(arch, ParallelConfig(1, 1), CFG, weights=full)
+    unbroken.save_checkpoint(root, 1, extra=EXTRA)
+    unbroken.update(_batch(arch.padded_vocab_size, 0))
+    release_model_parallel()
+    resumed = ActorWorker(arch, ParallelConfig(1, 1), CFG, weights=full)
+    resumed.load_checkpoint(root, load_rng=False)
+    states = [len(opt.optimizer.state) for opt in resumed.optimizer.chained_optimizers]
+    resumed.update(_batch(arch.padded_vocab_size, 0))
+    return {"states": states, "equal": all(torch.equal(p, q) for p, q in zip(unbroken.model.parameters(),
+                                                                            resumed.model.parameters(), strict=True))}
+
+
+def test_an_actor_saved_before_its_first_step_resumes_to_the_same_first_step(tmp_path):
+    for rank in run_ranks(_save_unstepped_then_resume, 2, str(tmp_path / "ckpt")):
+        assert rank["states"] == [0] * len(rank["states"]) and rank["equal"]

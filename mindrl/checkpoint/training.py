@@ -27,7 +27,8 @@ import io
 import os
 import pickle
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,32 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
         raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
     extra = dict(extra or {})
     check_plain(extra)
-    root = Path(root)
+    with _moments_for_saving(state.optimizer) as stepped:
+        return _save(state, Path(root), iteration, extra, stepped)
+
+
+@contextmanager
+def _moments_for_saving(optimizer: Any) -> Iterator[bool]:
+    """Whether the optimizer has taken a step (PPO's critic warm-up saves an actor that has not). Before the first
+    step there are no Adam moments, which megatron-core's state_dict and gather read: for the save they are the
+    zeros (and step 0) Adam starts from, dropped again after, so the next step initialises them as it would have."""
+    optimizers = _optimizers(optimizer)
+    stepped = any(opt.optimizer.state for opt in optimizers)
+    if not stepped:
+        for opt in optimizers:
+            for group in opt.optimizer.param_groups:
+                for param in group["params"]:
+                    opt.optimizer.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
+                                                  "exp_avg_sq": torch.zeros_like(param)}
+    try:
+        yield stepped
+    finally:
+        if not stepped:
+            for opt in optimizers:
+                opt.optimizer.state.clear()
+
+
+def _save(state: TrainState, root: Path, iteration: int, extra: dict[str, Any], stepped: bool) -> Path:
     sharded = _is_sharded(state.optimizer)
     dp_rank, dp_size = state.ranks[2:]
     rng_states: list[Any] = [None] * dp_size
@@ -180,7 +206,8 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
     first = dist.get_rank() == 0
     try:
         _together(lambda: _prepare(root, tmp), first, what)
-        _together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra), dp_rank == 0, what)
+        _together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra, stepped), dp_rank == 0,
+                  what)
     except SaveFailed:
         if first:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -190,7 +217,7 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
 
 
 def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[Any], param_state: Any,
-                extra: dict[str, Any]) -> None:
+                extra: dict[str, Any], stepped: bool) -> None:
     tp_rank, pp_rank, _, dp_size = state.ranks
     folder = tmp / mg.rank_dir_name(tp_rank, pp_rank, state.par.pp)
     folder.mkdir()
@@ -204,6 +231,7 @@ def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[A
         "checkpoint_version": mg.CHECKPOINT_VERSION,
         "args": args,
         "optimizer": state.optimizer.state_dict(),
+        "optimizer_stepped": stepped,
         "opt_param_scheduler": state.scheduler.state_dict(),
         "rng_state": rng_states,
         "actor_updates": state.updates,
@@ -230,6 +258,9 @@ def load(state: TrainState, root: str | Path, iteration: int | None = None, load
     load_stage_weights(state.model, contents["model"])
     if load_optim:
         _load_optimizer(state, contents, path.with_name(mg.OPTIM_FILE))
+        if not contents.get("optimizer_stepped", True):  # saved before its first step: no moments to restore
+            for opt in _optimizers(state.optimizer):
+                opt.optimizer.state.clear()
     else:
         _fresh_optimizer(state)
     if load_rng:

@@ -203,6 +203,11 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
     if rl.rollout_is == "none":
         off(("rollout_is_threshold",), "with rollout_is: none; set rollout_is to token or sequence to correct for "
                                        "the engine/trainer mismatch")
+    if not rl.trains_critic:
+        off(("gamma", "lam", "cliprange_value", "critic_warmup", "critic_mini_batch_size", "critic_epochs"),
+            "without adv_estimator: gae (PPO with a critic, cli/train_ppo.py)")
+    if not rl.use_kl_in_reward:
+        off(("kl_target", "kl_horizon"), "without use_kl_in_reward: true (the adaptive KL penalty in the reward)")
     if cfg.reward_config is None:
         off(("reward_model_normalize", "reward_model_weight"), "without a reward model (rl_config.reward_resource "
                                                                "or colocate_all_models with reward_config)")

