@@ -48,7 +48,8 @@ def test_ppo_tiny_cpu_warms_the_critic_up_then_trains_both(tiny_math_data, tmp_p
 
 def test_sigkill_then_resume_restores_actor_and_critic_and_equals_an_uninterrupted_run(tiny_math_data, tmp_path):
     """The job is killed once the critic's checkpoint 3 is written, before the actor's (which marks the step
-    complete): the resumed run takes both from iteration 2, the critic's 3 notwithstanding, and its steps 3 and 4 equal those of a run never interrupted."""
+    complete): the resumed run takes both from iteration 2, the critic's 3 notwithstanding, and its steps 3
+    and 4 equal those of a run never interrupted."""
     tokenizer, root = tiny_math_data
     common = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1, "rl_config.test_interval": 0}
     whole, cut = tmp_path / "whole", tmp_path / "cut"

@@ -62,8 +62,9 @@ def test_the_cli_prints_each_warning_once_before_it_starts(tmp_path):
 
 
 def test_every_unsupported_key_is_named_in_one_message_grouped_by_section():
-    overrides = ["+megatron_training.use_flash_attn=true", "+rl_config.guarantee_order=true", "+actor_config.lr_decay_stile=x",
-                 "+megatron_training.sequence_parallel=true", "+generate_config.enable_chunked_prefill=true"]
+    overrides = ["+megatron_training.use_flash_attn=true", "+rl_config.guarantee_order=true",
+                 "+actor_config.lr_decay_stile=x", "+megatron_training.sequence_parallel=true",
+                 "+generate_config.enable_chunked_prefill=true"]
     with pytest.raises(ConfigError) as err:
         load_trainer_config("grpo_tiny_cpu", overrides)
     lines = str(err.value).splitlines()
