@@ -1,8 +1,9 @@
-"""Whole GRPO steps of cli/train_grpo.py against the machine's own matmul rate and against TRL.
+"""Whole GRPO steps of cli/train_grpo.py against the machine's own matmul rate and against TRL (and PPO steps
+of cli/train_ppo.py on the same shape).
 
     python bench/grpo_e2e.py [--steps 3] [--models tiny,small] [--dtypes fp32,bf16] [--no-trl]
                              [--prompt-packing auto|false] [--prefix-caching true|false]
-                             [--rollout-backend vllm|megatron]
+                             [--rollout-backend vllm|megatron] [--algorithms grpo,ppo]
 
 For grpo_tiny_cpu and grpo_small_cpu at 16 prompts × 8 samples, 64 (tiny) / 128 (small) new
 tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
@@ -19,12 +20,17 @@ drifts on a shared host). Each configuration runs the real trainer in a fresh pr
 Beside each, Hugging Face TRL's GRPOTrainer on the same shape, prompts, rewards and batch
 (bench/trl_grpo.py; TRL is installed into .bench-trl/ on first use, not into the project's
 environment), and the ratio of the two e2e rates. Updates run in micro-batches of 16 samples
-(the forward passes too). Prints one JSON line.
+(the forward passes too). With `ppo` in --algorithms the same configuration also runs as PPO
+(adv_estimator gae, a critic in the actor's processes, lr 5e-4) under `<model>_<dtype>_ppo`: its
+critic stages (`values`: a forward; `update_critic`: forward and backward, of the trunk and a one-output
+head, never prompt-packed) count in its FLOPs, and `vs_grpo` is its e2e rate over GRPO's (TRL's side is
+GRPO's only). Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -53,7 +59,10 @@ TRL_DIR = ROOT / ".bench-trl"
 TRL_PACKAGES = ("trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0", "multiprocess==0.70.19", "dill==0.4.1",
                 "pandas==3.1.1", "python-dateutil==4.0.0", "tzdata==2026.6", "xxhash==4.1.0")
 STAGES = ("rollout", "reference_model", "old_log_p", "rule_reward", "adv", "update", "resharding_to_infer",
-          "resharding_to_train")
+          "resharding_to_train", "values", "update_critic")
+#: what turns a GRPO configuration into PPO with a critic beside the actor
+PPO_OVERRIDES = {"megatron_training.stage": "ray_ppo", "rl_config.adv_estimator": "gae", "critic_config.lr": 5e-4,
+                 "critic_config.micro_batch_size": MICRO_BATCH}
 
 
 def _data(folder: Path) -> tuple[Path, Path]:
@@ -67,7 +76,7 @@ def _data(folder: Path) -> tuple[Path, Path]:
 
 
 def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path,
-           packing: str, prefix_caching: str | None, backend: str | None) -> list[dict]:
+           packing: str, prefix_caching: str | None, backend: str | None, algorithm: str = "grpo") -> list[dict]:
     bf16 = dtype == "bf16"
     overrides = {"rl_config.prompt_packing": packing,
         "megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
@@ -83,12 +92,15 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out:
         overrides["generate_config.enable_prefix_caching"] = prefix_caching
     if backend is not None:
         overrides["generate_config.backend"] = backend
+    if algorithm == "ppo":
+        overrides.update(PPO_OVERRIDES)
     args = [f"{'' if key in _FILE_KEYS[model] else '+'}{key}={value}" for key, value in overrides.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
-    run = subprocess.run([sys.executable, str(ROOT / "cli" / "train_grpo.py"), "--config-name", f"grpo_{model}_cpu",
-                          *args], env=env, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, str(ROOT / "cli" / f"train_{algorithm}.py"), "--config-name",
+                          f"grpo_{model}_cpu", *args], env=env, capture_output=True, text=True)
     if run.returncode:
-        raise RuntimeError(f"grpo_{model}_cpu {dtype} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+        raise RuntimeError(f"grpo_{model}_cpu {dtype} ({algorithm}) failed:\n{run.stdout[-3000:]}\n"
+                           f"{run.stderr[-3000:]}")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -166,6 +178,9 @@ def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]
     forward = _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
     stage_flops = {"rollout": rollout, "reference_model": forward,
                    "old_log_p": (1 - mean["old_log_p/from_update"]) * forward, "update": 3 * forward}
+    if "timing/values" in mean:  # PPO's critic: the trunk and a one-output head over the plain rows
+        critic = _pass_flops(dataclasses.replace(arch, num_labels=1), prompts, n, round(prompt), round(response), 0.0)
+        stage_flops.update(values=critic, update_critic=3 * critic)
     flops = sum(stage_flops.values())
     seconds = mean["timing/all"]
     return {"e2e_tokens_per_s": round(samples * (prompt + response) / seconds, 1),
@@ -177,6 +192,14 @@ def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]
             "prompt_len": round(prompt, 1),
             "response_len": round(response, 1), "old_log_p_skipped": bool(mean["old_log_p/from_update"]),
             "prompt_packed": packed}
+
+
+def _against(measured: dict, matmul: float) -> dict:
+    """The summary with the step's and each stage's share of the plain matmul rate."""
+    measured["matmul_gflops"] = round(matmul, 1)
+    measured["share_of_matmul"] = round(measured["gflops"] / matmul, 2)
+    measured["stage_share"] = {stage: round(g / matmul, 2) for stage, g in measured["stage_gflops"].items()}
+    return measured
 
 
 def main() -> None:
@@ -191,6 +214,7 @@ def main() -> None:
                         help="generate_config.enable_prefix_caching of the runs (default: as the configs ship)")
     parser.add_argument("--rollout-backend", choices=["vllm", "megatron"],
                         help="generate_config.backend of the runs (default: as the configs ship)")
+    parser.add_argument("--algorithms", default="grpo", help="grpo, and ppo for the same runs with a critic (GAE)")
     args = parser.parse_args()
     result: dict = {"bench": "grpo_e2e", "prompts": 16, "samples": 8, "threads": 2,
                     "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped",
@@ -203,15 +227,19 @@ def main() -> None:
                 lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}",
                                args.prompt_packing, args.prefix_caching, args.rollout_backend)
                 matmul = max(before, run_ranks(_matmul, 1, dtype, 2)[0])
-                measured = _summary(model, lines, _shared_prefill(model, args))
-                measured["matmul_gflops"] = round(matmul, 1)
-                measured["share_of_matmul"] = round(measured["gflops"] / matmul, 2)
-                measured["stage_share"] = {stage: round(g / matmul, 2) for stage, g in measured["stage_gflops"].items()}
+                measured = _against(_summary(model, lines, _shared_prefill(model, args)), matmul)
                 if not args.no_trl:
                     trl = _trl(model, dtype, 2, tokenizer, data)  # no warm-up to leave out: 2 steps
                     measured["trl"] = trl
                     measured["vs_trl"] = round(measured["e2e_tokens_per_s"] / trl["e2e_tokens_per_s"], 2)
                 result[f"{model}_{dtype}"] = measured
+                if "ppo" in args.algorithms.split(","):
+                    lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}_ppo",
+                                   args.prompt_packing, args.prefix_caching, args.rollout_backend, "ppo")
+                    matmul = max(matmul, run_ranks(_matmul, 1, dtype, 2)[0])
+                    ppo = _against(_summary(model, lines, _shared_prefill(model, args)), matmul)
+                    ppo["vs_grpo"] = round(ppo["e2e_tokens_per_s"] / measured["e2e_tokens_per_s"], 2)
+                    result[f"{model}_{dtype}_ppo"] = ppo
     print(json.dumps(result))
 
 

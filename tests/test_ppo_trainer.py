@@ -64,3 +64,24 @@ def test_sigkill_then_resume_restores_actor_and_critic_and_equals_an_uninterrupt
     expected, got = jobs.metrics(whole / "metrics.jsonl"), jobs.metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3, 4]
     assert jobs.run_values(got) == jobs.run_values(expected)
+
+
+def test_a_critic_on_its_own_devices_with_the_adaptive_kl_penalty_in_the_reward(tiny_math_data, tmp_path):
+    """Actor and critic on one CPU each (critic_resource); the KL to the reference is a reward penalty whose
+    coefficient the adaptive controller moves: step 1's KL is exactly 0 (the reference is the actor's start),
+    so the coefficient shrinks by 1 − 0.2 · 16 samples / kl_horizon, and no KL loss term is trained."""
+    tokenizer, root = tiny_math_data
+    save, log = tmp_path / "run", tmp_path / "log"
+    _run(_overrides(tokenizer, root / "math", save, **{
+        "megatron_training.train_iters": 2, "megatron_training.save_interval": 0, "rl_config.test_interval": 0,
+        "rl_config.actor_resource": "{num_cpus: 1}", "+rl_config.critic_resource": "{num_cpus: 1}",
+        "rl_config.mini_batch_size": 4, "rl_config.kl_penalty": "kl", "rl_config.init_kl_coef": 0.05,
+        "+rl_config.use_kl_in_reward": "true", "+rl_config.kl_ctrl_type": "adaptive",
+        "+rl_config.kl_target": 0.01, "+rl_config.kl_horizon": 1000}), log)
+    assert "critic on its own 1 ranks" in log.read_text()
+    first, second = jobs.metrics(save / "metrics.jsonl")
+    assert first["actor/reward_kl_penalty"] == 0.0 and first["actor/reward_kl_penalty_coeff"] == 0.05
+    assert second["actor/reward_kl_penalty_coeff"] == pytest.approx(0.05 * (1 - 0.2 * 16 / 1000), rel=1e-12)
+    assert second["actor/reward_kl_penalty"] != 0  # k1: the mean log-ratio of the samples, of either sign
+    assert "actor/kl_loss" not in first and "critic/vf_loss" in second
+    assert mg.read_tracker(save / "critic") == 2

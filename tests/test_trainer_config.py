@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mindrl.config import ConfigError
 from mindrl.config.resources import Cluster
@@ -96,6 +97,8 @@ def test_a_role_section_overrides_architecture_keys():
 
 
 # (overrides, words the one-sentence message must contain)
+#: grpo_tiny_cpu turned into PPO with a critic in the actor's processes
+PPO = ["megatron_training.stage=ray_ppo", "rl_config.adv_estimator=gae"]
 MISTAKES = {
     "unknown key": (["+rl_config.n_sample_per_prompt=4"], ["rl_config", "n_sample_per_prompt", "n_samples_per_prompt"]),
     "unknown megatron key": (["+actor_config.lr_decay_stile=cosine"], ["actor_config", "lr_decay_style"]),
@@ -104,7 +107,18 @@ MISTAKES = {
     "refused generate key": (["+generate_config.torchair_graph=true"], ["generate_config.torchair_graph",
                                                                          "TorchAir"]),
     "sampling not a mapping": (["generate_config.sampling_config=7"], ["generate_config.sampling_config", "mapping"]),
-    "unknown section": (["+critic_config.lr=1e-6"], ["critic_config"]),
+    "unknown section": (["+critic_conf.lr=1e-6"], ["critic_conf"]),
+    "critic without gae": (["+critic_config.lr=1e-6"], ["critic_config", "adv_estimator: gae"]),
+    "critic resource without gae": (["+rl_config.critic_resource={num_cpus: 1}"], ["critic_resource", "gae"]),
+    "gae on the grpo stage": (["rl_config.adv_estimator=gae"], ["stage", "ray_ppo"]),
+    "colocated critic layout": ([*PPO, "+critic_config.tensor_model_parallel_size=2"],
+                                ["critic_resource", "TP=1 PP=1", "TP=2 PP=1"]),
+    "critic micro batch": ([*PPO, "+critic_config.micro_batch_size=3"], ["critic mini-batch", "micro_batch_size=3"]),
+    "critic mini batch": ([*PPO, "+rl_config.critic_mini_batch_size=3"], ["critic's mini-batch of 3"]),
+    "adaptive kl without the reward penalty": (["+rl_config.kl_ctrl_type=adaptive"], ["adaptive", "use_kl_in_reward"]),
+    "kl in the reward without gae": (["+rl_config.use_kl_in_reward=true"], ["use_kl_in_reward", "gae"]),
+    "gamma range": (["+rl_config.gamma=1.5"], ["gamma", "[0, 1]"]),
+    "value clip": ([*PPO, "+rl_config.cliprange_value=0"], ["cliprange_value", "positive"]),
     "refused MindSpeed key": (["+megatron_training.use_flash_attn=true"], ["use_flash_attn", "kernel"]),
     "tp vs heads": (["actor_config.tensor_model_parallel_size=8"],
                     ["tensor_model_parallel_size", "num_attention_heads"]),
@@ -142,7 +156,7 @@ MISTAKES = {
     "verifier": (["rl_config.verifier_function=[acc, nope]"], ["nope"]),
     "weights": (["rl_config.verifier_weight=[1.0]"], ["verifier_weight"]),
     "kl estimator": (["rl_config.kl_penalty=k9"], ["k9", "kl_penalty"]),
-    "adv estimator": (["rl_config.adv_estimator=gae"], ["gae", "adv_estimator"]),
+    "adv estimator": (["rl_config.adv_estimator=gea"], ["gea", "adv_estimator", "gae"]),
     "rollout_is": (["+rl_config.rollout_is=batch"], ["rollout_is"]),
     "type": (["rl_config.epochs=two"], ["rl_config.epochs", "integer"]),
     "lr schedule": (["actor_config.lr_decay_style=exp"], ["actor_config.lr_decay_style", "cosine"]),
@@ -294,3 +308,68 @@ def test_dapo_reference_keys_map_onto_the_grpo_trainer():
 def test_mindspeed_values_still_raise():
     with pytest.raises(ConfigError, match="ray_dapo"):
         load_mindspeed_config(_reference("dapo_qwen3_32b_A3"), REFERENCE_OVERRIDES["dapo_qwen3_32b_A3"][1:])
+
+
+def _mindspeed_ppo_file(folder: Path) -> Path:
+    """A trainer file in the layout of MindSpeed-RL's PPO example (configs/ppo_qwen25_32b_A3.yaml there): its
+    sections and keys, with its values where they matter here."""
+    megatron = {"model": "qwen25_32b", "use_fused_rmsnorm": True, "use_mcore_models": True, "sequence_parallel": True,
+                "use_flash_attn": True, "no_masked_softmax_fusion": True, "attention_softmax_in_fp32": True,
+                "no_gradient_accumulation_fusion": True, "use_fused_swiglu": True, "use_fused_rotary_pos_emb": True,
+                "bf16": True, "use_distributed_optimizer": True, "tokenizer_type": "PretrainedFromHF",
+                "tokenizer_name_or_path": "./Qwen2.5-32B-Instruct", "global_batch_size": 64, "seq_length": 2048,
+                "save_interval": 200, "train_iters": 20000, "stage": "ray_ppo", "attention_dropout": 0.0,
+                "init_method_std": 0.01, "hidden_dropout": 0.0, "distributed_backend": "nccl",
+                "no_shared_storage": True, "variable_seq_lengths": True, "dataset_additional_keys": ["labels"],
+                "data_path": "./data", "split": "100,0,0", "no_shuffle": True,
+                "full_shuffle_instruction_dataset": False}
+    optimizer = {"model": "qwen25_32b", "micro_batch_size": 1, "tensor_model_parallel_size": 8,
+                 "pipeline_model_parallel_size": 1, "lr_decay_style": "constant", "min_lr": 0, "weight_decay": 0.01,
+                 "lr_warmup_fraction": 0.0, "clip_grad": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.95,
+                 "finetune": True, "load": "./ckpt", "save": "./ckpt", "no_load_optim": True, "no_load_rng": True}
+    rl = {"guarantee_order": True, "use_integrated_worker": True, "blocking": True,
+          "actor_forward_micro_batch_size": 1, "ref_forward_micro_batch_size": 1, "gamma": 1.0, "lam": 1.0,
+          "adv_estimator": "gae", "kl_penalty": "kl", "kl_ctrl_type": "fixed", "init_kl_coef": 0.0,
+          "use_kl_in_reward": False, "mini_batch_size": 64, "max_prompt_length": 2048, "epochs": 1,
+          "clip_ratio": 0.2, "cliprange_value": 0.5, "entropy_coeff": 0, "shuffle_mini_batch": False,
+          "n_samples_per_prompt": 16, "rule_reward": True, "verifier_function": ["math_17k_acc"],
+          "verifier_weight": [1.0], "num_cpus_for_local_task": 1.0, "use_tensorboard": False,
+          "actor_resource": {"num_npus": 16}, "critic_resource": {"num_npus": 16}}
+    generate = {"enforce_eager": True, "trust_remote_code": True, "offload_train_optimizer": True,
+                "offload_train_grad": True, "offload_train_param": True, "infer_tensor_parallel_size": 8,
+                "infer_pipeline_parallel_size": 1, "infer_expert_parallel_size": 1, "max_num_seqs": 1024,
+                "max_model_len": 4096, "max_num_batched_tokens": 8192, "dtype": "bfloat16",
+                "gpu_memory_utilization": 0.4,
+                "sampling_config": {"logprobs": 1, "max_tokens": 2048, "top_p": 1, "top_k": -1, "min_p": 0.0,
+                                    "temperature": 1.0, "detokenize": False}}
+    data = {"defaults": [{"model": ["qwen25_32b"]}], "megatron_training": megatron,
+            "actor_config": {**optimizer, "lr": 1e-6}, "critic_config": {**optimizer, "lr": 5e-6},
+            "rl_config": rl, "generate_config": generate}
+    path = folder / "ppo_qwen25_32b_A3.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_each_trainer_refuses_the_others_config():
+    with pytest.raises(ConfigError, match=r"^adv_estimator gae trains a critic; run ppo_tiny_cpu with "
+                                          r"cli/train_ppo\.py"):
+        trainer_loader(False)("ppo_tiny_cpu")
+    with pytest.raises(ConfigError, match=r"^cli/train_ppo\.py trains a critic for adv_estimator: gae, but "
+                                          r"grpo_tiny_cpu's is group_norm"):
+        trainer_loader(True)("grpo_tiny_cpu")
+
+
+def test_mindspeed_rls_ppo_file_loads_as_ppo_and_names_its_unsupported_keys(tmp_path):
+    cfg, notes = load_mindspeed_config(_mindspeed_ppo_file(tmp_path))
+    for note in notes:
+        _one_sentence(note)
+    named = " ".join(notes)
+    for key in ("use_flash_attn", "guarantee_order", "blocking", "split", "tokenizer_type"):
+        assert f".{key} " in named, key
+    assert not any(word in named for word in ("gamma", "lam ", "cliprange_value", "critic_resource", "adv_estimator"))
+    rl, critic = cfg.rl_config, cfg.critic_config
+    assert rl.trains_critic and (rl.gamma, rl.lam, rl.cliprange_value) == (1.0, 1.0, 0.5)
+    assert cfg.critic_on_own_devices and critic.lr == 5e-6 and critic.arch.num_labels == 1
+    assert (critic.parallel.tp, cfg.critic_update_config().mini_batch_size) == (8, 64 * 16)
+    assert [group for group, _ in cfg.device_groups()] == ["actor", "critic"]  # init_kl_coef 0: no reference
+    check_resources(cfg, Cluster({"NPU": 32, "CPU": 64}, nodes=2))

@@ -7,10 +7,12 @@ from mindrl.config import ModelArch
 
 
 def weight_flops_per_token(arch: ModelArch) -> float:
-    """Every weight matrix once per token: attention and MLP projections of each layer, and the output layer."""
+    """Every weight matrix once per token: attention and MLP projections of each layer, and the output layer
+    (the LM head, or a reward model's or critic's score head)."""
     h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.query_groups * arch.head_dim
     layer = h * (q + 2 * kv) + q * h + 3 * h * arch.ffn_hidden_size
-    return 2.0 * (arch.num_layers * layer + h * arch.padded_vocab_size)
+    outputs = arch.num_labels if arch.has_score_head else arch.padded_vocab_size
+    return 2.0 * (arch.num_layers * layer + h * outputs)
 
 
 def attention_flops_per_key(arch: ModelArch) -> float:

@@ -63,6 +63,10 @@ def check_layouts(cfg: TrainerConfig) -> None:
                           f"layout, TP={actor.parallel.tp} PP={actor.parallel.pp}, but critic_config asks "
                           f"TP={critic.parallel.tp} PP={critic.parallel.pp}; match them or give the critic its own "
                           f"critic_resource.")
+    if critic is not None and critic.arch.padded_vocab_size < actor.arch.padded_vocab_size:
+        raise ConfigError(f"critic_config's model {critic.arch.name} has {critic.arch.padded_vocab_size} token ids, "
+                          f"fewer than the actor's {actor.arch.padded_vocab_size}; the critic reads the actor's "
+                          f"samples, so give it the actor's tokenizer and model.")
     for section, role, resource in cfg.roles():
         try:
             validate_parallel(role.arch, role.parallel, world_size=resource.count)

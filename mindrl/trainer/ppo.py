@@ -74,7 +74,7 @@ class PPOTrainer(GRPOTrainer):
         cfg, start = self.cfg, self.start
         critic = cfg.critic_config
         resume = str(Path(start.resume) / CRITIC_DIR) if start.resume else None
-        return CriticSpec(cfg.actor_config.arch, critic.parallel, cfg.critic_update_config(),
+        return CriticSpec(critic.arch, critic.parallel, cfg.critic_update_config(),
                           cfg.rl_config.value_loss_config(self.sampling.max_tokens), critic.bf16, self.critic_weights,
                           resume, start.iteration if resume else None, start.bf16,
                           load_optim=not critic.no_load_optim, load_rng=not critic.no_load_rng)
@@ -154,7 +154,8 @@ class PPOTrainer(GRPOTrainer):
         return metrics
 
     def save(self, step: int) -> None:
-        self.critic_group.call("save_critic", str(Path(self.cfg.actor_config.save) / CRITIC_DIR), step)
+        self.critic_group.call("save_critic", str(Path(self.cfg.actor_config.save) / CRITIC_DIR), step,
+                               {"job": self.job, "role": "critic", "step": step})
         super().save(step)
 
     def save_extra(self, step: int) -> dict[str, Any]:

@@ -129,7 +129,7 @@ class RLConfig:
         check_types("rl_config", self)
         positive("rl_config", self, "n_samples_per_prompt", "mini_batch_size", "epochs", "max_prompt_length",
                  "actor_forward_micro_batch_size", "ref_forward_micro_batch_size", "filter_groups_train_batch_size",
-                 "critic_mini_batch_size", "critic_epochs", "kl_target", "kl_horizon")
+                 "critic_mini_batch_size", "critic_epochs", "kl_horizon")
         positive("rl_config", self, "test_interval", "resource_wait_timeout", "critic_warmup", allow_zero=True)
         check_estimator(self.adv_estimator)
         KL_ESTIMATORS.get(self.kl_penalty)
@@ -145,8 +145,9 @@ class RLConfig:
                               f"adv_estimator: gae or use the KL loss (use_kl_in_reward: false).")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ConfigError(f"rl_config.gamma and lam must lie in [0, 1], got gamma={self.gamma}, lam={self.lam}.")
-        if not self.cliprange_value > 0:
-            raise ConfigError(f"rl_config.cliprange_value must be positive, got {self.cliprange_value}.")
+        for key in ("cliprange_value", "kl_target"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"rl_config.{key} must be positive, got {getattr(self, key)}.")
         if self.init_kl_coef < 0:
             raise ConfigError(f"rl_config.init_kl_coef must be >= 0 (0 turns the KL loss off), got "
                               f"{self.init_kl_coef}.")

@@ -49,7 +49,7 @@ class RewardSpec:
 
 @dataclass(frozen=True)
 class CriticSpec:
-    #: the actor's architecture (the critic replaces its LM head with a value head)
+    #: critic_config's architecture (the actor's unless it names another), ending in a one-output value head
     arch: ModelArch
     par: ParallelConfig
     cfg: ActorConfig
@@ -87,8 +87,8 @@ class CriticHost:
     def update_critic(self, batch: dict) -> dict[str, float]:
         return self.critic.update(batch)
 
-    def save_critic(self, root: str, iteration: int) -> str:
-        return str(self.critic.save_checkpoint(root, iteration, {"job": "ppo", "role": "critic"}))
+    def save_critic(self, root: str, iteration: int, extra: dict) -> str:
+        return str(self.critic.save_checkpoint(root, iteration, extra))
 
 
 @dataclass(frozen=True)
@@ -196,14 +196,13 @@ class PolicyRank(ActorRank, CriticHost):
             self.reward = RewardModelWorker(reward.arch, reward.par, reward.weights,
                                             self.dtype(agreed_precision(reward.bf16, "reward_config")),
                                             reward.micro_batch_size, reward.seed)
-        critic_precision = None
         if spec.critic is not None:  # before the actor resumes: the actor's random generators are the ones restored
-            critic_precision = self._build_critic(spec.critic)
+            self._build_critic(spec.critic)
         resumed = self._resume(spec)
         beside = [worker for worker in (self.reference, self.reward, self.critic) if worker is not None]
         self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, beside)
         return {"dp_size": self.actor.dp_size, **resumed, "precision": precision,
-                "engine_dtype": self.rollout.cfg.dtype, "critic_precision": critic_precision}
+                "engine_dtype": self.rollout.cfg.dtype}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
         return self.rollout.generate(prompts, n, sampling)
