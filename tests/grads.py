@@ -19,3 +19,16 @@ def reduced_grads(worker: ActorWorker) -> dict[str, torch.Tensor]:
             shards = list(bucket.grad_data.chunk(worker.dp_size))
             dist.all_gather(shards, shards[worker.dp_rank].clone(), group=group)
     return {name: p.main_grad.detach().clone() for name, p in worker.model.named_parameters()}
+
+
+def assert_gradients_equal(runs: list[dict], expected: dict[str, torch.Tensor], arch, par, where: str) -> None:
+    """The gradients the ranks of one layout returned (each a dict with `tp`, `pp`, `dp` and `grads`), merged and
+    under HF's names, equal `expected` (HF's autograd) within 1e-5 of each tensor's largest."""
+    from mindrl.models import sharding
+    from tests.hf_models import mcore_to_hf_state
+
+    stages = {(r["tp"], r["pp"]): r["grads"] for r in runs if r["dp"] == 0}
+    got = mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)
+    for name, grad in expected.items():
+        diff = (got[name] - grad).abs().max().item()
+        assert diff <= 1e-5 * grad.abs().max().item() + 1e-8, f"{where}: gradient of {name} differs by {diff:.2e}"

@@ -1,5 +1,6 @@
-"""PPO's critic worker: its value-loss gradients at TP=2, PP=2 and DP=2 against HF transformers' model with the
-loss written out, its values at TP=2×PP=2, and a critic started from a causal LM's converted checkpoint."""
+"""PPO's critic worker: its value-loss gradients at TP=2, PP=2 and DP=2 (plain and prompt-packed rows) against HF
+transformers' model with the loss written out, its values at TP=2×PP=2, and a critic started from a causal LM's
+converted checkpoint."""
 
 import pytest
 import torch
@@ -13,28 +14,35 @@ from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding
 from mindrl.workers.critic_worker import CriticWorker, critic_arch
 from mindrl.workers.megatron_worker import ActorConfig
-from tests.grads import reduced_grads
+from tests.grads import assert_gradients_equal, reduced_grads
 from tests.hf_models import mcore_to_hf_state
 
-# (layout, micro-batch): TP=2, PP=2 and DP=2 on two ranks, each in several micro-batches
-LAYOUTS = [(ParallelConfig(2, 1), 2), (ParallelConfig(1, 2), 2), (ParallelConfig(1, 1), 1)]
+# (layout, micro-batch, prompt packing): TP=2, PP=2 and DP=2 on two ranks, each in several micro-batches
+LAYOUTS = [(ParallelConfig(2, 1), 4, "on"), (ParallelConfig(1, 2), 2, "off"), (ParallelConfig(1, 1), 2, "on")]
 CLIP = 0.2
 
 
 def _batch(vocab: int) -> dict:
-    """8 rows of prompts and responses of different lengths; old values about the clip range away from the
-    random model's (near 0), so that some tokens are clipped and some not."""
+    """4 prompts of 2 samples each (rows sharing a prompt pack behind one copy of it), responses of different
+    lengths; old values about the clip range away from the random model's (near 0), so that some tokens are
+    clipped and some not."""
     gen = torch.Generator().manual_seed(21)
     rows, width = 8, 14
-    tokens = torch.randint(0, vocab, (rows, width), generator=gen)
+    tokens = torch.zeros(rows, width, dtype=torch.int64)
     mask = torch.zeros(rows, width)
+    prompts, responses = [], []
     for row in range(rows):
-        prompt = int(torch.randint(2, 5, (1,), generator=gen))
-        length = int(torch.randint(1, width - prompt, (1,), generator=gen))
-        mask[row, prompt - 1:prompt - 1 + length] = 1  # position t values the state that predicts token t + 1
+        if row % 2 == 0:
+            prompt = torch.randint(0, vocab, (int(torch.randint(2, 5, (1,), generator=gen)),), generator=gen)
+        length = int(torch.randint(1, width - len(prompt), (1,), generator=gen))
+        tokens[row, :len(prompt)] = prompt
+        tokens[row, len(prompt):len(prompt) + length] = torch.randint(0, vocab, (length,), generator=gen)
+        mask[row, len(prompt) - 1:len(prompt) - 1 + length] = 1  # position t values the state predicting t + 1
+        prompts.append(len(prompt))
+        responses.append(length)
     returns = torch.randn(rows, width, generator=gen)
-    return {"tokens": tokens, "loss_mask": mask, "returns": returns,
-            "values": 0.25 * torch.randn(rows, width, generator=gen)}
+    return {"tokens": tokens, "loss_mask": mask, "returns": returns, "prompt_lengths": torch.tensor(prompts),
+            "response_lengths": torch.tensor(responses), "values": 0.25 * torch.randn(rows, width, generator=gen)}
 
 
 def _hf_critic(arch, full: dict) -> transformers.PreTrainedModel:
@@ -53,14 +61,16 @@ def _critic_grads(rank: int, full: dict) -> list[dict]:
     arch = load_model_arch("tiny_qwen")
     batch = _batch(arch.padded_vocab_size)
     out = []
-    for par, micro in LAYOUTS:
+    for par, micro, packing in LAYOUTS:
         release_model_parallel()
-        cfg = ActorConfig(lr=1e-3, mini_batch_size=8, micro_batch_size=micro, clip_grad=1e9, prompt_packing="off")
+        cfg = ActorConfig(lr=1e-3, mini_batch_size=8, micro_batch_size=micro, clip_grad=1e9, prompt_packing=packing)
         worker = CriticWorker(arch, par, cfg, ValueLossConfig(cliprange_value=CLIP), weights=full)
         values = worker.compute_values(batch)
+        packed = worker.packed
         metrics = worker.update(batch)
         out.append({"tp": worker.tp_rank, "pp": worker.pp_rank, "dp": worker.dp_rank, "metrics": metrics,
-                    "values": values, "rows": worker.local_rows(8), "grads": reduced_grads(worker)})
+                    "values": values, "rows": worker.local_rows(8), "grads": reduced_grads(worker),
+                    "packed": (packed, worker.packed)})
     return out
 
 
@@ -81,20 +91,17 @@ def test_critic_gradients_equal_hf_transformers_with_the_clipped_value_loss_at_t
     clipfrac = (((clipped - returns) ** 2 > (values - returns) ** 2).float() * mask).sum() / mask.sum()
     assert 0.1 < clipfrac < 0.9  # both branches of the clip are exercised
     ranks = run_ranks(_critic_grads, 2, full)
-    for index, (par, micro) in enumerate(LAYOUTS):
+    for index, (par, micro, packing) in enumerate(LAYOUTS):
         runs = [r[index] for r in ranks]
-        stages = {(r["tp"], r["pp"]): r["grads"] for r in runs if r["dp"] == 0}
-        got = mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)
-        where = f"TP={par.tp} PP={par.pp} micro={micro}"
-        for name, grad in expected.items():
-            diff = (got[name] - grad).abs().max().item()
-            assert diff <= 1e-5 * grad.abs().max().item() + 1e-8, f"{where}: gradient of {name} differs by {diff:.2e}"
+        where = f"TP={par.tp} PP={par.pp} micro={micro} packing={packing}"
+        assert all(run["packed"] == (packing == "on",) * 2 for run in runs), where
+        assert_gradients_equal(runs, expected, arch, par, where)
         for run in runs:
             assert run["metrics"]["vf_loss"] == pytest.approx(loss.item(), rel=1e-5), where
             assert run["metrics"]["vf_clipfrac"] == pytest.approx(clipfrac.item(), abs=1e-6), where
-            if run["values"] is not None:
+            if run["values"] is not None:  # packed rows give the response positions' values only
                 rows = run["rows"]
-                assert (run["values"] - values[rows].detach()).abs().max() <= 1e-5, where
+                assert ((run["values"] - values[rows].detach()) * mask[rows]).abs().max() <= 1e-5, where
     assert expected["score.weight"].abs().max() > 1e-4
 
 

@@ -22,7 +22,7 @@ from mindrl.trainer.dpo_config import load_dpo_config
 from mindrl.trainer.start import JOB_DPO, JOB_GRPO, start_point
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 from tests import jobs
-from tests.grads import reduced_grads
+from tests.grads import assert_gradients_equal, reduced_grads
 from tests.hf_models import mcore_to_hf_state
 
 # (layout, micro-batch in rows, prompt packing): TP=2, PP=2 and DP=2 on two ranks
@@ -93,12 +93,8 @@ def test_dpo_gradients_equal_hf_transformers_with_trls_loss_at_tp2_pp2_and_dp2(l
     rejected_rewards = beta * (policy[1::2] - reference[1::2]).detach()
     for index, (par, micro, packing) in enumerate(LAYOUTS):
         runs = [r[index] for r in ranks]
-        stages = {(r["tp"], r["pp"]): r["grads"] for r in runs if r["dp"] == 0}
-        got = mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)
         where = f"TP={par.tp} PP={par.pp} micro={micro} packing={packing}"
-        for name, grad in expected.items():
-            diff = (got[name] - grad).abs().max().item()
-            assert diff <= 1e-5 * grad.abs().max().item() + 1e-8, f"{where}: gradient of {name} differs by {diff:.2e}"
+        assert_gradients_equal(runs, expected, arch, par, where)
         for run in runs:
             metrics = run["metrics"]
             assert metrics["dpo_loss"] == pytest.approx(losses.mean().item(), rel=1e-5), where

@@ -17,7 +17,7 @@ from mindrl.trainer.sft_config import load_sft_config
 from mindrl.trainer.start import JOB_GRPO, JOB_SFT, start_point
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 from tests import jobs
-from tests.grads import reduced_grads
+from tests.grads import assert_gradients_equal, reduced_grads
 from tests.hf_models import mcore_to_hf_state
 
 ROWS, SEQ = 4, 18
@@ -64,12 +64,8 @@ def test_sft_gradients_equal_hf_transformers_at_tp2_pp2_and_dp2():
     ranks = run_ranks(_sft_grads, 2, full)
     for index, (par, micro) in enumerate(LAYOUTS):
         runs = [r[index] for r in ranks]
-        stages = {(r["tp"], r["pp"]): r["grads"] for r in runs if r["dp"] == 0}
-        got = mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)
         where = f"TP={par.tp} PP={par.pp} micro={micro}"
-        for name, grad in expected.items():
-            diff = (got[name] - grad).abs().max().item()
-            assert diff <= 1e-5 * grad.abs().max().item() + 1e-8, f"{where}: gradient of {name} differs by {diff:.2e}"
+        assert_gradients_equal(runs, expected, arch, par, where)
         for run in runs:
             assert run["metrics"]["sft_loss"] == pytest.approx(loss.item(), rel=1e-6), where
     assert max(g.abs().max().item() for g in expected.values()) > 1e-3

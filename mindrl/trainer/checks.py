@@ -196,6 +196,10 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
     naming what would enable it (refusing them would turn away MindSpeed-RL files that carry them)."""
     rl, defaults = cfg.rl_config, RLConfig()
     notices = cfg.actor_config.inert_keys()
+    critic = cfg.critic_config
+    if critic is not None and critic.save not in (None, cfg.actor_config.save):
+        notices.append(f"critic_config.save={critic.save} has no effect: the critic's checkpoints go to critic/ in "
+                       f"the run's save folder (actor_config.save), where a resume finds them.")
 
     def off(keys: tuple[str, ...], because: str) -> None:
         notices.extend(f"rl_config.{key}={getattr(rl, key)!r} has no effect {because}." for key in keys

@@ -112,7 +112,8 @@ class TrainerConfig:
         mini, epochs = rl.critic_mini_batch_size or rl.mini_batch_size, rl.critic_epochs or rl.epochs
         steps = epochs * (self.train_batch_size // mini)
         return self.critic_config.actor_config(mini * rl.n_samples_per_prompt, steps, epochs=epochs,
-                                               shuffle_mini_batch=rl.shuffle_mini_batch, prompt_packing="off")
+                                               shuffle_mini_batch=rl.shuffle_mini_batch,
+                                               prompt_packing=rl.packing_mode)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], notes: list[KeyNote] | None = None) -> TrainerConfig:

@@ -139,7 +139,7 @@ class PPOTrainer(GRPOTrainer):
 
     def update(self, step: int, batch: dict[str, torch.Tensor], timer: StepTimer) -> dict[str, float]:
         critic_batch = {key: batch.pop(key) for key in ("values", "returns")}
-        critic_batch.update({key: batch[key] for key in ("tokens", "loss_mask")})
+        critic_batch.update({key: batch[key] for key in ("tokens", "loss_mask", "prompt_lengths", "response_lengths")})
         with timer("update_critic"):
             critic = self.critic_group.call("update_critic", critic_batch)[0]
         metrics = {CRITIC_NAMES[key]: float(value) for key, value in critic.items() if key in CRITIC_NAMES}

@@ -1,5 +1,8 @@
 """PPO's critic: the actor's architecture ending in a one-output value head, trained on the GAE returns.
 
+Like the actor's passes, the critic's pack a prompt's samples behind one copy of the prompt where that
+costs fewer FLOPs (`prompt_packing`): the prompt is computed once instead of n times.
+
 The model is the reward model's (RewardGPTModel: HF's *ForSequenceClassification `score` head as
 `rm_head`), so a critic checkpoint is a reward-model checkpoint and converts to HF like one. Its value at
 position t is V of the state that predicts token t + 1, aligned with the actor's log-probs and the
@@ -46,8 +49,6 @@ def start_arch(root: str, arch: ModelArch) -> ModelArch:
 class CriticWorker(ActorWorker):
     def __init__(self, arch: ModelArch, par: ParallelConfig, cfg: ActorConfig, loss: ValueLossConfig,
                  weights: str | None = None, params_dtype: torch.dtype = torch.float32) -> None:
-        if cfg.prompt_packing != "off":
-            raise ConfigError("the critic scores every position of its rows; build it with prompt_packing='off'.")
         super().__init__(critic_arch(arch), par, cfg, weights, params_dtype)
         self.value_cfg = loss
 
@@ -60,8 +61,16 @@ class CriticWorker(ActorWorker):
 
     def _token_scores(self, logits: torch.Tensor, mb: dict, temperature: float, with_entropy: bool,
                       entropy_grad: bool = True) -> tuple[torch.Tensor, None]:
-        """The values [rows, S]: the model's one output at every position (fp32)."""
-        return logits[..., 0].float(), None
+        """The values [rows, S] (fp32): the model's one output at every position of plain rows; from rows packed
+        behind shared prompts, at the response positions only (0 elsewhere), read where the actor reads the
+        logits that score the next token — the prompt's last position gives every sample of it V(prompt)."""
+        values = logits[..., 0].float()
+        if "source" not in mb:
+            return values, None
+        valid = mb["source"] >= 0
+        picked = values.reshape(-1).index_select(0, mb["source"][valid])
+        return torch.zeros(mb["source"].shape, dtype=torch.float32, device=values.device).masked_scatter(valid,
+                                                                                                          picked), None
 
     @torch.no_grad()
     def compute_values(self, batch: dict) -> torch.Tensor | None:
@@ -69,7 +78,7 @@ class CriticWorker(ActorWorker):
         check_batch(batch, ())
         rows = self.local_rows(batch["tokens"].shape[0])
         self.model.eval()
-        micro = self._micro_batches({"tokens": batch["tokens"]}, rows, self.micro_batch_size)
+        micro = self._micro_batches(batch, rows, self.micro_batch_size)
 
         def keep(values: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
             return values.new_zeros(()), {"values": self._token_scores(values, mb, 1.0, False)[0]}
@@ -81,7 +90,8 @@ class CriticWorker(ActorWorker):
 
     def update(self, batch: dict) -> dict[str, float]:
         """`epochs` passes of the clipped value loss over the batch (`tokens`, `loss_mask`, `values` as scored
-        before the update, `returns`); metrics as the actor's update's."""
+        before the update, `returns`; with `prompt_lengths` and `response_lengths` a prompt's samples may be
+        packed, as the actor's are); metrics as the actor's update's."""
         check_batch(batch, ("loss_mask", "values", "returns"))
         return self._epochs(batch, self._value_loss, entropy=False)
 
