@@ -23,8 +23,8 @@ environment), and the ratio of the two e2e rates. Updates run in micro-batches o
 (the forward passes too). With `ppo` in --algorithms the same configuration also runs as PPO
 (adv_estimator gae, a critic in the actor's processes, lr 5e-4) under `<model>_<dtype>_ppo`: its
 critic stages (`values`: a forward; `update_critic`: forward and backward, of the trunk and a one-output
-head, never prompt-packed) count in its FLOPs, and `vs_grpo` is its e2e rate over GRPO's (TRL's side is
-GRPO's only). Prints one JSON line.
+head, prompts packed as the critic's update packed them) count in its FLOPs, and `vs_grpo` is its e2e
+rate over GRPO's (TRL's side is GRPO's only). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -178,8 +178,9 @@ def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]
     forward = _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
     stage_flops = {"rollout": rollout, "reference_model": forward,
                    "old_log_p": (1 - mean["old_log_p/from_update"]) * forward, "update": 3 * forward}
-    if "timing/values" in mean:  # PPO's critic: the trunk and a one-output head over the plain rows
-        critic = _pass_flops(dataclasses.replace(arch, num_labels=1), prompts, n, round(prompt), round(response), 0.0)
+    if "timing/values" in mean:  # PPO's critic: the trunk and a one-output head, packed where its update packed
+        critic = _pass_flops(dataclasses.replace(arch, num_labels=1), prompts, n, round(prompt), round(response),
+                             mean.get("critic/prompt_packed", 0.0))
         stage_flops.update(values=critic, update_critic=3 * critic)
     flops = sum(stage_flops.values())
     seconds = mean["timing/all"]

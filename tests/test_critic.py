@@ -105,7 +105,7 @@ def test_critic_gradients_equal_hf_transformers_with_the_clipped_value_loss_at_t
     assert expected["score.weight"].abs().max() > 1e-4
 
 
-def _values_from_checkpoint(rank: int, root: str, tokens: torch.Tensor) -> dict:
+def _values_from_checkpoint(rank: int, root: str, critic_root: str, tokens: torch.Tensor) -> dict:
     from mindrl.checkpoint import megatron as mg
 
     arch = mg.arch_of(mg.load_args(root), root)
@@ -113,13 +113,19 @@ def _values_from_checkpoint(rank: int, root: str, tokens: torch.Tensor) -> dict:
     worker = CriticWorker(arch, ParallelConfig(2, 2), cfg, ValueLossConfig(), weights=root)
     values = worker.compute_values({"tokens": tokens})
     head = worker.model.rm_head.weight.detach().clone() if worker.is_last_stage else None
-    return {"values": values, "head": head, "rows": worker.local_rows(tokens.shape[0]),
+    # a critic checkpoint (a reward model's layout, value head included) starts the next critic as it was
+    worker.save_checkpoint(critic_root, 1, extra={})
+    release_model_parallel()
+    again = CriticWorker(arch, ParallelConfig(2, 2), cfg, ValueLossConfig(), weights=critic_root)
+    same = all(torch.equal(p, q) for p, q in zip(worker.model.parameters(), again.model.parameters(), strict=True))
+    return {"values": values, "head": head, "rows": worker.local_rows(tokens.shape[0]), "same": same,
             "names": sorted(name for name, _ in worker.model.named_parameters())}
 
 
 def test_a_critic_started_from_a_causal_lm_checkpoint_keeps_its_trunk_at_tp2_pp2(tmp_path):
     """The actor's converted checkpoint (an LM head, no value head) at TP=2 PP=2 on four ranks: the critic takes
-    the trunk, drops the LM head and initialises its own; its values equal HF's trunk times that head."""
+    the trunk, drops the LM head and initialises its own; its values equal HF's trunk times that head. Its own
+    checkpoint then starts another critic with every tensor, head included."""
     from mindrl.ckpt_convert import hf_to_mcore
     from tests.hf_models import build_hf_model, save_hf_model
 
@@ -127,7 +133,8 @@ def test_a_critic_started_from_a_causal_lm_checkpoint_keeps_its_trunk_at_tp2_pp2
     root = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", "qwen2", 2, 2,
                        params_dtype=torch.float32, progress=False)
     tokens = torch.randint(0, model.config.vocab_size, (4, 10), generator=torch.Generator().manual_seed(4))
-    ranks = run_ranks(_values_from_checkpoint, 4, str(root), tokens)
+    ranks = run_ranks(_values_from_checkpoint, 4, str(root), str(tmp_path / "critic"), tokens)
+    assert all(r["same"] for r in ranks)
     heads = [r["head"] for r in ranks if r["head"] is not None]
     assert len(heads) == 2 and torch.equal(heads[0], heads[1])  # one head, replicated on both TP ranks
     assert heads[0].abs().max() > 0 and all("output_layer.weight" not in r["names"] for r in ranks)

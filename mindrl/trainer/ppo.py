@@ -33,7 +33,7 @@ from mindrl.trainer.start import JOB_PPO
 CRITIC_DIR = "critic"
 #: what the critic's update reports, under verl's / MindSpeed-RL's names
 CRITIC_NAMES = {"vf_loss": "critic/vf_loss", "vf_clipfrac": "critic/vf_clipfrac", "vpred_mean": "critic/vpred_mean",
-                "grad_norm": "critic/grad_norm", "lr": "critic/lr"}
+                "grad_norm": "critic/grad_norm", "lr": "critic/lr", "prompt_packed": "critic/prompt_packed"}
 
 
 class PPOTrainer(GRPOTrainer):
