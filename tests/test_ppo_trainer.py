@@ -18,16 +18,19 @@ def _model(root, iteration: int) -> dict[str, torch.Tensor]:
                       weights_only=False)["model"]
 
 
-def test_ppo_tiny_cpu_warms_the_critic_up_then_trains_both(tiny_math_data, tmp_path):
-    """Four steps, the first two the critic's alone: the actor's weights stay the random start's through the
-    warm-up and move after it, the critic's move every step, and every step reports the critic's metrics."""
+def test_critic_warmup_then_sigkill_and_resume_of_actor_and_critic_equals_an_uninterrupted_run(tiny_math_data,
+                                                                                                 tmp_path):
+    """Four steps, the first two the critic's alone. The uninterrupted run: every step reports the critic's
+    metrics, the actor's weights stay the random start's through the warm-up and move after it, the critic's
+    move every step. A second run is killed once the critic's checkpoint 3 is written, before the actor's (which
+    marks the step complete): the resumed run takes both from iteration 2 — the critic's 3 notwithstanding, and an
+    actor whose optimizer has not yet stepped — and its steps 3 and 4 equal the uninterrupted run's."""
     tokenizer, root = tiny_math_data
-    save = tmp_path / "run"
-    _run(_overrides(tokenizer, root / "math", save, **{"megatron_training.train_iters": 4,
-                                                        "megatron_training.save_interval": 1,
-                                                        "rl_config.test_interval": 0,
-                                                        "rl_config.critic_warmup": 2}), tmp_path / "log")
-    lines = jobs.metrics(save / "metrics.jsonl")
+    common = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1, "rl_config.test_interval": 0,
+              "rl_config.critic_warmup": 2}
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    _run(_overrides(tokenizer, root / "eight", whole, **common), tmp_path / "whole.log")
+    lines = jobs.metrics(whole / "metrics.jsonl")
     names = ("timing/values", "timing/update_critic", "timing/adv", "critic/vf_loss", "critic/vpred_mean",
              "critic/vf_clipfrac", "critic/vf_explained_var", "critic/grad_norm", "critic/lr", "critic/values_mean",
              "critic/returns_mean", "grpo/score/mean")
@@ -37,23 +40,14 @@ def test_ppo_tiny_cpu_warms_the_critic_up_then_trains_both(tiny_math_data, tmp_p
         assert line["critic/lr"] == pytest.approx(5e-4) and 0 <= line["critic/vf_clipfrac"] <= 1
     assert [line["actor/updated"] for line in lines] == [0.0, 0.0, 1.0, 1.0]
     assert "timing/update" not in lines[0] and "actor/pg_loss" in lines[2]
-    actor = [_model(save, step) for step in (1, 2, 3)]
+    actor = [_model(whole, step) for step in (1, 2, 3)]
     assert all(torch.equal(actor[0][k], actor[1][k]) for k in actor[0])  # warm-up: the actor is untouched
     assert any(not torch.equal(actor[1][k], actor[2][k]) for k in actor[1])
-    critic = [_model(save / "critic", step) for step in (1, 2)]
+    critic = [_model(whole / "critic", step) for step in (1, 2)]
     assert "rm_head.weight" in critic[0] and "output_layer.weight" not in critic[0]
     assert not torch.equal(critic[0]["rm_head.weight"], critic[1]["rm_head.weight"])
-    assert mg.read_tracker(save / "critic") == 4 == mg.read_tracker(save)
+    assert mg.read_tracker(whole / "critic") == 4 == mg.read_tracker(whole)
 
-
-def test_sigkill_then_resume_restores_actor_and_critic_and_equals_an_uninterrupted_run(tiny_math_data, tmp_path):
-    """The job is killed once the critic's checkpoint 3 is written, before the actor's (which marks the step
-    complete): the resumed run takes both from iteration 2, the critic's 3 notwithstanding, and its steps 3
-    and 4 equal those of a run never interrupted."""
-    tokenizer, root = tiny_math_data
-    common = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1, "rl_config.test_interval": 0}
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    _run(_overrides(tokenizer, root / "eight", whole, **common), tmp_path / "whole.log")
     log = tmp_path / "cut.log"
     job = jobs.start("train_ppo.py", "ppo_tiny_cpu", _overrides(tokenizer, root / "eight", cut, **common), log)
     jobs.kill_when(job, (cut / "critic" / mg.iteration_dir_name(3)).exists, log)
@@ -61,9 +55,16 @@ def test_sigkill_then_resume_restores_actor_and_critic_and_equals_an_uninterrupt
     assert resumed_at in (2, 3)
     _run(_overrides(tokenizer, root / "eight", cut, **common, **{"actor_config.load": cut}), log)
     assert f"critic on the actor's ranks, in its layout, from iteration {resumed_at}" in log.read_text()
-    expected, got = jobs.metrics(whole / "metrics.jsonl"), jobs.metrics(cut / "metrics.jsonl")
+    got = jobs.metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3, 4]
-    assert jobs.run_values(got) == jobs.run_values(expected)
+
+    def trained(values: list[dict]) -> list[dict]:
+        """Without the weight sync's bookkeeping: the uninterrupted run's engine still holds the warm-up's
+        unchanged actor at step 3 and skips the sync a resumed run's fresh engine needs."""
+        return [{k: v for k, v in line.items() if not k.startswith("sync/")} for line in jobs.run_values(values)]
+
+    assert trained(got) == trained(lines)
+    assert "sync/buckets" in got[2] and "sync/buckets" not in lines[2]
 
 
 def test_a_critic_on_its_own_devices_with_the_adaptive_kl_penalty_in_the_reward(tiny_math_data, tmp_path):
