@@ -125,8 +125,9 @@ def _values_from_checkpoint(rank: int, root: str, critic_root: str, tokens: torc
 def test_a_critic_started_from_a_causal_lm_checkpoint_keeps_its_trunk_at_tp2_pp2(tmp_path):
     """The actor's converted checkpoint (an LM head, no value head) at TP=2 PP=2 on four ranks: the critic takes
     the trunk, drops the LM head and initialises its own; its values equal HF's trunk times that head. Its own
-    checkpoint then starts another critic with every tensor, head included."""
-    from mindrl.ckpt_convert import hf_to_mcore
+    checkpoint then starts another critic with every tensor, head included, and converts to HF as the reward
+    model it is: Qwen2ForSequenceClassification, whose score head at every position gives the same values."""
+    from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf
     from tests.hf_models import build_hf_model, save_hf_model
 
     model = build_hf_model("qwen2", seed=3)
@@ -144,3 +145,9 @@ def test_a_critic_started_from_a_causal_lm_checkpoint_keeps_its_trunk_at_tp2_pp2
     assert sorted((r["rows"].start, r["rows"].stop) for r in held) == [(0, 4), (0, 4)]  # DP=1: both TP ranks
     for run in held:
         assert (run["values"] - expected).abs().max() <= 1e-5
+    exported = mcore_to_hf(tmp_path / "critic", tmp_path / "critic_hf", progress=False)
+    reward_model = transformers.AutoModelForSequenceClassification.from_pretrained(exported, dtype=torch.float32)
+    assert type(reward_model).__name__ == "Qwen2ForSequenceClassification"
+    assert torch.equal(reward_model.score.weight.detach(), heads[0])
+    with torch.no_grad():
+        assert (_hf_values(reward_model, tokens) - held[0]["values"]).abs().max() <= 1e-5
