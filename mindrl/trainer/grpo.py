@@ -292,7 +292,7 @@ class GRPOTrainer:
     def log_prob_passes(self, batch: dict[str, torch.Tensor], timer: StepTimer) -> None:
         from mindrl.workers.group import gather_rows
 
-        rows = {key: batch[key] for key in ("tokens", "prompt_lengths", "response_lengths")}
+        rows = rows_of(batch)
         if self.ref_group is not None:  # on its own devices it runs while the actor does the old pass
             start, pending = time.perf_counter(), self.ref_group.call_async("log_probs", rows)
         elif self.cfg.rl_config.uses_reference:
@@ -336,6 +336,12 @@ class GRPOTrainer:
 
     def export(self) -> Path:
         return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)
+
+
+def rows_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a forward pass over the batch's rows needs: the tokens, and the lengths that let a prompt's samples
+    be packed behind one copy of it."""
+    return {key: batch[key] for key in ("tokens", "prompt_lengths", "response_lengths")}
 
 
 def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:

@@ -24,9 +24,9 @@ from mindrl.algorithms.kl import KLController, kl_divergence, kl_penalized_rewar
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
 from mindrl.console import say
-from mindrl.trainer.grpo import Experience, GRPOTrainer
+from mindrl.trainer.grpo import Experience, GRPOTrainer, rows_of
 from mindrl.trainer.grpo_config import TrainerConfig
-from mindrl.trainer.metrics import StepTimer, actor_metrics
+from mindrl.trainer.metrics import StepTimer
 from mindrl.trainer.start import JOB_PPO
 
 #: the critic's checkpoints, under the run's `save` folder
@@ -116,19 +116,16 @@ class PPOTrainer(GRPOTrainer):
         rl, batch = self.cfg.rl_config, exp.batch
         mask = batch["loss_mask"].float()
         with timer("values"):
-            rows = {key: batch[key] for key in ("tokens", "prompt_lengths", "response_lengths")}
-            values = gather_rows(self.critic_group.call("values", rows), self.critic_dp_size) * mask
+            values = gather_rows(self.critic_group.call("values", rows_of(batch)), self.critic_dp_size) * mask
         metrics: dict[str, float] = {}
         with timer("adv"):
-            kl = torch.zeros_like(mask)
+            kl, coef = torch.zeros_like(mask), self.kl_ctrl.value
             if rl.use_kl_in_reward:
                 kl = kl_divergence(batch["old_log_probs"], batch["ref_log_probs"], rl.kl_penalty) * mask
                 current = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
-                metrics.update({"actor/reward_kl_penalty": current,
-                                "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
-            token_rewards = kl_penalized_rewards(exp.scores.float(), kl, mask, self.kl_ctrl.value)
-            if rl.use_kl_in_reward:
-                self.kl_ctrl.update(metrics["actor/reward_kl_penalty"], n_steps=mask.shape[0])
+                metrics.update({"actor/reward_kl_penalty": current, "actor/reward_kl_penalty_coeff": coef})
+                self.kl_ctrl.update(current, n_steps=mask.shape[0])
+            token_rewards = kl_penalized_rewards(exp.scores.float(), kl, mask, coef)
             batch["advantages"], batch["returns"] = gae_advantages(token_rewards, values, mask, rl.gamma, rl.lam)
         batch["values"] = values
         inside = mask.bool()
@@ -139,7 +136,7 @@ class PPOTrainer(GRPOTrainer):
 
     def update(self, step: int, batch: dict[str, torch.Tensor], timer: StepTimer) -> dict[str, float]:
         critic_batch = {key: batch.pop(key) for key in ("values", "returns")}
-        critic_batch.update({key: batch[key] for key in ("tokens", "loss_mask", "prompt_lengths", "response_lengths")})
+        critic_batch.update(rows_of(batch), loss_mask=batch["loss_mask"])
         with timer("update_critic"):
             critic = self.critic_group.call("update_critic", critic_batch)[0]
         metrics = {CRITIC_NAMES[key]: float(value) for key, value in critic.items() if key in CRITIC_NAMES}
@@ -148,8 +145,7 @@ class PPOTrainer(GRPOTrainer):
             return metrics
         if not self.cfg.loss.use_kl_loss:
             batch.pop("ref_log_probs", None)
-        with timer("update"):
-            metrics.update(actor_metrics(self.group.call("update", batch)[0]))
+        metrics.update(super().update(step, batch, timer))
         metrics["actor/updated"] = 1.0
         return metrics
 

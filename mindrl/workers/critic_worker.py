@@ -24,7 +24,6 @@ import torch
 from mindrl.algorithms.value_loss import ValueLossConfig, value_loss
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
-from mindrl.models.forward import run_microbatches
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, check_batch
 
 #: the head a causal LM checkpoint has and a critic does not
@@ -72,21 +71,11 @@ class CriticWorker(ActorWorker):
         return torch.zeros(mb["source"].shape, dtype=torch.float32, device=values.device).masked_scatter(valid,
                                                                                                           picked), None
 
-    @torch.no_grad()
     def compute_values(self, batch: dict) -> torch.Tensor | None:
         """V at every position of this rank's rows ([rows, S], fp32) on the last stage; None elsewhere."""
         check_batch(batch, ())
-        rows = self.local_rows(batch["tokens"].shape[0])
-        self.model.eval()
-        micro = self._micro_batches(batch, rows, self.micro_batch_size)
-
-        def keep(values: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            return values.new_zeros(()), {"values": self._token_scores(values, mb, 1.0, False)[0]}
-
-        outputs = run_microbatches(self.model, micro, keep, forward_only=True)
-        if not self.is_last_stage:
-            return None
-        return torch.cat([o["values"] for o in outputs])[:rows.stop - rows.start].cpu()
+        out = self._forward_rows(batch, lambda values, mb: {"values": self._token_scores(values, mb, 1.0, False)[0]})
+        return None if out is None else out["values"]
 
     def update(self, batch: dict) -> dict[str, float]:
         """`epochs` passes of the clipped value loss over the batch (`tokens`, `loss_mask`, `values` as scored

@@ -243,35 +243,35 @@ class MegatronWorker:
         entropy = vocab_parallel_entropy(logits, temperature, self.vocab_size, entropy_grad) if with_entropy else None
         return log_probs, entropy
 
-    @torch.no_grad()
     def compute_log_prob(self, batch: dict, with_entropy: bool = False,
                          temperature: float | None = None) -> dict[str, torch.Tensor] | None:
         """log π(token t+1 | ≤ t) at every position of this rank's rows (and the entropy), at the
         worker's sampling temperature unless `temperature` is given. From packed rows only the response
         tokens are scored (zero elsewhere): nothing downstream reads the prompt's."""
         check_batch(batch, ("tokens",))
+        temperature = self.temperature if temperature is None else temperature
+
+        def score(logits: torch.Tensor, mb: dict) -> dict[str, torch.Tensor]:
+            log_probs, entropy = self._token_scores(logits, mb, temperature, with_entropy)
+            return {"log_probs": log_probs, **({"entropy": entropy} if with_entropy else {})}
+
+        return self._forward_rows(batch, score)
+
+    @torch.no_grad()
+    def _forward_rows(self, batch: dict, keep: Callable[[torch.Tensor, dict], dict[str, torch.Tensor]]
+                      ) -> dict[str, torch.Tensor] | None:
+        """A forward-only pass over this rank's rows in micro-batches; `keep(output, micro-batch)` picks each
+        micro-batch's per-row results. Those of the rank's rows (padding rows dropped), on the host, on the last
+        pipeline stage; None elsewhere."""
         rows = self.local_rows(batch["tokens"].shape[0])
         self.model.eval()
         micro = self._micro_batches(batch, rows, self.micro_batch_size)
-        score = self._score_fn(with_entropy, self.temperature if temperature is None else temperature)
-        outputs = run_microbatches(self.model, micro, score, forward_only=True)
+        outputs = run_microbatches(self.model, micro, lambda out, mb: (out.new_zeros(()), keep(out, mb)),
+                                   forward_only=True)
         if not self.is_last_stage:
             return None
         count = rows.stop - rows.start
-        result = {"log_probs": torch.cat([o["log_probs"] for o in outputs])[:count].cpu()}
-        if with_entropy:
-            result["entropy"] = torch.cat([o["entropy"] for o in outputs])[:count].cpu()
-        return result
-
-    def _score_fn(self, with_entropy: bool, temperature: float):
-        def score(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            log_probs, entropy = self._token_scores(logits, mb, temperature, with_entropy)
-            out = {"log_probs": log_probs}
-            if with_entropy:
-                out["entropy"] = entropy
-            return logits.new_zeros(()), out
-
-        return score
+        return {key: torch.cat([o[key] for o in outputs])[:count].cpu() for key in outputs[0]}
 
 
 def check_batch(batch: dict, keys: tuple[str, ...]) -> None:

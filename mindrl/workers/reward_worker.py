@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
-from mindrl.models.forward import run_microbatches
 from mindrl.workers.megatron_worker import MegatronWorker, check_batch
 
 
@@ -28,7 +27,6 @@ class RewardModelWorker(MegatronWorker):
         super().__init__(arch, par, weights, params_dtype, micro_batch_size=micro_batch_size, seed=seed)
         self.model.requires_grad_(False)
 
-    @torch.no_grad()
     def score(self, batch: dict) -> torch.Tensor | None:
         """The score of each of this rank's rows at its `score_positions` (fp32, [rows]); None off the last stage."""
         check_batch(batch, ())
@@ -38,16 +36,10 @@ class RewardModelWorker(MegatronWorker):
         if positions.min() < 0 or positions.max() >= batch["tokens"].shape[1]:
             raise ValueError(f"score_positions must lie in [0, {batch['tokens'].shape[1]}); got "
                              f"{positions.min().item()}..{positions.max().item()}.")
-        rows = self.local_rows(batch["tokens"].shape[0])
-        self.model.eval()
-        micro = self._micro_batches({"tokens": batch["tokens"], "score_positions": positions}, rows,
-                                    self.micro_batch_size)
 
-        def pick(scores: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
-            at = scores[torch.arange(scores.shape[0], device=scores.device), mb["score_positions"], 0]
-            return scores.new_zeros(()), {"scores": at.float()}
+        def pick(scores: torch.Tensor, mb: dict) -> dict[str, torch.Tensor]:
+            return {"scores": scores[torch.arange(scores.shape[0], device=scores.device), mb["score_positions"],
+                                     0].float()}
 
-        outputs = run_microbatches(self.model, micro, pick, forward_only=True)
-        if not self.is_last_stage:
-            return None
-        return torch.cat([o["scores"] for o in outputs])[:rows.stop - rows.start].cpu()
+        out = self._forward_rows({"tokens": batch["tokens"], "score_positions": positions}, pick)
+        return None if out is None else out["scores"]
