@@ -20,6 +20,15 @@ KINDS = {
                                               num_key_value_heads=4, rope_theta=500000.0)),
     # Qwen3: per-head QK norm, head_dim (32) different from hidden / heads (16)
     "qwen3": (transformers.Qwen3Config, dict(vocab_size=256, tie_word_embeddings=False, head_dim=32)),
+    # Qwen3-MoE: 8 experts, top-2, renormalised routing weights, QK norm, every layer sparse
+    "qwen3_moe": (transformers.Qwen3MoeConfig, dict(vocab_size=256, tie_word_embeddings=False, head_dim=32,
+                                                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])),
+    # Qwen2-MoE: QKV bias, a shared expert behind its sigmoid gate, routing weights not renormalised
+    "qwen2_moe": (transformers.Qwen2MoeConfig, dict(vocab_size=256, tie_word_embeddings=False, num_experts=8,
+                                                    num_experts_per_tok=2, moe_intermediate_size=32,
+                                                    shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                                    decoder_sparse_step=1, mlp_only_layers=[])),
 }
 
 
@@ -52,6 +61,43 @@ def save_hf_model(model: transformers.PreTrainedModel, folder: Path, dtype: torc
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128, "tag": str(folder)}))
     model.to(torch.float32)
     return folder
+
+
+def checkpoint_state(model: transformers.PreTrainedModel, values: dict[str, torch.Tensor] | None = None,
+                     ) -> dict[str, torch.Tensor]:
+    """The model's tensors as its checkpoint names them (transformers >= 5 fuses MoE experts in memory and
+    splits them again on saving), by saving it; `values` (e.g. gradients, by parameter name) replace the
+    parameters in what is saved, so they are named by HF's own conversion too."""
+    import copy
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    if values is not None:
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(values[name])
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        state: dict[str, torch.Tensor] = {}
+        for path in sorted(Path(folder).glob("*.safetensors")):
+            state.update(load_file(path))
+    return state
+
+
+def hf_to_mcore_state(state: dict[str, torch.Tensor], arch) -> dict[str, torch.Tensor]:
+    """An HF state dict under the full Megatron names, by the converter's mapping."""
+    from mindrl.models import hf_mapping as hfm
+    from mindrl.models import sharding
+
+    full = {hfm.EMBEDDING[1]: state[hfm.EMBEDDING[0]], hfm.FINAL_NORM[1]: state[hfm.FINAL_NORM[0]]}
+    if arch.has_output_layer:
+        full[hfm.OUTPUT[1]] = state[hfm.OUTPUT[0]]
+    for i in range(arch.num_layers):
+        layer = {n: state[hfm.hf_layer_prefix(i) + n] for n in hfm.hf_layer_names(arch)}
+        full.update({hfm.mcore_layer_prefix(i) + n: t for n, t in hfm.hf_to_mcore_layer(layer, arch).items()})
+    return {name: full[name] for name in sharding.full_param_shapes(arch)}
 
 
 def mcore_to_hf_state(full: dict[str, torch.Tensor], arch) -> dict[str, torch.Tensor]:

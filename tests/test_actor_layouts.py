@@ -150,5 +150,5 @@ def test_a_colocated_role_with_another_layout_is_refused():
     """Megatron's collectives read one global layout: a TP=1 reference built beside a TP=2 actor
     would make the actor's loss and gradients silently wrong."""
     for message in run_ranks(_other_layout_beside, 2):
-        assert message.startswith("this process already hosts a model at TP=2 PP=1; a role colocated with it "
-                                  "must use the same tensor_model_parallel_size"), message
+        assert message.startswith("this process already hosts a model at TP=2 PP=1 EP=1; a role colocated with "
+                                  "it must use the same tensor, pipeline and expert parallel sizes"), message

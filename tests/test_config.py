@@ -72,9 +72,12 @@ def test_unknown_key_is_an_error_that_lists_known_keys():
         ModelArch.from_dict("m", {"hiden_size": 3})
 
 
-def test_moe_key_is_rejected_not_ignored():
-    with pytest.raises(ConfigError, match="mixture-of-experts"):
-        ModelArch.from_dict("m", {"num_experts": 8})
+def test_moe_keys_mindrl_does_not_build_are_rejected_not_ignored():
+    dense = dict(load_model_arch("tiny_qwen").__dict__)
+    dense.pop("name")
+    for key, value in (("moe_layer_freq", 2), ("first_k_dense_replace", 1), ("moe_router_num_groups", 4)):
+        with pytest.raises(ConfigError, match=f"key '{key}' asks for .*which mindrl does not build"):
+            ModelArch.from_dict("m", {**dense, "num_experts": 8, key: value})
 
 
 def test_missing_model_names_the_known_ones():

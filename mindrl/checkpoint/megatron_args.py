@@ -21,7 +21,6 @@ from mindrl.models import arch_fields as af
 # Megatron-LM / MindSpeed-LLM args that change the weights or the numbers in ways mindrl
 # does not convert, and what they ask for. A value other than None / False / 0 means "on".
 _UNSUPPORTED = {
-    "num_experts": "mixture-of-experts layers",
     "multi_latent_attention": "multi-latent attention",
     "mtp_num_layers": "multi-token-prediction layers",
     "noop_layers": "no-op layers (MindSpeed-LLM)",
@@ -41,6 +40,12 @@ _UNSUPPORTED = {
     "use_legacy_models": "legacy (non-mcore) models",
     "squared_relu": "a squared-ReLU activation",
     "openai_gelu": "OpenAI's GeLU",
+    "moe_grouped_gemm": "grouped-GEMM expert weights (weight1/weight2 in place of one MLP per expert)",
+    "moe_router_enable_expert_bias": "an expert-bias router (aux-loss-free balancing)",
+    "moe_router_num_groups": "group-limited routing",
+    "moe_router_topk_scaling_factor": "scaled routing weights",
+    "first_k_dense_replace": "dense layers between mixture-of-experts layers",
+    "n_shared_experts": "DeepSeek-style shared experts",
 }
 
 
@@ -82,7 +87,8 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
         value = getattr(args, key, None)
         if value not in (None, False, 0, "", "none"):
             raise ConfigError(f"{name} was trained with {key}={value!r} ({feature}), which mindrl does not "
-                              f"convert; only dense GPT models with RoPE are supported.")
+                              f"convert; only GPT models with RoPE (dense, or with Qwen2-MoE / Qwen3-MoE experts) "
+                              f"are supported.")
     if getattr(args, "use_mcore_models", None) is False and not hasattr(args, "use_legacy_models"):
         raise ConfigError(f"{name} is a legacy (non-mcore) Megatron model (use_mcore_models=False); mindrl reads "
                           f"megatron-core checkpoints only, so convert it to mcore with Megatron-LM first.")

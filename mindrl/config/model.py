@@ -2,8 +2,9 @@
 
 A model yaml (configs/model/<name>.yaml) holds one top-level key equal to its file
 stem, so a MindSpeed-RL user's file loads unchanged. Keys that would silently do
-nothing here are rejected rather than ignored: a user who sets `num_experts` must
-learn that MoE is not built, not discover it in the loss curve.
+nothing here are rejected rather than ignored: a user who sets `first_k_dense_replace`
+must learn that dense layers between MoE layers are not built, not discover it in the
+loss curve.
 """
 
 from __future__ import annotations
@@ -27,11 +28,25 @@ _NO_EFFECT_KEYS = frozenset({
     "group_query_attention",
     "no_gradient_accumulation_fusion",
     "use_rotary_position_embeddings",
+    # Experts always run as megatron-core's SequentialMLP (the local spec has no grouped-GEMM kernel
+    # without Transformer Engine); the products, and so the numbers, are the same.
+    "moe_grouped_gemm",
+    "moe_permutation_async_comm",
+    "use_fused_moe_token_permute_and_unpermute",
 })
 
+#: the routers megatron-core builds for the architectures mindrl converts (Qwen2-MoE, Qwen3-MoE)
+MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+#: token dispatchers that run on every platform (flex needs DeepEP kernels); MindSpeed's alltoall_seq
+#: is megatron-core's alltoall today
+MOE_DISPATCHERS = ("alltoall", "allgather", "alltoall_seq")
+MOE_ROUTER_DTYPES = ("fp32", "fp64")
+
 _UNSUPPORTED_PREFIXES = {
-    "moe_": "mixture-of-experts layers",
-    "num_experts": "mixture-of-experts layers",
+    "moe_": "a mixture-of-experts option beyond Qwen2-MoE / Qwen3-MoE routing",
+    "n_shared_experts": "DeepSeek-style shared experts (Qwen2-MoE's is moe_shared_expert_intermediate_size)",
+    "first_k_dense_replace": "dense layers between mixture-of-experts layers",
+    "seq_aux": "DeepSeek's sequence-level auxiliary loss (moe_router_load_balancing_type: seq_aux_loss)",
     "multi_latent_attention": "multi-latent attention",
     "q_lora_rank": "multi-latent attention",
     "kv_lora_rank": "multi-latent attention",
@@ -42,7 +57,8 @@ _UNSUPPORTED_PREFIXES = {
 
 @dataclass(frozen=True)
 class ModelArch:
-    """A dense decoder-only transformer (Qwen2/2.5, Qwen3 dense, Llama-2/3 shapes)."""
+    """A decoder-only transformer: dense (Qwen2/2.5, Qwen3, Llama-2/3 shapes) or, with `num_experts`, a
+    mixture of experts in every layer (Qwen2-MoE, Qwen3-MoE shapes)."""
 
     name: str
     num_layers: int
@@ -67,6 +83,24 @@ class ModelArch:
     attention_softmax_in_fp32: bool = True
     #: outputs of a sequence-classification head in place of the LM head (a reward model has 1); null: a causal LM
     num_labels: int | None = None
+    #: routed experts of every layer's MLP; null: a dense model
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    #: each expert's inner width; null: ffn_hidden_size
+    moe_ffn_hidden_size: int | None = None
+    #: Qwen2-MoE's always-on shared expert (its inner width); null: none
+    moe_shared_expert_intermediate_size: int | None = None
+    #: the shared expert's output scaled by sigmoid(gate · x) (Qwen2-MoE)
+    moe_shared_expert_gate: bool = False
+    #: top-k routing weights renormalised to sum to one (Qwen3-MoE) rather than taken from the softmax over
+    #: all experts (Qwen2-MoE)
+    norm_topk_prob: bool = False
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float | None = None
+    moe_token_dispatcher_type: str = "alltoall"
+    #: precision of the router's logits and softmax; null: the model's
+    moe_router_dtype: str | None = None
 
     def __post_init__(self) -> None:
         check_types(f"model {self.name}", self)
@@ -92,6 +126,44 @@ class ModelArch:
         if self.position_embedding_type != "rope":
             raise ConfigError(f"model {self.name}: only position_embedding_type: rope is supported, "
                               f"got {self.position_embedding_type!r}.")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        where = f"model {self.name}"
+        if self.num_experts is None:
+            moe_keys = [f.name for f in dataclasses.fields(self) if f.name.startswith("moe_") or
+                        f.name == "norm_topk_prob"]
+            given = [k for k in moe_keys if getattr(self, k) != _DEFAULTS[k]]
+            if given:
+                raise ConfigError(f"{where}: {given[0]} is set but num_experts is not; set num_experts for a "
+                                  f"mixture-of-experts model or remove the MoE keys.")
+            return
+        if not isinstance(self.num_experts, int) or self.num_experts < 1:
+            raise ConfigError(f"{where}: num_experts must be a positive integer, got {self.num_experts!r}.")
+        if not isinstance(self.moe_router_topk, int) or not 1 <= self.moe_router_topk <= self.num_experts:
+            raise ConfigError(f"{where}: moe_router_topk={self.moe_router_topk!r} must be between 1 and "
+                              f"num_experts={self.num_experts}; choose fewer experts per token.")
+        for key in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{where}: {key} must be a positive integer or null, got {value!r}.")
+        if self.moe_shared_expert_gate and self.moe_shared_expert_intermediate_size is None:
+            raise ConfigError(f"{where}: moe_shared_expert_gate needs a shared expert; set "
+                              f"moe_shared_expert_intermediate_size or drop the gate.")
+        for key, allowed in (("moe_router_load_balancing_type", MOE_LOAD_BALANCING),
+                             ("moe_token_dispatcher_type", MOE_DISPATCHERS),
+                             ("moe_router_dtype", (None, *MOE_ROUTER_DTYPES))):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{where}: {key}={getattr(self, key)!r} is not one mindrl builds; choose one "
+                                  f"of {', '.join(map(str, allowed))}.")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     @property
     def query_groups(self) -> int:
@@ -153,16 +225,19 @@ class ModelArch:
         if kwargs.get("attention_bias") and kwargs.get("disable_bias_linear", True):
             raise ConfigError(f"model {name}: attention_bias: true contradicts disable_bias_linear: "
                               f"true; use add_qkv_bias for a QKV-only bias.")
-        if isinstance(kwargs.get("norm_epsilon"), str):  # YAML 1.1 reads `1e-6` as a string
-            try:
-                kwargs["norm_epsilon"] = float(kwargs["norm_epsilon"])
-            except ValueError:
-                raise ConfigError(f"model {name}: norm_epsilon must be a number, got "
-                                  f"{kwargs['norm_epsilon']!r}.") from None
+        for key in ("norm_epsilon", "moe_aux_loss_coeff", "moe_z_loss_coeff"):
+            if isinstance(kwargs.get(key), str):  # YAML 1.1 reads `1e-6` as a string
+                try:
+                    kwargs[key] = float(kwargs[key])
+                except ValueError:
+                    raise ConfigError(f"model {name}: {key} must be a number, got {kwargs[key]!r}.") from None
         try:
             return cls(name=name, **kwargs)
         except TypeError as err:
             raise ConfigError(f"model {name}: {err}; add the missing keys to its model yaml.") from None
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelArch)}
 
 
 def load_model_arch(name: str, config_dir: str | Path | None = None) -> ModelArch:

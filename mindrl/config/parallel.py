@@ -19,9 +19,14 @@ class ParallelConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     num_layer_list: tuple[int, ...] | None = None
+    #: ranks a mixture-of-experts layer's experts are spread over (each holds num_experts / EP of them)
+    expert_model_parallel_size: int = 1
+    #: the tensor-parallel cut of each expert; null: tensor_model_parallel_size, megatron-core's default and
+    #: the only one mindrl builds (MindSpeed-LLM's and Megatron-LM's expert checkpoints are cut so)
+    expert_tensor_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
-        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
@@ -35,6 +40,16 @@ class ParallelConfig:
     @property
     def pp(self) -> int:
         return self.pipeline_model_parallel_size
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """Ranks that hold one whole copy of the model: TP×PP, times EP (experts are cut across the data-
+        parallel ranks of a TP×PP model, so a model of EP=e needs e of those)."""
+        return self.tp * self.pp * self.ep
 
     def layers_per_stage(self, arch: ModelArch) -> list[int]:
         """Decoder layers on each pipeline stage (validated)."""
@@ -93,3 +108,30 @@ def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | No
         raise ConfigError(
             f"world size {world_size} is not divisible by tensor_model_parallel_size × "
             f"pipeline_model_parallel_size = {tp}×{pp}; use a device count that is a multiple of {tp * pp}.")
+    validate_expert_parallel(arch, par, world_size)
+
+
+def validate_expert_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | None = None) -> None:
+    """The expert-parallel rules: EP and expert TP must fit the experts, the dispatcher and the ranks."""
+    ep, tp = par.ep, par.tp
+    if not arch.is_moe:
+        if ep > 1:
+            raise ConfigError(f"expert_model_parallel_size={ep} needs a mixture-of-experts model, but model "
+                              f"{arch.name} has no num_experts; set expert_model_parallel_size to 1.")
+        return
+    if par.expert_tensor_parallel_size not in (None, tp):
+        raise ConfigError(f"expert_tensor_parallel_size={par.expert_tensor_parallel_size} differs from "
+                          f"tensor_model_parallel_size={tp}; mindrl cuts experts as it cuts the dense layers, so "
+                          f"leave it unset or set it to {tp}.")
+    if arch.num_experts % ep:
+        raise ConfigError(f"expert_model_parallel_size={ep} does not divide num_experts={arch.num_experts} of "
+                          f"model {arch.name}; choose an EP that divides it.")
+    for key, width in (("moe_ffn_hidden_size", arch.expert_ffn_hidden_size),
+                       ("moe_shared_expert_intermediate_size", arch.moe_shared_expert_intermediate_size)):
+        if width and width % tp:
+            raise ConfigError(f"tensor_model_parallel_size={tp} does not divide {key}={width} of model "
+                              f"{arch.name}; choose a TP that divides it.")
+    if world_size is not None and world_size % par.ranks_per_replica:
+        raise ConfigError(
+            f"world size {world_size} is not divisible by tensor × pipeline × expert parallel size = "
+            f"{tp}×{par.pp}×{ep}; use a device count that is a multiple of {par.ranks_per_replica}.")

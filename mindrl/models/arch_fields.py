@@ -44,6 +44,8 @@ class Link:
     #: whether the field changes tensor names or shapes (False: only the numbers computed)
     structural: bool = True
     cast: Callable[[Any], Any] | None = None
+    #: a mixture-of-experts field: written on no side for a dense model, so its files stay as they were
+    moe: bool = False
 
 
 LINKS: dict[str, Link] = {
@@ -78,12 +80,45 @@ LINKS: dict[str, Link] = {
                                       megatron_default=False, structural=False),
     # HF keeps it as id2label under a *ForSequenceClassification architecture: hf_mapping reads and writes it.
     "num_labels": Link(("num_labels",), megatron_default=None),
+    # Mixture of experts (Qwen2-MoE / Qwen3-MoE); an HF config keeps the experts' count as num_experts
+    # (transformers >= 5 saves Qwen3-MoE's as num_local_experts: both are read).
+    "num_experts": Link(("num_experts",), "num_moe_experts", "num_experts", megatron_default=None,
+                        hf_default=None, moe=True),
+    "moe_router_topk": Link(("moe_router_topk",), "moe_router_topk", "num_experts_per_tok", megatron_default=2,
+                            hf_default=2, moe=True),
+    "moe_ffn_hidden_size": Link(("moe_ffn_hidden_size",), "moe_ffn_hidden_size", "moe_intermediate_size",
+                                megatron_default=None, hf_default=None, moe=True),
+    "moe_shared_expert_intermediate_size": Link(("moe_shared_expert_intermediate_size",),
+                                                "moe_shared_expert_intermediate_size",
+                                                "shared_expert_intermediate_size", megatron_default=None,
+                                                hf_default=None, moe=True),
+    "moe_shared_expert_gate": Link(("moe_shared_expert_gate",), "moe_shared_expert_gate", megatron_default=False,
+                                   moe=True),
+    # Megatron's pre-softmax router takes the top-k of the softmax over all experts (not renormalised);
+    # without it the softmax runs over the top-k logits, which renormalises them.
+    "norm_topk_prob": Link(("moe_router_pre_softmax",), "moe_router_pre_softmax", "norm_topk_prob",
+                           negated=frozenset({MEGATRON, CONFIG}), megatron_default=False, hf_default=False,
+                           structural=False, moe=True),
+    "moe_router_load_balancing_type": Link(("moe_router_load_balancing_type",), "moe_router_load_balancing_type",
+                                           megatron_default="aux_loss", structural=False, moe=True),
+    "moe_aux_loss_coeff": Link(("moe_aux_loss_coeff",), "moe_aux_loss_coeff", "router_aux_loss_coef",
+                               megatron_default=0.0, hf_default=0.0, structural=False, cast=float, moe=True),
+    "moe_z_loss_coeff": Link(("moe_z_loss_coeff",), "moe_z_loss_coeff", megatron_default=None, structural=False,
+                             moe=True),
+    "moe_token_dispatcher_type": Link(("moe_token_dispatcher_type",), "moe_token_dispatcher_type",
+                                      megatron_default="allgather", structural=False, moe=True),
+    "moe_router_dtype": Link(("moe_router_dtype",), "moe_router_dtype", megatron_default=None, structural=False,
+                             moe=True),
 }
 
 # Values every other side holds in place of the raw field: the effective count or size.
 _EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
     "num_query_groups": lambda arch: arch.query_groups,
     "kv_channels": lambda arch: arch.head_dim,
+    "moe_ffn_hidden_size": lambda arch: arch.expert_ffn_hidden_size if arch.is_moe else None,
+    # megatron-core has one alltoall dispatcher; MindSpeed's alltoall_seq was folded into it
+    "moe_token_dispatcher_type": lambda arch: ("alltoall" if arch.moe_token_dispatcher_type == "alltoall_seq"
+                                               else arch.moe_token_dispatcher_type),
 }
 
 
@@ -109,6 +144,7 @@ def _hf_head_dim(config: Mapping[str, Any]) -> int | None:
 
 # HF values that are not a plain copy of one key.
 _FROM_HF: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "num_experts": lambda config: config.get("num_experts") or config.get("num_local_experts"),
     "num_query_groups": lambda config: config.get("num_key_value_heads") or config["num_attention_heads"],
     "kv_channels": _hf_head_dim,
     "rotary_base": rope_theta,
@@ -131,9 +167,15 @@ def _read(name: str, side: str, value: Any) -> Any:
     return link.cast(value) if link.cast and value is not None else value
 
 
+def _links(arch: ModelArch) -> dict[str, Link]:
+    """The fields `arch` has on the other sides: the MoE ones only for an MoE model."""
+    return {name: link for name, link in LINKS.items() if arch.is_moe or not link.moe}
+
+
 def megatron_arch_args(arch: ModelArch, tp: int) -> dict[str, Any]:
     """The architecture in Megatron-LM's argument names, vocabulary padded for `tp` as Megatron pads it."""
-    out = {link.megatron[0]: _side_value(arch, name, MEGATRON) for name, link in LINKS.items() if link.megatron}
+    out = {link.megatron[0]: _side_value(arch, name, MEGATRON) for name, link in _links(arch).items()
+           if link.megatron}
     out["group_query_attention"] = arch.query_groups != arch.num_attention_heads
     out["padded_vocab_size"] = arch.vocab_size_for(tp)
     out["add_position_embedding"] = False  # no learned absolute positions with RoPE; Megatron-LM checks it
@@ -142,14 +184,20 @@ def megatron_arch_args(arch: ModelArch, tp: int) -> dict[str, Any]:
 
 def transformer_config_kwargs(arch: ModelArch) -> dict[str, Any]:
     """The architecture as megatron-core TransformerConfig keywords."""
-    out = {link.config: _side_value(arch, name, CONFIG) for name, link in LINKS.items() if link.config}
+    out = {link.config: _side_value(arch, name, CONFIG) for name, link in _links(arch).items() if link.config}
     out["activation_func"] = F.silu if arch.swiglu else F.gelu
     return out
 
 
 def hf_config_values(arch: ModelArch) -> dict[str, Any]:
     """The architecture's entries of an HF config.json (family keys are the caller's)."""
-    return {link.hf: _side_value(arch, name, HF) for name, link in LINKS.items() if link.hf}
+    values = {link.hf: _side_value(arch, name, HF) for name, link in _links(arch).items() if link.hf}
+    # an absent MoE option (Qwen3-MoE's shared expert) is no key in HF's configs
+    return {key: value for key, value in values.items() if value is not None or not _moe_hf_key(key)}
+
+
+def _moe_hf_key(key: str) -> bool:
+    return any(link.moe and link.hf == key for link in LINKS.values())
 
 
 def arch_values_from_hf(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,7 +214,14 @@ def arch_values_from_hf(config: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _FROM_HF[name](config)
         else:
             out[name] = _read(name, HF, config.get(link.hf, link.hf_default))
-    return out
+    return _dense_without_moe_fields(out)
+
+
+def _dense_without_moe_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """A dense model's values without the MoE fields, whose defaults differ between the sides."""
+    if values.get("num_experts") is not None:
+        return values
+    return {name: value for name, value in values.items() if not LINKS[name].moe}
 
 
 def arch_values_from_megatron(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -190,7 +245,7 @@ def arch_values_from_megatron(args: argparse.Namespace) -> tuple[dict[str, Any],
         out["num_query_groups"] = None  # Megatron ignores num_query_groups (default 1) without GQA
     if getattr(args, "padded_vocab_size", None) is None:
         missing.append("padded_vocab_size")
-    return out, missing
+    return _dense_without_moe_fields(out), missing
 
 
 def vocab_from_megatron(args: argparse.Namespace, tp: int, hf_vocab: int | None) -> tuple[int, int]:

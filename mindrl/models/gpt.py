@@ -22,6 +22,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import arch_fields as af
 from mindrl.models.attention import SDPAttention
+from mindrl.models.moe import mlp_submodules, moe_config_kwargs
 from mindrl.models.rmsnorm import RMSNorm
 from mindrl.models.swiglu import SwiGLU
 from mindrl.platform import Platform, get_platform
@@ -61,6 +62,8 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
     )
+    if arch.is_moe:
+        kwargs.update(moe_config_kwargs(par))
     kwargs.update(platform.transformer_config_overrides())
     kwargs.update(overrides)
     with warnings.catch_warnings():
@@ -118,13 +121,19 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
                                 **{"use_te_activation_func": arch.swiglu, **config_overrides})
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Apex is not installed.*")
-        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
+        spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
+                                        qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     if config.use_te_activation_func:
-        spec.submodules.mlp.submodules.activation_func = SwiGLU
+        for mlp in mlp_submodules(spec):
+            mlp.activation_func = SwiGLU
     block: ModuleSpec | TransformerBlockSubmodules = spec
     if arch.normalization == "RMSNorm":
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
+        if config.sequence_parallel and arch.qk_layernorm:
+            # torch's norm refuses sequence parallelism (the QK norms see whole sequences either way)
+            attention = spec.submodules.self_attention.submodules
+            attention.q_layernorm = attention.k_layernorm = RMSNorm
         # the final norm comes from the block's submodules, which the layer spec alone leaves at torch's
         block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,

@@ -9,6 +9,10 @@ Megatron layout (local spec, TP=1 names):
   `heads/g` query heads, then its key head, then its value head (rows of `head_dim`).
   Tensor parallelism then cuts whole groups, which is why TP must divide `g`.
 - `linear_fc1` stacks SwiGLU's gate projection over its up projection.
+- An MoE layer's router is HF's `mlp.gate`; routed expert e (`mlp.experts.<e>.*`) is Megatron's
+  `mlp.experts.local_experts.<e>.*` (numbered over all experts here, per EP rank in a stage), its gate and up
+  projections stacked like the dense MLP's; Qwen2-MoE's shared expert and its sigmoid gate are
+  `mlp.shared_experts.*` and `mlp.shared_experts.gate_weight`.
 - A reward model (HF `*ForSequenceClassification`, converted with `--orm`) has no LM head; its
   `score` head [num_labels, hidden] is Megatron's `rm_head`, replicated on every TP rank of the
   last stage (one output cannot be cut).
@@ -23,13 +27,18 @@ import torch
 
 from mindrl.config import ConfigError, ModelArch
 from mindrl.models import arch_fields as af
+from mindrl.models import sharding
 
 # HF model_type of each --model-type-hf name the converter accepts (qwen25: MindSpeed-LLM's name).
-HF_MODEL_TYPES = {"qwen2": "qwen2", "qwen25": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3"}
-HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+HF_MODEL_TYPES = {"qwen2": "qwen2", "qwen25": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3",
+                  "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe"}
+HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 _CAUSAL_LM, _SEQ_CLS = "ForCausalLM", "ForSequenceClassification"
-# The optional tensors each HF family has: (QKV-only biases, QK layer norms).
-_FAMILY_TENSORS = {"qwen2": (True, False), "llama": (False, False), "qwen3": (False, True)}
+# The optional tensors each HF family has: (QKV-only biases, QK layer norms, experts, a gated shared expert).
+_FAMILY_TENSORS = {"qwen2": (True, False, False, False), "llama": (False, False, False, False),
+                   "qwen3": (False, True, False, False), "qwen2_moe": (True, False, True, True),
+                   "qwen3_moe": (False, True, True, False)}
 
 EMBEDDING = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
 FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
@@ -55,11 +64,24 @@ def mcore_layer_prefix(index: int) -> str:
     return f"decoder.layers.{index}."
 
 
+def _hf_mlp_names(arch: ModelArch) -> list[str]:
+    if not arch.is_moe:
+        return ["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    names = ["mlp.gate.weight"]
+    for e in range(arch.num_experts):
+        names += [f"mlp.experts.{e}.{proj}.weight" for proj in ("gate_proj", "up_proj", "down_proj")]
+    if arch.moe_shared_expert_intermediate_size:
+        names += [f"mlp.shared_expert.{proj}.weight" for proj in ("gate_proj", "up_proj", "down_proj")]
+        if arch.moe_shared_expert_gate:
+            names.append("mlp.shared_expert_gate.weight")
+    return names
+
+
 def hf_layer_names(arch: ModelArch) -> list[str]:
     """HF tensor names inside one decoder layer of `arch` (without the layer prefix)."""
     names = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
              "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-             "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+             *_hf_mlp_names(arch)]
     if arch.add_qkv_bias:
         names += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
     if arch.qk_layernorm:
@@ -80,6 +102,15 @@ def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
         "self_attn.v_proj.bias": (kv_rows,), "self_attn.q_norm.weight": (hd,),
         "self_attn.k_norm.weight": (hd,),
     }
+    if arch.is_moe:
+        expert, shared = arch.expert_ffn_hidden_size, arch.moe_shared_expert_intermediate_size or 0
+        layer["mlp.gate.weight"] = (arch.num_experts, h)
+        for e in range(arch.num_experts):
+            layer.update({f"mlp.experts.{e}.gate_proj.weight": (expert, h), f"mlp.experts.{e}.up_proj.weight":
+                          (expert, h), f"mlp.experts.{e}.down_proj.weight": (h, expert)})
+        layer.update({"mlp.shared_expert.gate_proj.weight": (shared, h), "mlp.shared_expert.up_proj.weight":
+                      (shared, h), "mlp.shared_expert.down_proj.weight": (h, shared),
+                      "mlp.shared_expert_gate.weight": (1, h)})
     shapes = {EMBEDDING[0]: (arch.padded_vocab_size, h)}
     for i in range(arch.num_layers):
         shapes.update({hf_layer_prefix(i) + n: layer[n] for n in hf_layer_names(arch)})
@@ -111,30 +142,56 @@ def _split_qkv(qkv: torch.Tensor, arch: ModelArch) -> tuple[torch.Tensor, torch.
             v.reshape(-1, *tail).contiguous())
 
 
+def _mlp_pairs(arch: ModelArch) -> list[tuple[str, str]]:
+    """(HF MLP prefix, Megatron MLP prefix) of every gated MLP in a layer: the dense one, or each routed expert
+    and the shared expert."""
+    if not arch.is_moe:
+        return [("mlp.", "mlp.")]
+    pairs = [(f"mlp.experts.{e}.", sharding.expert_prefix(e)) for e in range(arch.num_experts)]
+    if arch.moe_shared_expert_intermediate_size:
+        pairs.append(("mlp.shared_expert.", "mlp.shared_experts."))
+    return pairs
+
+
+def _renames(arch: ModelArch) -> dict[str, str]:
+    """One-to-one renames inside a decoder layer of `arch`: HF suffix → Megatron suffix."""
+    renames = dict(_LAYER_RENAMES)
+    del renames["mlp.down_proj.weight"]
+    renames.update({hf + "down_proj.weight": mg + "linear_fc2.weight" for hf, mg in _mlp_pairs(arch)})
+    if arch.is_moe:
+        renames["mlp.gate.weight"] = "mlp.router.weight"
+        renames["mlp.shared_expert_gate.weight"] = "mlp.shared_experts.gate_weight"
+    return renames
+
+
 def hf_to_mcore_layer(hf: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
     """One decoder layer: HF suffix → tensor, to Megatron suffix → tensor (TP=1)."""
-    out = {_LAYER_RENAMES[name]: tensor for name, tensor in hf.items() if name in _LAYER_RENAMES}
+    renames = _renames(arch)
+    out = {renames[name]: tensor for name, tensor in hf.items() if name in renames}
     out["self_attention.linear_qkv.weight"] = _fuse_qkv(
         hf["self_attn.q_proj.weight"], hf["self_attn.k_proj.weight"], hf["self_attn.v_proj.weight"], arch)
     if arch.add_qkv_bias:
         out["self_attention.linear_qkv.bias"] = _fuse_qkv(
             hf["self_attn.q_proj.bias"], hf["self_attn.k_proj.bias"], hf["self_attn.v_proj.bias"], arch)
-    out["mlp.linear_fc1.weight"] = torch.cat([hf["mlp.gate_proj.weight"], hf["mlp.up_proj.weight"]], dim=0)
+    for hf_mlp, mg_mlp in _mlp_pairs(arch):
+        out[mg_mlp + "linear_fc1.weight"] = torch.cat([hf[hf_mlp + "gate_proj.weight"],
+                                                       hf[hf_mlp + "up_proj.weight"]], dim=0)
     return out
 
 
 def mcore_to_hf_layer(mcore: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
     """One decoder layer: Megatron suffix → tensor, to HF suffix → tensor (inverse of the above)."""
-    back = {m: h for h, m in _LAYER_RENAMES.items()}
+    back = {m: h for h, m in _renames(arch).items()}
     out = {back[name]: tensor for name, tensor in mcore.items() if name in back}
     q, k, v = _split_qkv(mcore["self_attention.linear_qkv.weight"], arch)
     out.update({"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v})
     if arch.add_qkv_bias:
         q, k, v = _split_qkv(mcore["self_attention.linear_qkv.bias"], arch)
         out.update({"self_attn.q_proj.bias": q, "self_attn.k_proj.bias": k, "self_attn.v_proj.bias": v})
-    gate, up = mcore["mlp.linear_fc1.weight"].chunk(2, dim=0)
-    out["mlp.gate_proj.weight"] = gate.contiguous()
-    out["mlp.up_proj.weight"] = up.contiguous()
+    for hf_mlp, mg_mlp in _mlp_pairs(arch):
+        gate, up = mcore[mg_mlp + "linear_fc1.weight"].chunk(2, dim=0)
+        out[hf_mlp + "gate_proj.weight"] = gate.contiguous()
+        out[hf_mlp + "up_proj.weight"] = up.contiguous()
     return {name: out[name] for name in hf_layer_names(arch)}
 
 
@@ -146,19 +203,25 @@ def hf_model_type(model_type_hf: str) -> str:
     return HF_MODEL_TYPES[model_type_hf]
 
 
+def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool]:
+    """`arch`'s optional tensors, as _FAMILY_TENSORS lists them."""
+    return (arch.add_qkv_bias, arch.qk_layernorm, arch.is_moe,
+            bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate))
+
+
 def model_type_hf_of(arch: ModelArch) -> str:
     """The --model-type-hf whose HF family holds exactly `arch`'s optional tensors."""
-    for name in ("qwen2", "llama3", "qwen3"):
-        if _FAMILY_TENSORS[HF_MODEL_TYPES[name]] == (arch.add_qkv_bias, arch.qk_layernorm):
+    for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe"):
+        if _FAMILY_TENSORS[HF_MODEL_TYPES[name]] == _tensors_of(arch):
             return name
-    raise ConfigError(f"model {arch.name} has both QKV biases and QK layer norms, which no HF family mindrl "
-                      f"converts ({', '.join(HF_MODEL_TYPES)}) holds.")
+    raise ConfigError(f"model {arch.name} has a mix of QKV biases, QK layer norms and experts that no HF family "
+                      f"mindrl converts ({', '.join(HF_MODEL_TYPES)}) holds.")
 
 
 def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
     """Refuse an architecture whose weights the HF family could not load (before any work)."""
     family = hf_model_type(model_type_hf)
-    qkv_bias, qk_norm = _FAMILY_TENSORS[family]
+    qkv_bias, qk_norm, experts, gated_shared = _FAMILY_TENSORS[family]
     if arch.add_qkv_bias and not qkv_bias:
         raise ConfigError(f"HF {family} models have no QKV-only bias, so model {arch.name}'s QKV biases would "
                           f"not load back into HF transformers; a Qwen2-family model takes --model-type-hf qwen2.")
@@ -166,6 +229,11 @@ def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
         ("no QKV biases (HF qwen2 has them)", qkv_bias and not arch.add_qkv_bias),
         ("QK layer norms (only HF qwen3 has them)", arch.qk_layernorm and not qk_norm),
         ("no QK layer norms (HF qwen3 has them)", qk_norm and not arch.qk_layernorm),
+        ("experts (only HF qwen2_moe / qwen3_moe have them)", arch.is_moe and not experts),
+        ("no experts (HF qwen2_moe / qwen3_moe are mixtures of experts)", experts and not arch.is_moe),
+        ("no gated shared expert (HF qwen2_moe has one)", experts and gated_shared and not _tensors_of(arch)[3]),
+        ("a shared expert (HF qwen3_moe has none)", experts and not gated_shared and
+         bool(arch.moe_shared_expert_intermediate_size)),
         ("biases on every linear layer", not arch.disable_bias_linear),
         (f"{arch.normalization} instead of RMSNorm", arch.normalization != "RMSNorm"),
         ("an activation other than SwiGLU", not arch.swiglu),
@@ -212,7 +280,9 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if config.get("model_type") != expected:
         raise ConfigError(f"config.json has model_type {config.get('model_type')!r} but --model-type-hf "
                           f"{model_type_hf} expects {expected!r}; pass the matching --model-type-hf.")
-    qkv_bias, qk_norm = _FAMILY_TENSORS[expected]
+    qkv_bias, qk_norm, experts, gated_shared = _FAMILY_TENSORS[expected]
+    if experts:
+        _check_every_layer_moe(config)
     if add_qkv_bias and not qkv_bias:
         raise ConfigError(f"--add-qkv-bias does not fit --model-type-hf {model_type_hf}: HF {expected} models "
                           f"have no QKV-only bias, so the weights would not load back into HF transformers; "
@@ -229,8 +299,18 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
                           f"{len(sliding)} of its {config['num_hidden_layers']} layers, which mindrl's models do "
                           f"not compute; use a model with full attention in every layer (use_sliding_window: "
                           f"false).")
-    return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, num_labels=num_labels,
-                     **af.arch_values_from_hf(config))
+    values = af.arch_values_from_hf(config)
+    if gated_shared and values.get("moe_shared_expert_intermediate_size"):
+        values["moe_shared_expert_gate"] = True
+    return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, num_labels=num_labels, **values)
+
+
+def _check_every_layer_moe(config: Mapping[str, Any]) -> None:
+    """mindrl builds experts in every layer; HF MoE configs can keep some layers dense."""
+    step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers") or []
+    if step != 1 or dense:
+        raise ConfigError(f"HF config keeps some layers dense (decoder_sparse_step={step}, mlp_only_layers="
+                          f"{dense}), which mindrl does not build; use a model with experts in every layer.")
 
 
 def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -249,6 +329,7 @@ def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype)
         **labels,
         "hidden_act": "silu",
         **af.hf_config_values(arch),
+        **({"decoder_sparse_step": 1, "mlp_only_layers": []} if arch.is_moe else {}),
         "attention_bias": False,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }

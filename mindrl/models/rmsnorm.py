@@ -44,11 +44,13 @@ class RMSNorm(torch.nn.Module):
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_) -> None:
         super().__init__()
-        if config.normalization != "RMSNorm" or config.sequence_parallel or config.layernorm_zero_centered_gamma:
-            raise ValueError("mindrl's RMSNorm module is a plain RMSNorm: no sequence parallelism or "
-                             "zero-centred gamma.")
+        if config.normalization != "RMSNorm" or config.layernorm_zero_centered_gamma:
+            raise ValueError("mindrl's RMSNorm module is a plain RMSNorm: no zero-centred gamma.")
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        # under sequence parallelism each TP rank normalises its own tokens: megatron-core sums the weight's
+        # gradient over TP for parameters marked so
+        self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _RMSNorm.apply(x, self.weight, self.eps)

@@ -22,6 +22,8 @@ import torch
 from mindrl.config import ModelArch, ParallelConfig
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")
+_EXPERT_MLP = re.compile(r"^mlp\.(experts\.local_experts\.\d+|shared_experts)\.")
 
 _COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
            "mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
@@ -48,16 +50,40 @@ def layer_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     if bias:
         shapes["self_attention.linear_proj.bias"] = (h,)
     shapes["pre_mlp_layernorm.weight"] = (h,)
-    shapes["mlp.linear_fc1.weight"] = (fc1_rows, h)
-    if bias:
-        shapes["mlp.linear_fc1.bias"] = (fc1_rows,)
-    shapes["mlp.linear_fc2.weight"] = (h, arch.ffn_hidden_size)
-    if bias:
-        shapes["mlp.linear_fc2.bias"] = (h,)
+    if arch.is_moe:
+        shapes.update(_moe_param_shapes(arch))
+    else:
+        shapes["mlp.linear_fc1.weight"] = (fc1_rows, h)
+        if bias:
+            shapes["mlp.linear_fc1.bias"] = (fc1_rows,)
+        shapes["mlp.linear_fc2.weight"] = (h, arch.ffn_hidden_size)
+        if bias:
+            shapes["mlp.linear_fc2.bias"] = (h,)
     if arch.normalization == "LayerNorm":
         shapes["input_layernorm.bias"] = (h,)
         shapes["pre_mlp_layernorm.bias"] = (h,)
     return shapes
+
+
+def _moe_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """An MoE layer's MLP parameters at EP=1 (experts numbered globally), in megatron-core's order."""
+    h, ffn = arch.hidden_size, arch.expert_ffn_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {"mlp.router.weight": (arch.num_experts, h)}
+    for e in range(arch.num_experts):
+        shapes[f"{expert_prefix(e)}linear_fc1.weight"] = (2 * ffn, h)
+        shapes[f"{expert_prefix(e)}linear_fc2.weight"] = (h, ffn)
+    shared = arch.moe_shared_expert_intermediate_size
+    if shared:
+        shapes["mlp.shared_experts.linear_fc1.weight"] = (2 * shared, h)
+        shapes["mlp.shared_experts.linear_fc2.weight"] = (h, shared)
+        if arch.moe_shared_expert_gate:
+            shapes["mlp.shared_experts.gate_weight"] = (1, h)
+    return shapes
+
+
+def expert_prefix(expert: int) -> str:
+    """Megatron's name of routed expert `expert` inside a layer (SequentialMLP)."""
+    return f"mlp.experts.local_experts.{expert}."
 
 
 def full_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
@@ -78,8 +104,16 @@ def full_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
 
 
 def _suffix(name: str) -> str:
+    """The name inside its layer, an expert's or the shared expert's MLP named as the dense MLP (they are cut
+    alike)."""
     match = _LAYER.match(name)
-    return match.group(2) if match else name
+    return _EXPERT_MLP.sub("mlp.", match.group(2)) if match else name
+
+
+def expert_of(name: str) -> int | None:
+    """The routed expert a parameter name belongs to, or None."""
+    match = _EXPERT.search(name)
+    return int(match.group(1)) if match else None
 
 
 def tp_split(name: str, tensor: torch.Tensor, tp: int, swiglu: bool = True) -> list[torch.Tensor]:
@@ -158,34 +192,48 @@ def merge_full_tensor(name: str, shards: list[torch.Tensor], arch: ModelArch) ->
     return tensor[:arch.vocab_size_for(1)] if name in _VOCAB else tensor
 
 
-def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int) -> dict[str, str]:
-    """Full name → local name of every parameter that pipeline stage `pp_rank` holds."""
+def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int, ep_rank: int = 0) -> dict[str, str]:
+    """Full name → local name of every parameter that pipeline stage `pp_rank` holds on expert-parallel rank
+    `ep_rank` (which holds num_experts / EP of the experts, numbered from 0 there)."""
     return range_names(arch, par.first_layer_of_stages(arch)[pp_rank], par.layers_per_stage(arch)[pp_rank],
-                       holds_embedding=pp_rank == 0, holds_head=pp_rank == par.pp - 1)
+                       holds_embedding=pp_rank == 0, holds_head=pp_rank == par.pp - 1,
+                       experts=expert_range(arch, par, ep_rank))
+
+
+def expert_range(arch: ModelArch, par: ParallelConfig, ep_rank: int) -> range:
+    """The global numbers of the routed experts on expert-parallel rank `ep_rank`."""
+    per_rank = (arch.num_experts or 0) // par.ep
+    return range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
 
 
 def range_names(arch: ModelArch, first_layer: int, num_layers: int, holds_embedding: bool,
-                holds_head: bool) -> dict[str, str]:
+                holds_head: bool, experts: range | None = None) -> dict[str, str]:
     """Full name → local name of the parameters of a model piece holding layers
     [first_layer, first_layer + num_layers) (numbered from 0 inside it), the embedding if
-    `holds_embedding`, the final norm and output layer if `holds_head`."""
+    `holds_embedding`, the final norm and output layer if `holds_head`, and of the routed experts the
+    ones in `experts` (all if None; numbered from 0 inside it)."""
     names: dict[str, str] = {}
     for name in full_param_shapes(arch):
         match = _LAYER.match(name)
         if match:
-            index = int(match.group(1))
+            index, inner = int(match.group(1)), match.group(2)
+            expert = expert_of(name)
+            if expert is not None and experts is not None:
+                if expert not in experts:
+                    continue
+                inner = inner.replace(expert_prefix(expert), expert_prefix(expert - experts.start), 1)
             if first_layer <= index < first_layer + num_layers:
-                names[name] = f"decoder.layers.{index - first_layer}.{match.group(2)}"
+                names[name] = f"decoder.layers.{index - first_layer}.{inner}"
         elif holds_embedding if name.startswith("embedding.") else holds_head:
             names[name] = name
     return names
 
 
 def shard_state_dict(full: dict[str, torch.Tensor], arch: ModelArch, par: ParallelConfig,
-                     tp_rank: int, pp_rank: int) -> dict[str, torch.Tensor]:
-    """The stage state dict of (tp_rank, pp_rank), cut from a full state dict."""
+                     tp_rank: int, pp_rank: int, ep_rank: int = 0) -> dict[str, torch.Tensor]:
+    """The stage state dict of (tp_rank, pp_rank, ep_rank), cut from a full state dict."""
     out = {local: split_full_tensor(name, full[name], arch, par)[tp_rank]
-           for name, local in stage_names(arch, par, pp_rank).items()}
+           for name, local in stage_names(arch, par, pp_rank, ep_rank).items()}
     if holds_tied_output_copy(arch, par, pp_rank):
         # Megatron keeps a copy of the tied embedding as the last stage's output layer.
         out["output_layer.weight"] = split_full_tensor(
@@ -198,14 +246,18 @@ def holds_tied_output_copy(arch: ModelArch, par: ParallelConfig, pp_rank: int) -
     return arch.tied_embeddings and par.pp > 1 and pp_rank == par.pp - 1
 
 
-def merge_state_dicts(stages: dict[tuple[int, int], dict[str, torch.Tensor]], arch: ModelArch,
+def merge_state_dicts(stages: dict[tuple[int, ...], dict[str, torch.Tensor]], arch: ModelArch,
                       par: ParallelConfig) -> dict[str, torch.Tensor]:
-    """The full state dict from every (tp_rank, pp_rank) stage state dict."""
+    """The full state dict from every (tp_rank, pp_rank) stage state dict; with EP > 1 they are keyed
+    (tp_rank, pp_rank, ep_rank)."""
     full: dict[str, torch.Tensor] = {}
-    for pp_rank in range(par.pp):
-        for name, local in stage_names(arch, par, pp_rank).items():
-            full[name] = merge_full_tensor(
-                name, [stages[(tp_rank, pp_rank)][local] for tp_rank in range(par.tp)], arch)
+    for ep_rank in range(par.ep):
+        for pp_rank in range(par.pp):
+            for name, local in stage_names(arch, par, pp_rank, ep_rank).items():
+                if name in full:
+                    continue  # the layers around the experts are the same on every EP rank
+                keys = [(tp_rank, pp_rank) + ((ep_rank,) if par.ep > 1 else ()) for tp_rank in range(par.tp)]
+                full[name] = merge_full_tensor(name, [stages[key][local] for key in keys], arch)
     return {name: full[name] for name in full_param_shapes(arch)}
 
 

@@ -154,10 +154,50 @@ def device_mode_suspended() -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def patch_moe_host_copies() -> None:
+    """The alltoall token dispatcher copies its split sizes "to the host" as numpy arrays, but only from a
+    CUDA tensor; on CPU they stayed tensors, which gloo's all_to_all refuses as split sizes. Here the host
+    copy of a host tensor is the same numpy view."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor):
+            return tensor.numpy()
+        return tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
+def patch_uneven_all_gather() -> None:
+    """megatron-core gathers expert tokens of uneven counts per rank (`all_gather` into differently sized
+    outputs), which NCCL and HCCL do and gloo refuses. On gloo each rank's piece is padded to the largest,
+    gathered, and cut back: the same result."""
+    import torch.distributed as dist
+
+    gather = dist.all_gather
+
+    def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
+                   async_op: bool = False) -> Any:
+        if all(t.shape == tensor.shape for t in tensor_list) or dist.get_backend(group) != "gloo":
+            return gather(tensor_list, tensor, group=group, async_op=async_op)
+        rows = max(t.shape[0] for t in tensor_list)
+        padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+        padded[:tensor.shape[0]] = tensor
+        pieces = [torch.empty_like(padded) for _ in tensor_list]
+        gather(pieces, padded, group=group)
+        for out, piece in zip(tensor_list, pieces, strict=True):
+            out.copy_(piece[:out.shape[0]])
+        return None
+
+    dist.all_gather = all_gather
+
+
 PATCHES: tuple[Callable[[], None], ...] = (
     patch_cuda_device_queries,
     patch_cuda_sync_primitives,
     patch_cuda_rng,
+    patch_moe_host_copies,
+    patch_uneven_all_gather,
 )
 
 _state = threading.local()

@@ -1,0 +1,171 @@
+"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE) on megatron-core: HF transformers' logits and
+gradients at EP=1, EP=2, EP=2×TP=2 and PP=2, and expert-parallel gradients equal EP=1's with the
+load-balancing loss on (fp32, 4 gloo ranks, each data-parallel rank on its own rows)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from megatron.core import parallel_state
+
+from mindrl.config import ConfigError, ModelArch, ParallelConfig, load_model_arch, validate_parallel
+from mindrl.distributed import init_model_parallel, release_model_parallel
+from mindrl.launch import run_ranks
+from mindrl.models import hf_mapping as hfm
+from mindrl.models import sharding
+from mindrl.models.forward import gather_logits, run_microbatches, token_cross_entropy
+from mindrl.models.gpt import build_gpt_model, load_stage_weights
+from mindrl.models.optimizer import wrap_for_training, zero_grads
+from mindrl.platform import get_platform
+from tests.hf_models import build_hf_model, checkpoint_state, hf_to_mcore_state, mcore_to_hf_state
+
+KINDS = ("qwen3_moe", "qwen2_moe")
+LAYOUTS = {
+    "ep1": ParallelConfig(1, 1),
+    "ep2": ParallelConfig(1, 1, expert_model_parallel_size=2),
+    "ep2tp2": ParallelConfig(2, 1, expert_model_parallel_size=2),
+    "pp2": ParallelConfig(1, 2),
+    "ep2pp2": ParallelConfig(1, 2, expert_model_parallel_size=2),
+}
+ROWS, SEQ, MICRO = 8, 16, 2
+AUX = 0.01
+
+
+def _run_layout(arch: ModelArch, par: ParallelConfig, full: dict, tokens: torch.Tensor) -> dict:
+    """One layout on this rank: its data-parallel rank's rows through DDP (gradients all-reduced over the
+    data-parallel and expert-data-parallel groups as in training); logits, losses and gradients back."""
+    release_model_parallel()
+    init_model_parallel(par, arch=arch)
+    model = build_gpt_model(arch, par)
+    tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+    ep = parallel_state.get_expert_model_parallel_rank()
+    load_stage_weights(model, sharding.shard_state_dict(full, arch, par, tp, pp, ep))
+    ddp, optimizer = wrap_for_training(model, lr=0.0, use_distributed_optimizer=False)
+    zero_grads(ddp, optimizer)
+    dp, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+    rows = tokens[dp * ROWS // dp_size:(dp + 1) * ROWS // dp_size].to(get_platform().device())
+    labels = torch.roll(rows, -1, dims=1)
+    captured: list[torch.Tensor] = []
+
+    def loss_fn(logits, batch):
+        captured.append(gather_logits(logits).detach().clone())
+        return token_cross_entropy(logits, batch)
+
+    run_microbatches(ddp, [{"tokens": rows[i:i + MICRO], "labels": labels[i:i + MICRO]}
+                           for i in range(0, rows.shape[0], MICRO)], loss_fn)
+    return {"tp": tp, "pp": pp, "ep": ep, "dp": dp,
+            "logits": torch.cat(captured).cpu() if captured else None,
+            "grads": {n: p.main_grad.detach().cpu() for n, p in model.named_parameters()}}
+
+
+def _all_layouts(rank: int, cases: list, layouts: list[ParallelConfig]) -> list:
+    return [[_run_layout(arch, par, full, tokens) for par in layouts] for arch, full, tokens in cases]
+
+
+def _joined(runs: list[dict], arch: ModelArch, par: ParallelConfig) -> tuple[torch.Tensor, dict]:
+    """Logits of all rows (each data-parallel rank's, in order) and the full gradients under HF names."""
+    last = [r for r in runs if r["logits"] is not None and r["tp"] == 0]
+    by_dp = {r["dp"]: r["logits"] for r in last}
+    logits = torch.cat([by_dp[d] for d in sorted(by_dp)])[..., :arch.vocab_size_for(1)]
+    key = (lambda r: (r["tp"], r["pp"], r["ep"])) if par.ep > 1 else (lambda r: (r["tp"], r["pp"]))
+    stages = {key(r): r["grads"] for r in runs}  # gradients are the same on every data-parallel rank
+    return logits, mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, par), arch)
+
+
+def _hf_reference(model, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """HF's logits and the gradient of the mean over micro-batches of their mean token loss."""
+    model.zero_grad()
+    logits = []
+    for i in range(0, ROWS, MICRO):
+        rows = tokens[i:i + MICRO]
+        out = model(rows).logits
+        loss = torch.nn.functional.cross_entropy(out.flatten(0, 1), torch.roll(rows, -1, dims=1).flatten())
+        (loss / (ROWS // MICRO)).backward()
+        logits.append(out.detach())
+    grads = checkpoint_state(model, {n: p.grad for n, p in model.named_parameters()})
+    return torch.cat(logits), grads
+
+
+def hf_cases() -> tuple[list, dict]:
+    """Per kind, the HF model's reference outputs, and the Megatron cases (arch, weights, tokens) without and
+    with the load-balancing loss."""
+    tokens = torch.randint(0, 250, (ROWS, SEQ), generator=torch.Generator().manual_seed(3))
+    cases, expected = [], {}
+    for kind in KINDS:
+        hf = build_hf_model(kind, seed=7, num_hidden_layers=2)
+        arch = dataclasses.replace(hfm.arch_from_hf_config(hf.config.to_dict(), kind, name=kind),
+                                   moe_router_dtype="fp32")
+        full = hf_to_mcore_state(checkpoint_state(hf), arch)
+        expected[kind] = _hf_reference(hf, tokens)
+        # HF's aux loss (over all layers at once) is not Megatron's per-layer one: HF is compared without it,
+        # the expert-parallel layouts with it against EP=1
+        cases += [(dataclasses.replace(arch, moe_aux_loss_coeff=0.0), full, tokens),
+                  (dataclasses.replace(arch, moe_aux_loss_coeff=AUX), full, tokens)]
+    return cases, expected
+
+
+def run_cases(cases: list, layouts: dict[str, ParallelConfig], world: int, device: str | None = None) -> dict:
+    """(kind, aux loss on, layout name) → joined logits and HF-named gradients."""
+    per_rank = run_ranks(_all_layouts, world, cases, list(layouts.values()), device=device)
+    out = {}
+    for c, (arch, _, _) in enumerate(cases):
+        for i, (name, par) in enumerate(layouts.items()):
+            out[(KINDS[c // 2], c % 2 == 1, name)] = _joined([ranks[c][i] for ranks in per_rank], arch, par)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results():
+    cases, expected = hf_cases()
+    return expected, run_cases(cases, LAYOUTS, 4)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_and_gradients_equal_hf(results, kind, layout):
+    expected, out = results
+    hf_logits, hf_grads = expected[kind]
+    logits, grads = out[(kind, False, layout)]
+    assert hf_logits.abs().max() > 1.0
+    diff = (logits - hf_logits).abs().max().item()
+    print(f"{kind} {layout}: max |logits - HF| = {diff:.2e}")
+    assert diff <= 1e-5
+    assert grads.keys() == hf_grads.keys()
+    for name, grad in hf_grads.items():
+        scale = grad.abs().max().item()
+        assert scale > 0, f"{name} got no gradient from HF"
+        assert (grads[name] - grad).abs().max().item() <= 1e-5 * scale + 1e-8, f"{kind} {layout}: {name}"
+
+
+@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k != "ep1"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_expert_parallel_gradients_equal_ep1_with_the_aux_loss(results, kind, layout):
+    _, out = results
+    _, reference = out[(kind, True, "ep1")]
+    _, without_aux = out[(kind, False, "ep1")]
+    _, grads = out[(kind, True, layout)]
+    router = "model.layers.0.mlp.gate.weight"
+    # the load-balancing loss reaches the router: its gradient is not the one without it
+    assert (reference[router] - without_aux[router]).abs().max() > 1e-6
+    for name, grad in reference.items():
+        assert (grads[name] - grad).abs().max().item() <= 1e-5 * grad.abs().max().item() + 1e-8, f"{layout}: {name}"
+
+
+def test_moe_layouts_that_cannot_be_built_are_one_sentence():
+    arch = load_model_arch("tiny_qwen3_moe")
+    with pytest.raises(ConfigError, match="expert_model_parallel_size=3 does not divide num_experts=8"):
+        validate_parallel(arch, ParallelConfig(1, 1, expert_model_parallel_size=3))
+    with pytest.raises(ConfigError, match="needs a mixture-of-experts model"):
+        validate_parallel(load_model_arch("tiny_qwen"), ParallelConfig(1, 1, expert_model_parallel_size=2))
+    with pytest.raises(ConfigError, match="expert_tensor_parallel_size=1 differs from tensor_model_parallel_size=2"):
+        validate_parallel(arch, ParallelConfig(2, 1, expert_tensor_parallel_size=1))
+    with pytest.raises(ConfigError, match="not divisible by tensor × pipeline × expert parallel size = 2×1×2"):
+        validate_parallel(arch, ParallelConfig(2, 1, expert_model_parallel_size=2), world_size=2)
+    values = dataclasses.asdict(arch)
+    for bad, message in ((dict(moe_router_topk=9), "moe_router_topk=9 must be between 1 and num_experts=8"),
+                         (dict(moe_token_dispatcher_type="flex"), "moe_token_dispatcher_type='flex' is not one"),
+                         (dict(num_experts=None), "is set but num_experts is not")):
+        with pytest.raises(ConfigError, match=message):
+            ModelArch(**{**values, **bad})
