@@ -134,7 +134,7 @@ def test_kl_as_a_reward_penalty():
 ])
 def test_ppo_clip(adv, ratio, expected, clipped):
     loss, flags = ppo_clip_loss(torch.tensor([math.log(ratio)]), torch.tensor([0.0]), torch.tensor([adv]),
-                                LossConfig(clip_ratio=0.2))
+                                torch.ones(1), LossConfig(clip_ratio=0.2))
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert flags["clipped"].item() == clipped
 
@@ -142,14 +142,14 @@ def test_ppo_clip(adv, ratio, expected, clipped):
 def test_clip_higher_uses_separate_bounds():
     cfg = LossConfig(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28)
     losses, _ = ppo_clip_loss(torch.log(torch.tensor([1.25, 1.3, 0.7])), torch.zeros(3), torch.tensor([1.0, 1.0, -1.0]),
-                              cfg)
+                              torch.ones(3), cfg)
     assert losses.tolist() == pytest.approx([-1.25, -1.28, 0.8], rel=1e-6)
 
 
 def test_dual_clip_caps_negative_advantages_only():
     cfg = LossConfig(clip_ratio=0.2, clip_ratio_c=3.0)
     losses, flags = ppo_clip_loss(torch.log(torch.tensor([5.0, 2.0, 5.0])), torch.zeros(3),
-                                  torch.tensor([-1.0, -1.0, 1.0]), cfg)
+                                  torch.tensor([-1.0, -1.0, 1.0]), torch.ones(3), cfg)
     assert losses.tolist() == pytest.approx([3.0, 2.0, -1.2], rel=1e-6)
     assert flags["dual_clipped"].tolist() == [1.0, 0.0, 0.0]
 

@@ -139,7 +139,7 @@ def test_actor_loss_scales_each_token_pg_loss():
     ones, _ = actor_loss(log_prob, old, adv, MASK, cfg, is_weights=MASK)
     assert ones.item() == pytest.approx(plain.item())
     loss, metrics = actor_loss(log_prob, old, adv, MASK, cfg, is_weights=w)
-    per_token, _ = ppo_clip_loss(log_prob, old, adv, cfg)
+    per_token, _ = ppo_clip_loss(log_prob, old, adv, MASK, cfg)
     expected = sum(w[i, j] * per_token[i, j] for i in range(2) for j in range(3) if MASK[i, j]) / MASK.sum()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert metrics["pg_loss"] == pytest.approx(expected.item(), rel=1e-6)

@@ -158,6 +158,8 @@ MISTAKES = {
     "kl estimator": (["rl_config.kl_penalty=k9"], ["k9", "kl_penalty"]),
     "adv estimator": (["rl_config.adv_estimator=gea"], ["gea", "adv_estimator", "gae"]),
     "rollout_is": (["+rl_config.rollout_is=batch"], ["rollout_is"]),
+    "policy loss": (["+rl_config.policy_loss=gpg"], ["gpg", "policy_loss", "gspo"]),
+    "gspo dual clip": (["+rl_config.policy_loss=gspo", "+rl_config.clip_ratio_c=3.0"], ["clip_ratio_c", "gspo"]),
     "type": (["rl_config.epochs=two"], ["rl_config.epochs", "integer"]),
     "lr schedule": (["actor_config.lr_decay_style=exp"], ["actor_config.lr_decay_style", "cosine"]),
     "filter metric": (["+rl_config.filter_groups_enable=true", "+rl_config.filter_groups_metric=strict_format"],
@@ -303,6 +305,15 @@ def test_dapo_reference_keys_map_onto_the_grpo_trainer():
     assert (cfg.loss.low, cfg.loss.high) == (0.2, 0.28)
     assert cfg.loss.loss_agg_mode == "token-mean" and not cfg.loss.use_kl_loss
     assert cfg.rl_config.filter_groups_enable and cfg.rl_config.reward.overlong_buffer_enable
+
+
+def test_gspo_aggregates_per_response_unless_told_otherwise():
+    cfg = load_trainer_config("grpo_tiny_cpu", ["+rl_config.policy_loss=gspo", "+rl_config.clip_higher_enable=true",
+                                                "+rl_config.clip_ratio_low=3e-4", "+rl_config.clip_ratio_high=4e-4"])
+    assert (cfg.loss.policy_loss, cfg.loss.loss_agg_mode, cfg.loss.low, cfg.loss.high) == (
+        "gspo", "seq-mean-token-mean", 3e-4, 4e-4)
+    told = load_trainer_config("grpo_tiny_cpu", ["+rl_config.policy_loss=gspo", "+rl_config.loss_agg_mode=token-mean"])
+    assert told.loss.loss_agg_mode == "token-mean"
 
 
 def test_mindspeed_values_still_raise():

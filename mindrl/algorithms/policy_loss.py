@@ -1,21 +1,33 @@
 """The actor's loss: clipped policy gradient (+ KL loss, − entropy bonus), aggregated.
 
-PPO clip with ratio r = exp(log π − log π_old):
+PPO clip (`policy_loss: ppo`) with ratio r = exp(log π − log π_old):
   pg = max(−A·r, −A·clip(r, 1 − clip_ratio_low, 1 + clip_ratio_high))
 `clip_ratio_low/high` default to `clip_ratio` (DAPO's clip-higher sets them apart). With
 `clip_ratio_c` (dual clip, > 1), a negative-advantage token's loss is also capped at
 −A·clip_ratio_c, so a huge ratio on a bad token cannot dominate.
+
+GSPO (`policy_loss: gspo`, Zheng et al. 2025, as verl computes it) clips one ratio per response, the
+geometric mean of its tokens' ratios s = exp(mean_t(log π − log π_old)), so a whole response is kept or
+dropped: one token whose probability moved far (an MoE routing flip) cannot clip its neighbours alone.
+Each token carries s's value with its own log-prob's gradient (GSPO-token: sg[s]·π/sg[π]); with the
+response-level advantages of GRPO that is GSPO's gradient.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from mindrl.algorithms.aggregation import LOSS_AGG_MODES, aggregate
 from mindrl.algorithms.kl import KL_ESTIMATORS, kl_divergence
+from mindrl.algorithms.registry import Registry
 from mindrl.config.errors import ConfigError
+
+PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "LossConfig"],
+                      tuple[torch.Tensor, dict[str, torch.Tensor]]]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "policy_loss")
 
 
 @dataclass(frozen=True)
@@ -31,10 +43,15 @@ class LossConfig:
     kl_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0
+    policy_loss: str = "ppo"
 
     def __post_init__(self) -> None:
         LOSS_AGG_MODES.get(self.loss_agg_mode)
         KL_ESTIMATORS.get(self.kl_loss_type)
+        POLICY_LOSSES.get(self.policy_loss)
+        if self.policy_loss == "gspo" and self.clip_ratio_c is not None:
+            raise ConfigError("clip_ratio_c (dual clip) caps token ratios, which policy_loss gspo does not clip; "
+                              "remove clip_ratio_c or use policy_loss ppo.")
         if not 0.0 < self.low < 1.0 or self.high <= 0.0:
             raise ConfigError(f"clip ratios must satisfy 0 < clip_ratio_low < 1 and clip_ratio_high > 0, got "
                               f"low={self.low}, high={self.high}.")
@@ -59,19 +76,35 @@ class LossConfig:
         return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
 
+@POLICY_LOSSES.register("ppo", "vanilla")
 def ppo_clip_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-                  cfg: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  mask: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token clipped PG loss and per-token indicators (clipped, dual-clipped)."""
     ratio = torch.exp((log_prob - old_log_prob).clamp(-20.0, 20.0))
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - cfg.low, 1.0 + cfg.high)
-    loss = torch.maximum(unclipped, clipped)
-    flags = {"clipped": (clipped > unclipped).float(), "ratio": ratio.detach()}
+    loss, flags = _clipped(ratio, advantages, cfg)
     if cfg.clip_ratio_c is not None:
         capped = torch.minimum(loss, -advantages * cfg.clip_ratio_c)
         flags["dual_clipped"] = ((advantages < 0) & (capped < loss)).float()
         loss = torch.where(advantages < 0, capped, loss)
     return loss, flags
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+              mask: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token GSPO loss over rows of one response each: every token's ratio is its response's
+    geometric-mean ratio (log capped at 10, as verl caps it), with the token's own gradient."""
+    mask = mask.float()
+    seq_log_ratio = ((log_prob - old_log_prob) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    log_ratio = seq_log_ratio.detach().unsqueeze(-1) + log_prob - log_prob.detach()
+    return _clipped(torch.exp(log_ratio.clamp(max=10.0)), advantages, cfg)
+
+
+def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, cfg: LossConfig
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cfg.low, 1.0 + cfg.high)
+    return torch.maximum(unclipped, clipped), {"clipped": (clipped > unclipped).float(), "ratio": ratio.detach()}
 
 
 def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
@@ -95,7 +128,7 @@ def actor_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: t
     def per_token(values: torch.Tensor) -> float:
         return aggregate(values.detach(), mask, "token-mean", num_tokens=num_tokens).item()
 
-    pg, flags = ppo_clip_loss(log_prob, old_log_prob, advantages, cfg)
+    pg, flags = POLICY_LOSSES.get(cfg.policy_loss)(log_prob, old_log_prob, advantages, mask, cfg)
     if is_weights is not None:
         pg = pg * is_weights.detach()
     pg_loss = aggregate(pg, mask, cfg.loss_agg_mode, **normalisers)

@@ -66,6 +66,8 @@ class RLConfig:
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
     clip_ratio_c: float | None = None
+    #: ppo: token-level clipped ratios; gspo: one clipped ratio per response (Qwen3's MoE RL loss)
+    policy_loss: str = "ppo"
     loss_agg_mode: str | None = None
     token_level_loss: bool | None = None
     entropy_coeff: float = 0.0
@@ -179,10 +181,13 @@ class RLConfig:
 
     def loss_config(self, max_tokens: int) -> LossConfig:
         """The actor loss; Dr. GRPO's constant length is the rollout's max_tokens."""
-        mode = self.loss_agg_mode or _AGG_OF_TOKEN_LEVEL.get(self.token_level_loss, "token-mean")
+        # GSPO averages each response's tokens, then the responses (as the paper and verl do)
+        default = "seq-mean-token-mean" if self.policy_loss == "gspo" else "token-mean"
+        mode = self.loss_agg_mode or _AGG_OF_TOKEN_LEVEL.get(self.token_level_loss, default)
         try:
             return LossConfig(clip_ratio=self.clip_ratio, clip_ratio_low=self.clip_ratio_low,
                               clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
+                              policy_loss=self.policy_loss,
                               loss_agg_mode=mode, use_kl_loss=self.init_kl_coef > 0 and not self.use_kl_in_reward,
                               kl_coef=self.init_kl_coef,
                               kl_loss_type=self.kl_penalty, entropy_coeff=self.entropy_coeff,
