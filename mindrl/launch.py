@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import os
 import queue
 import traceback
 from collections.abc import Callable
@@ -36,6 +37,10 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str 
     try:
         from mindrl.platform import get_platform
 
+        if device is not None:
+            # what `fn` asks of get_platform() without a device must be this rank's device, not the one the
+            # parent's environment names (a CUDA rank once switched itself to the CPU platform and its patches)
+            os.environ["MINDRL_DEVICE"] = device
         init_distributed(rank, world_size, master_port=port, platform=get_platform(device), store_is_served=True)
         value = fn(rank, *args)
         # Plain bytes: torch's default queue pickling passes tensors as shared-memory file
