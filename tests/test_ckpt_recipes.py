@@ -90,19 +90,19 @@ def test_recipe_defaults_follow_the_trainer_configs(arch_name):
     arch = load_model_arch(arch_name)
     to_mg, to_hf = flags(RECIPES / arch_name / "hf2mcore.sh"), flags(RECIPES / arch_name / "mcore2hf.sh")
     layout = (int(to_mg["target-tensor-parallel-size"]), int(to_mg["target-pipeline-parallel-size"]),
-              to_mg.get("num-layer-list"))
+              to_mg.get("num-layer-list"), int(to_mg.get("target-expert-parallel-size", 1)))
     assert to_mg["model-type-hf"] == model_type_hf_of(arch)
     assert to_mg.get("add-qkv-bias", False) == arch.add_qkv_bias
     users = trainers().get(arch_name, [])
     if not users:  # nothing trains it: the recipe's layout must at least be one the model accepts
-        validate_parallel(arch, ParallelConfig(*layout))
+        validate_parallel(arch, ParallelConfig(*layout[:3], expert_model_parallel_size=layout[3]))
         assert to_mg["params-dtype"] == "bf16"  # the published weights' own dtype
         assert same_path(to_hf["load-dir"], to_mg["save-dir"])
         return
     saves = {cfg.save for _, cfg in users}
     for name, cfg in users:
         par = cfg.parallel
-        trained = (par.tp, par.pp, ",".join(map(str, par.num_layer_list)) if par.num_layer_list else None)
+        trained = (par.tp, par.pp, ",".join(map(str, par.num_layer_list)) if par.num_layer_list else None, par.ep)
         assert layout == trained, f"{name} trains TP,PP,layers={trained}; the recipe converts to {layout}"
         assert to_mg["params-dtype"] == ("bf16" if cfg.bf16 is True else "fp32"), name
         if cfg.load is not None and not any(same_path(cfg.load, s) for s in saves):  # loads converted weights

@@ -60,9 +60,25 @@ def chunk_layout(arch: ModelArch, par: ParallelConfig, virtual_stages: int = 1) 
             for v in range(virtual_stages) for p in range(par.pp)]
 
 
-def chunk_names(arch: ModelArch, chunk: Chunk) -> dict[str, str]:
-    """Full (TP=1, PP=1) name → name inside the chunk, of every parameter the chunk holds."""
-    return sharding.range_names(arch, chunk.first_layer, chunk.num_layers, chunk.first, chunk.last)
+def chunk_names(arch: ModelArch, chunk: Chunk, experts: range | None = None) -> dict[str, str]:
+    """Full (TP=1, PP=1) name → name inside the chunk, of every parameter the chunk holds; of the routed
+    experts only those in `experts` (an expert-parallel rank's, numbered from 0 there) if given."""
+    return sharding.range_names(arch, chunk.first_layer, chunk.num_layers, chunk.first, chunk.last, experts)
+
+
+def merge_expert_ranks(arch: ModelArch, par: ParallelConfig, chunk: Chunk,
+                       states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One TP rank's chunk from its expert-parallel ranks' files: under the names of the EP=1 chunk (experts
+    numbered over all of them), the layers around the experts from the first file."""
+    if len(states) == 1:
+        return states[0]
+    merged: dict[str, torch.Tensor] = {}
+    full = chunk_names(arch, chunk)
+    for ep_rank, state in enumerate(states):
+        for name, local in chunk_names(arch, chunk, sharding.expert_range(arch, par, ep_rank)).items():
+            if ep_rank == 0 or sharding.expert_of(name) is not None:
+                merged[full[name]] = state[local]
+    return merged
 
 
 def holds_tied_copy(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> bool:
@@ -70,9 +86,12 @@ def holds_tied_copy(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> bool:
     return arch.tied_embeddings and par.pp > 1 and chunk.last
 
 
-def expected_shapes(arch: ModelArch, par: ParallelConfig, chunk: Chunk) -> dict[str, tuple[int, ...]]:
-    """Local name → shape on one TP rank (every rank holds the same shapes)."""
-    names = dict(chunk_names(arch, chunk))
+def expected_shapes(arch: ModelArch, par: ParallelConfig, chunk: Chunk, ep_rank: int | None = None,
+                    ) -> dict[str, tuple[int, ...]]:
+    """Local name → shape on one TP rank (every rank holds the same shapes); with `ep_rank`, of the file of that
+    expert-parallel rank (its experts alone)."""
+    experts = None if ep_rank is None else sharding.expert_range(arch, par, ep_rank)
+    names = dict(chunk_names(arch, chunk, experts))
     if holds_tied_copy(arch, par, chunk):
         names[_OUTPUT] = _OUTPUT
     return {local: sharding.shard_shape(name, arch, par.tp) for name, local in names.items()}

@@ -4,6 +4,9 @@
     SAVE/release/ | SAVE/iter_0000100/
         mp_rank_TT/model_optim_rng.pt              PP = 1
         mp_rank_TT_PPP/model_optim_rng.pt          PP > 1
+        mp_rank_TT[_PPP]_EEE/model_optim_rng.pt    EP > 1: expert-parallel rank EEE's file holds the
+                                                   layers around the experts (the same in every EEE)
+                                                   and its num_experts / EP experts, numbered from 0
 
 Each rank file is a dict with `model` (that rank's stage state dict), `iteration`,
 `checkpoint_version` and `args`: an argparse.Namespace with the Megatron argument names
@@ -43,8 +46,10 @@ def iteration_dir_name(iteration: int | str) -> str:
     return "release" if iteration == "release" else f"iter_{int(iteration):07d}"
 
 
-def rank_dir_name(tp_rank: int, pp_rank: int, pp: int) -> str:
-    return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+def rank_dir_name(tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0, ep: int = 1) -> str:
+    """Megatron-LM's (and MindSpeed-LLM's) name of a rank's folder."""
+    name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return name if ep == 1 else f"{name}_{ep_rank:03d}"
 
 
 def holds_training_state(root: str | Path, iteration: int | str) -> bool:
@@ -54,13 +59,15 @@ def holds_training_state(root: str | Path, iteration: int | str) -> bool:
     return bool(files) and ((files[0].parent / OPTIM_FILE).is_file() or "optimizer" in load_rank_file(files[0]))
 
 
-def rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int, pp: int) -> Path:
-    return Path(root) / iteration_dir_name(iteration) / rank_dir_name(tp_rank, pp_rank, pp) / RANK_FILE
+def rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0,
+              ep: int = 1) -> Path:
+    return Path(root) / iteration_dir_name(iteration) / rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep) / RANK_FILE
 
 
-def existing_rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int, pp: int) -> Path:
+def existing_rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int, pp: int,
+                       ep_rank: int = 0, ep: int = 1) -> Path:
     """The path of one rank's file, or one sentence saying the checkpoint is incomplete."""
-    path = rank_file(root, iteration, tp_rank, pp_rank, pp)
+    path = rank_file(root, iteration, tp_rank, pp_rank, pp, ep_rank, ep)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {root} lacks {path.relative_to(root)}; it is incomplete.")
     return path
@@ -88,9 +95,10 @@ def write_tracker(root: str | Path, iteration: int | str) -> None:
 
 
 def save_rank(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int,
-              model: dict[str, torch.Tensor], args: argparse.Namespace, **extra: Any) -> Path:
+              model: dict[str, torch.Tensor], args: argparse.Namespace, ep_rank: int = 0, **extra: Any) -> Path:
     """One rank's file of one iteration (the caller writes the tracker when all ranks are done)."""
-    path = rank_file(root, iteration, tp_rank, pp_rank, args.pipeline_model_parallel_size)
+    path = rank_file(root, iteration, tp_rank, pp_rank, args.pipeline_model_parallel_size, ep_rank,
+                     getattr(args, "expert_model_parallel_size", 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"model": {name: compact(t) for name, t in model.items()},
              "iteration": 0 if iteration == "release" else int(iteration),
@@ -159,11 +167,12 @@ def read_rank(path: str | Path, mmap: bool = True) -> dict[str, Any]:
 
 def load_rank(root: str | Path, tp_rank: int, pp_rank: int, expect_arch: ModelArch | None = None,
               expect_par: ParallelConfig | None = None, iteration: int | str | None = None,
-              mmap: bool = True) -> dict[str, Any]:
+              mmap: bool = True, ep_rank: int = 0) -> dict[str, Any]:
     """One rank's state, after checking the checkpoint matches the model it is loaded into."""
     iteration = read_tracker(root) if iteration is None else iteration
     stored_par = check_checkpoint(root, iteration, expect_arch, expect_par)
-    return read_rank(existing_rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp), mmap)
+    return read_rank(existing_rank_file(root, iteration, tp_rank, pp_rank, stored_par.pp, ep_rank, stored_par.ep),
+                     mmap)
 
 
 def check_checkpoint(root: str | Path, iteration: int | str, expect_arch: ModelArch | None = None,
@@ -176,13 +185,15 @@ def check_checkpoint(root: str | Path, iteration: int | str, expect_arch: ModelA
         raise ConfigError(f"checkpoint {root} has a virtual pipeline ({megatron_args.virtual_stages(args)} "
                           f"chunks per rank); re-shard it with cli/convert_ckpt.py --load-model-type mg "
                           f"--save-model-type mg first.")
-    if expect_par is not None and (expect_par.tp, expect_par.pp, expect_par.num_layer_list) != (
-            stored_par.tp, stored_par.pp, stored_par.num_layer_list):
+    if expect_par is not None and (expect_par.tp, expect_par.pp, expect_par.num_layer_list, expect_par.ep) != (
+            stored_par.tp, stored_par.pp, stored_par.num_layer_list, stored_par.ep):
         stored_list = ",".join(map(str, stored_par.num_layer_list or ()))
+        stored_ep = f" EP={stored_par.ep}" if stored_par.ep > 1 or expect_par.ep > 1 else ""
+        expect_ep = f" EP={expect_par.ep}" if stored_ep else ""
         raise ConfigError(
-            f"checkpoint {root} is sharded TP={stored_par.tp} PP={stored_par.pp}"
+            f"checkpoint {root} is sharded TP={stored_par.tp} PP={stored_par.pp}{stored_ep}"
             f"{' layers ' + stored_list if stored_list else ''} but the model is "
-            f"TP={expect_par.tp} PP={expect_par.pp}; re-shard it with cli/convert_ckpt.py "
+            f"TP={expect_par.tp} PP={expect_par.pp}{expect_ep}; re-shard it with cli/convert_ckpt.py "
             f"or match the layout.")
     if expect_arch is not None:
         diffs = arch_fields.arch_differences(stored_arch, expect_arch, stored_par.tp)

@@ -60,6 +60,7 @@ def checkpoint_args(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         **af.megatron_arch_args(arch, par.tp),
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
+        expert_model_parallel_size=par.ep,
         num_layer_list=",".join(map(str, par.num_layer_list)) if par.num_layer_list else None,
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -115,7 +116,13 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
     last = getattr(args, "decoder_last_pipeline_num_layers", None)
     if not layers and (first or last) and pp > 1:
         layers = _uneven_split(int(args.num_layers), pp, first, last)
-    return ParallelConfig(tp, pp, num_layer_list=layers or None)
+    ep = int(getattr(args, "expert_model_parallel_size", None) or 1)
+    expert_tp = getattr(args, "expert_tensor_parallel_size", None)
+    if expert_tp not in (None, tp):
+        raise ConfigError(f"checkpoint args have expert_tensor_parallel_size={expert_tp} with "
+                          f"tensor_model_parallel_size={tp}; mindrl reads experts cut like the dense layers, so "
+                          f"re-shard it with expert_tensor_parallel_size = tensor_model_parallel_size first.")
+    return ParallelConfig(tp, pp, num_layer_list=layers or None, expert_model_parallel_size=ep)
 
 
 def virtual_stages(args: Any) -> int:

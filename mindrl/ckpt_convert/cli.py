@@ -18,6 +18,7 @@ HF2MG, MG2HF, MG2MG = "hf -> mg", "mg -> hf", "mg -> mg"
 # Flags (by dest) that mean something only in some directions.
 _DIRECTIONS = {
     "target_tensor_parallel_size": (HF2MG, MG2MG),
+    "target_expert_parallel_size": (HF2MG, MG2MG),
     "target_pipeline_parallel_size": (HF2MG, MG2MG),
     "num_layer_list": (HF2MG, MG2MG),
     "add_qkv_bias": (HF2MG,),
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="hf -> mg, mg -> mg: TP size (default 1)")
     parser.add_argument("--target-pipeline-parallel-size", type=int, default=None,
                         help="hf -> mg, mg -> mg: PP size (default 1)")
+    parser.add_argument("--target-expert-parallel-size", type=int, default=None,
+                        help="hf -> mg, mg -> mg: expert-parallel size of a mixture-of-experts model (default 1); "
+                             "rank folders mp_rank_TT[_PPP]_EEE as Megatron-LM and MindSpeed-LLM write them")
     parser.add_argument("--num-layer-list", default=None, help="hf -> mg, mg -> mg: uneven PP split, e.g. 10,14")
     parser.add_argument("--model-type-hf", choices=sorted(HF_MODEL_TYPES), default=None,
                         help="architecture family of the HF model: required for hf -> mg; for mg -> hf / "
@@ -93,17 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_flags(args, direction)
         tp, pp = _size(args, "target_tensor_parallel_size"), _size(args, "target_pipeline_parallel_size")
+        ep = _size(args, "target_expert_parallel_size")
         progress = not args.no_progress
         if direction == HF2MG:
             hf_to_mcore(args.load_dir, args.save_dir, args.model_type_hf, tp, pp, args.num_layer_list,
                         DTYPES[args.params_dtype or "bf16"], args.add_qkv_bias, args.overwrite, progress,
-                        args.tokenizer_model, args.orm)
+                        args.tokenizer_model, args.orm, ep)
         elif direction == MG2HF:
             mcore_to_hf(args.load_dir, args.save_dir, args.hf_config_dir, args.max_shard_size or "5GB",
                         args.overwrite, progress, args.model_type_hf, args.tokenizer_model)
         else:
             mcore_to_mcore(args.load_dir, args.save_dir, tp, pp, args.num_layer_list, args.overwrite, progress,
-                           args.hf_config_dir, args.model_type_hf, args.tokenizer_model)
+                           args.hf_config_dir, args.model_type_hf, args.tokenizer_model, ep)
             _say_weights_only(args.load_dir)
     except (ConfigError, OSError, ValueError, KeyError) as err:
         print(f"error: {err.args[0] if len(err.args) == 1 else err}", file=sys.stderr)

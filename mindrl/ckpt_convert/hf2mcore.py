@@ -9,6 +9,7 @@ HF tensor is mapped only while the tensor cut from it is filled.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from mindrl.ckpt_convert.safetensors_io import HFWeights
 from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
-from mindrl.models import tp_layout
+from mindrl.models import sharding, tp_layout
 
 # Buffers some HF exports carry that are recomputed, not learned.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -67,13 +68,13 @@ def check_hf_tensors(weights: HFWeights, arch: ModelArch) -> None:
 def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, tp: int = 1, pp: int = 1,
                 num_layer_list: str | None = None, params_dtype: torch.dtype = torch.bfloat16,
                 add_qkv_bias: bool = False, overwrite: bool = False, progress: bool = True,
-                tokenizer_model: str | Path | None = None, orm: bool = False) -> Path:
+                tokenizer_model: str | Path | None = None, orm: bool = False, ep: int = 1) -> Path:
     """Convert; every check runs before the first byte is written. `orm`: the HF model is a reward
-    model (*ForSequenceClassification), MindSpeed-LLM's --orm."""
+    model (*ForSequenceClassification), MindSpeed-LLM's --orm; `ep`: the experts' expert-parallel size."""
     config = read_hf_config(load_dir)
     arch = hfm.arch_from_hf_config(config, model_type_hf, name=Path(load_dir).name or "hf_model",
                                    add_qkv_bias=add_qkv_bias, orm=orm)
-    par = ParallelConfig(tp, pp, num_layer_list=num_layer_list)
+    par = ParallelConfig(tp, pp, num_layer_list=num_layer_list, expert_model_parallel_size=ep)
     validate_parallel(arch, par)
     weights = HFWeights(load_dir)
     check_hf_tensors(weights, arch)
@@ -81,14 +82,15 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     check_target(save_dir, overwrite, inputs=(load_dir, tokenizer_model))
 
     args = mg.checkpoint_args(arch, par, params_dtype, model_type_hf=model_type_hf, hf_config=config)
-    bar = tqdm(total=arch.num_layers * tp, desc="hf2mcore", unit="slice", disable=not progress)
+    bar = tqdm(total=arch.num_layers * tp * par.ep, desc="hf2mcore", unit="slice", disable=not progress)
     buffers = RankBuffers()
     with atomic_directory(save_dir, overwrite) as tmp:
         for chunk in ck.chunk_layout(arch, par):
-            shapes = ck.expected_shapes(arch, par, chunk)
-            for tp_rank in range(tp):
-                model = _build_rank(weights, arch, par, chunk, shapes, tp_rank, params_dtype, buffers, bar)
-                mg.save_rank(tmp, "release", tp_rank, chunk.pp_rank, model, args)
+            for tp_rank, ep_rank in itertools.product(range(tp), range(par.ep)):
+                shapes = ck.expected_shapes(arch, par, chunk, ep_rank)
+                model = _build_rank(weights, arch, par, chunk, shapes, (tp_rank, ep_rank), params_dtype, buffers,
+                                    bar)
+                mg.save_rank(tmp, "release", tp_rank, chunk.pp_rank, model, args, ep_rank=ep_rank)
                 del model  # unmaps what it took from the HF files before the next is built
                 buffers.reuse()  # the next rank file is filled into this one's memory
         copy_assets(load_dir, Path(tmp) / ASSETS_DIR)
@@ -99,10 +101,13 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
 
 
 def _build_rank(weights: HFWeights, arch: ModelArch, par: ParallelConfig, chunk: ck.Chunk,
-                shapes: dict[str, tuple[int, ...]], tp_rank: int, dtype: torch.dtype, buffers: RankBuffers,
+                shapes: dict[str, tuple[int, ...]], rank: tuple[int, int], dtype: torch.dtype, buffers: RankBuffers,
                 bar: tqdm) -> dict[str, torch.Tensor]:
-    """The state dict of one rank file, each tensor built straight from the mapped HF tensors."""
+    """The state dict of the rank file of (TP rank, EP rank), each tensor built straight from the mapped HF
+    tensors."""
     model: dict[str, torch.Tensor] = {}
+    tp_rank, ep_rank = rank
+    names = ck.chunk_names(arch, chunk, sharding.expert_range(arch, par, ep_rank))
 
     def put(name: str, local: str) -> None:
         pieces = tp_layout.rank_pieces(arch, par.tp, name)[tp_rank]
@@ -113,7 +118,9 @@ def _build_rank(weights: HFWeights, arch: ModelArch, par: ParallelConfig, chunk:
     for local in range(chunk.num_layers):
         index = chunk.first_layer + local
         for suffix in tp_layout.layer_suffixes(arch):
-            put(hfm.mcore_layer_prefix(index) + suffix, hfm.mcore_layer_prefix(local) + suffix)
+            name = hfm.mcore_layer_prefix(index) + suffix
+            if name in names:  # an expert-parallel rank holds its own experts only
+                put(name, names[name])
         bar.update(1)
     if chunk.last:
         put(hfm.FINAL_NORM[1], hfm.FINAL_NORM[1])

@@ -28,17 +28,17 @@ from mindrl.ckpt_convert.megatron_source import MegatronSource, open_megatron
 from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
 from mindrl.config import ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
-from mindrl.models import tp_layout
+from mindrl.models import sharding, tp_layout
 
 
 def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: int = 1,
                    num_layer_list: str | None = None, overwrite: bool = False, progress: bool = True,
                    hf_config_dir: str | Path | None = None, model_type_hf: str | None = None,
-                   tokenizer_model: str | Path | None = None) -> Path:
+                   tokenizer_model: str | Path | None = None, ep: int = 1) -> Path:
     """Re-shard; the source, the target layout, the tokenizer and the target are checked before writing."""
     source = open_megatron(load_dir, hf_config_dir, model_type_hf)
     arch = source.arch
-    par = ParallelConfig(tp, pp, num_layer_list=num_layer_list)
+    par = ParallelConfig(tp, pp, num_layer_list=num_layer_list, expert_model_parallel_size=ep)
     validate_parallel(arch, par)
     tokenizer = tokenizer_files(tokenizer_model, arch.padded_vocab_size) if tokenizer_model else []
     check_target(save_dir, overwrite, inputs=(load_dir, hf_config_dir, tokenizer_model))
@@ -51,13 +51,13 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
     args = megatron_args.checkpoint_args(arch, par, source.dtype, **extra)
     reader = _SourceSlices(source)
     buffers = RankBuffers()
-    bar = tqdm(total=arch.num_layers * par.tp, desc="mcore2mcore", unit="slice", disable=not progress)
+    bar = tqdm(total=arch.num_layers * par.tp * par.ep, desc="mcore2mcore", unit="slice", disable=not progress)
     with atomic_directory(save_dir, overwrite) as tmp:
         for chunk in ck.chunk_layout(arch, par):
-            shapes = ck.expected_shapes(arch, par, chunk)
-            for tp_rank in range(par.tp):
-                model = _build_rank(reader, par, chunk, shapes, tp_rank, buffers, bar)
-                mg.save_rank(tmp, source.iteration, tp_rank, chunk.pp_rank, model, args)
+            for tp_rank, ep_rank in itertools.product(range(par.tp), range(par.ep)):
+                shapes = ck.expected_shapes(arch, par, chunk, ep_rank)
+                model = _build_rank(reader, par, chunk, shapes, (tp_rank, ep_rank), buffers, bar)
+                mg.save_rank(tmp, source.iteration, tp_rank, chunk.pp_rank, model, args, ep_rank=ep_rank)
                 del model  # with the reader's release, unmaps the source pages this file was read from
                 reader.release()
                 buffers.reuse()  # the next rank file is filled into this one's memory
@@ -92,9 +92,10 @@ class _SourceSlices:
 
 
 def _build_rank(source: _SourceSlices, par: ParallelConfig, chunk: ck.Chunk, shapes: dict[str, tuple[int, ...]],
-                tp_rank: int, buffers: RankBuffers, bar: tqdm) -> dict[str, torch.Tensor]:
-    """The state dict of one target rank file, in the source's order."""
+                rank: tuple[int, int], buffers: RankBuffers, bar: tqdm) -> dict[str, torch.Tensor]:
+    """The state dict of the target rank file of (TP rank, EP rank), in the source's order."""
     arch, tp_in = source.source.arch, source.source.par.tp
+    tp_rank, ep_rank = rank
     model: dict[str, torch.Tensor] = {}
 
     def put(name: str, local: str) -> None:
@@ -105,7 +106,7 @@ def _build_rank(source: _SourceSlices, par: ParallelConfig, chunk: ck.Chunk, sha
             model[local] = recut.fill_rank_tensor(buffers.empty(shapes[local], slices[0].dtype), target,
                                                   tp_layout.rank_pieces(arch, tp_in, name), slices, par.tp, tp_in)
 
-    names = ck.chunk_names(arch, chunk).items()
+    names = ck.chunk_names(arch, chunk, sharding.expert_range(arch, par, ep_rank)).items()
     for layer, group in itertools.groupby(names, key=lambda item: _layer_of(item[0])):
         for name, local in group:
             put(name, local)

@@ -10,6 +10,7 @@ model chunk (all its TP ranks) at a time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ from mindrl.models import hf_mapping as hfm
 
 _RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
 # --model-type-hf for each HF model_type, when only config.json names the family.
-_FROM_HF_MODEL_TYPE = {"qwen2": "qwen2", "llama": "llama3", "qwen3": "qwen3"}
+_FROM_HF_MODEL_TYPE = {"qwen2": "qwen2", "llama": "llama3", "qwen3": "qwen3", "qwen2_moe": "qwen2_moe",
+                       "qwen3_moe": "qwen3_moe"}
 
 
 @dataclass
@@ -51,11 +53,15 @@ class MegatronSource:
         return int(self.hf_config["vocab_size"]) if self.hf_config else self.arch.padded_vocab_size
 
     def load_chunk(self, chunk: ck.Chunk) -> list[dict[str, torch.Tensor]]:
-        """The chunk's state dict on every TP rank, memory-mapped."""
-        return [mg.read_rank(self.rank_path(t, chunk.pp_rank))[chunk.key] for t in range(self.par.tp)]
+        """The chunk's state dict on every TP rank, memory-mapped; with EP > 1 joined from the expert-parallel
+        ranks' files under the EP=1 names."""
+        return [ck.merge_expert_ranks(self.arch, self.par, chunk,
+                                      [mg.read_rank(self.rank_path(t, chunk.pp_rank, e))[chunk.key]
+                                       for e in range(self.par.ep)])
+                for t in range(self.par.tp)]
 
-    def rank_path(self, tp_rank: int, pp_rank: int) -> Path:
-        return mg.rank_file(self.root, self.iteration, tp_rank, pp_rank, self.par.pp)
+    def rank_path(self, tp_rank: int, pp_rank: int, ep_rank: int = 0) -> Path:
+        return mg.rank_file(self.root, self.iteration, tp_rank, pp_rank, self.par.pp, ep_rank, self.par.ep)
 
 
 def open_megatron(load_dir: str | Path, hf_config_dir: str | Path | None = None,
@@ -141,12 +147,12 @@ def _check_rank_files(root: Path, iteration: int | str, arch: ModelArch, par: Pa
                       layout: list[ck.Chunk]) -> torch.dtype:
     """Every rank file holds exactly the tensors of its chunks, in their shapes; the tied copy
     equals the embedding. Returns the weights' dtype."""
-    expected = {chunk: ck.expected_shapes(arch, par, chunk) for chunk in layout}
+    expected = {(chunk, e): ck.expected_shapes(arch, par, chunk, e) for chunk in layout for e in range(par.ep)}
     dtype = None
-    for tp_rank in range(par.tp):
+    for tp_rank, ep_rank in itertools.product(range(par.tp), range(par.ep)):
         embedding = None
         for pp_rank in range(par.pp):
-            path = mg.existing_rank_file(root, iteration, tp_rank, pp_rank, par.pp)
+            path = mg.existing_rank_file(root, iteration, tp_rank, pp_rank, par.pp, ep_rank, par.ep)
             state = mg.read_rank(path)
             where = path.relative_to(root)
             for chunk in (c for c in layout if c.pp_rank == pp_rank):
@@ -154,7 +160,7 @@ def _check_rank_files(root: Path, iteration: int | str, arch: ModelArch, par: Pa
                     raise ConfigError(f"{where} has no {chunk.key!r} model chunk, though the checkpoint's args "
                                       f"describe one; its args do not match its files.")
                 model = state[chunk.key]
-                _check_names_and_shapes(where, chunk.key, model, expected[chunk])
+                _check_names_and_shapes(where, chunk.key, model, expected[(chunk, ep_rank)])
                 dtype = dtype or model[next(iter(model))].dtype
                 if chunk.first:
                     embedding = model[hfm.EMBEDDING[1]]

@@ -192,12 +192,13 @@ def merge_full_tensor(name: str, shards: list[torch.Tensor], arch: ModelArch) ->
     return tensor[:arch.vocab_size_for(1)] if name in _VOCAB else tensor
 
 
-def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int, ep_rank: int = 0) -> dict[str, str]:
+def stage_names(arch: ModelArch, par: ParallelConfig, pp_rank: int, ep_rank: int | None = 0) -> dict[str, str]:
     """Full name → local name of every parameter that pipeline stage `pp_rank` holds on expert-parallel rank
-    `ep_rank` (which holds num_experts / EP of the experts, numbered from 0 there)."""
+    `ep_rank` (which holds num_experts / EP of the experts, numbered from 0 there); with `ep_rank` None, of
+    the whole stage at EP=1 (every expert, numbered globally)."""
     return range_names(arch, par.first_layer_of_stages(arch)[pp_rank], par.layers_per_stage(arch)[pp_rank],
                        holds_embedding=pp_rank == 0, holds_head=pp_rank == par.pp - 1,
-                       experts=expert_range(arch, par, ep_rank))
+                       experts=None if ep_rank is None else expert_range(arch, par, ep_rank))
 
 
 def expert_range(arch: ModelArch, par: ParallelConfig, ep_rank: int) -> range:
