@@ -19,6 +19,7 @@ from mindrl.models.forward import gather_logits, run_microbatches, token_cross_e
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
 from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.platform import get_platform
+from mindrl.rollout.weight_sync import hf_tensors
 from tests.hf_models import build_hf_model, checkpoint_state, hf_to_mcore_state, mcore_to_hf_state
 
 KINDS = ("qwen3_moe", "qwen2_moe")
@@ -55,13 +56,14 @@ def _run_layout(arch: ModelArch, par: ParallelConfig, full: dict, tokens: torch.
 
     run_microbatches(ddp, [{"tokens": rows[i:i + MICRO], "labels": labels[i:i + MICRO]}
                            for i in range(0, rows.shape[0], MICRO)], loss_fn)
-    return {"tp": tp, "pp": pp, "ep": ep, "dp": dp,
+    synced = [(name, tensor.cpu()) for name, tensor in hf_tensors(model, arch, par, torch.float32)]
+    return {"tp": tp, "pp": pp, "ep": ep, "dp": dp, "synced": synced,
             "logits": torch.cat(captured).cpu() if captured else None,
             "grads": {n: p.main_grad.detach().cpu() for n, p in model.named_parameters()}}
 
 
 def _all_layouts(rank: int, cases: list, layouts: list[ParallelConfig]) -> list:
-    return [[_run_layout(arch, par, full, tokens) for par in layouts] for arch, full, tokens in cases]
+    return [[_run_layout(arch, par, full, tokens) for par in layouts] for arch, full, tokens, _ in cases]
 
 
 def _joined(runs: list[dict], arch: ModelArch, par: ParallelConfig) -> tuple[torch.Tensor, dict]:
@@ -97,35 +99,44 @@ def hf_cases() -> tuple[list, dict]:
         hf = build_hf_model(kind, seed=7, num_hidden_layers=2)
         arch = dataclasses.replace(hfm.arch_from_hf_config(hf.config.to_dict(), kind, name=kind),
                                    moe_router_dtype="fp32")
-        full = hf_to_mcore_state(checkpoint_state(hf), arch)
+        state = checkpoint_state(hf)
+        full = hf_to_mcore_state(state, arch)
         expected[kind] = _hf_reference(hf, tokens)
         # HF's aux loss (over all layers at once) is not Megatron's per-layer one: HF is compared without it,
         # the expert-parallel layouts with it against EP=1
-        cases += [(dataclasses.replace(arch, moe_aux_loss_coeff=0.0), full, tokens),
-                  (dataclasses.replace(arch, moe_aux_loss_coeff=AUX), full, tokens)]
+        cases += [(dataclasses.replace(arch, moe_aux_loss_coeff=0.0), full, tokens, state),
+                  (dataclasses.replace(arch, moe_aux_loss_coeff=AUX), full, tokens, state)]
     return cases, expected
 
 
-def run_cases(cases: list, layouts: dict[str, ParallelConfig], world: int, device: str | None = None) -> dict:
-    """(kind, aux loss on, layout name) → joined logits and HF-named gradients."""
+def run_cases(cases: list, layouts: dict[str, ParallelConfig], world: int, device: str | None = None,
+              synced: dict | None = None) -> dict:
+    """(kind, aux loss on, layout name) → joined logits and HF-named gradients; into `synced`, the same key →
+    every rank's weight-sync tensors."""
     per_rank = run_ranks(_all_layouts, world, cases, list(layouts.values()), device=device)
     out = {}
-    for c, (arch, _, _) in enumerate(cases):
+    for c, (arch, *_) in enumerate(cases):
         for i, (name, par) in enumerate(layouts.items()):
-            out[(KINDS[c // 2], c % 2 == 1, name)] = _joined([ranks[c][i] for ranks in per_rank], arch, par)
+            key = (KINDS[c // 2], c % 2 == 1, name)
+            out[key] = _joined([ranks[c][i] for ranks in per_rank], arch, par)
+            if synced is not None:
+                synced[key] = [ranks[c][i]["synced"] for ranks in per_rank]
     return out
 
 
 @pytest.fixture(scope="module")
 def results():
     cases, expected = hf_cases()
-    return expected, run_cases(cases, LAYOUTS, 4)
+    synced: dict = {}
+    out = run_cases(cases, LAYOUTS, 4, synced=synced)
+    states = {KINDS[c // 2]: case[3] for c, case in enumerate(cases)}
+    return expected, out, synced, states
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("kind", KINDS)
 def test_logits_and_gradients_equal_hf(results, kind, layout):
-    expected, out = results
+    expected, out, _, _ = results
     hf_logits, hf_grads = expected[kind]
     logits, grads = out[(kind, False, layout)]
     assert hf_logits.abs().max() > 1.0
@@ -142,7 +153,7 @@ def test_logits_and_gradients_equal_hf(results, kind, layout):
 @pytest.mark.parametrize("layout", [k for k in LAYOUTS if k != "ep1"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_expert_parallel_gradients_equal_ep1_with_the_aux_loss(results, kind, layout):
-    _, out = results
+    _, out, _, _ = results
     _, reference = out[(kind, True, "ep1")]
     _, without_aux = out[(kind, False, "ep1")]
     _, grads = out[(kind, True, layout)]
@@ -151,6 +162,20 @@ def test_expert_parallel_gradients_equal_ep1_with_the_aux_loss(results, kind, la
     assert (reference[router] - without_aux[router]).abs().max() > 1e-6
     for name, grad in reference.items():
         assert (grads[name] - grad).abs().max().item() <= 1e-5 * grad.abs().max().item() + 1e-8, f"{layout}: {name}"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_weight_sync_hands_every_rank_the_hf_checkpoint(results, kind, layout):
+    """Experts held by another expert-parallel rank (and stage) reach every rank, in one order, bit-exact."""
+    _, _, synced, states = results
+    per_rank = synced[(kind, False, layout)]
+    names = [name for name, _ in per_rank[0]]
+    assert sorted(names) == sorted(states[kind]) and len(names) == len(set(names))
+    for tensors in per_rank:
+        assert [name for name, _ in tensors] == names
+        for name, tensor in tensors:
+            assert torch.equal(tensor, states[kind][name]), f"{layout}: {name}"
 
 
 def test_moe_layouts_that_cannot_be_built_are_one_sentence():

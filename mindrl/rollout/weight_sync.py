@@ -2,7 +2,8 @@
 
 Every rank ends up handing its engine every HF tensor of the model, in one fixed order:
 for each Megatron tensor, the pipeline stage holding it gathers its TP shards inside the TP
-group and broadcasts them over the pipeline group; each rank then fills the HF tensors that
+group (an expert's: the expert-parallel rank holding it, which then broadcasts them over the
+expert-parallel group) and broadcasts them over the pipeline group; each rank then fills the HF tensors that
 Megatron tensor feeds straight from the shards (tp_layout: one copy, TP vocabulary padding
 left out, so the engine can never sample a padding id) in the engine's dtype, and passes
 them on in buckets of at most `bucket_bytes` (a tensor larger than a bucket goes alone). No
@@ -119,15 +120,19 @@ def hf_tensors(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, dty
     param_dtype = next(iter(params.values())).dtype
     device = next(iter(params.values())).device
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    ep_rank = parallel_state.get_expert_model_parallel_rank() if par.ep > 1 else 0
     shapes = hfm.hf_param_shapes(arch)
     for stage in range(par.pp):
-        for name, local in sharding.stage_names(arch, par, stage).items():
+        mine = sharding.stage_names(arch, par, stage, ep_rank)
+        for name in sharding.stage_names(arch, par, stage, ep_rank=None):
             start = time.perf_counter()
             pieces = tp_layout.hf_pieces(arch, par.tp, [name])
             replicated = all(rank == 0 for entries in pieces.values() for _, rank, _ in entries)
-            held = params[local].detach() if stage == pp_rank else None
+            held = params[mine[name]].detach() if stage == pp_rank and name in mine else None
             shape = sharding.shard_shape(name, arch, par.tp)
-            shards = _shards(held, shape, 1 if replicated else par.tp, stage, par, param_dtype, device)
+            owner = _expert_owner(name, arch, par)
+            shards = _shards(held, shape, 1 if replicated else par.tp, stage, par, param_dtype, device, owner,
+                             stage == pp_rank)
             stats.gather_s += time.perf_counter() - start
             for hf_name, hf_pieces in pieces.items():
                 start = time.perf_counter()
@@ -137,10 +142,18 @@ def hf_tensors(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, dty
                 yield hf_name, tensor
 
 
+def _expert_owner(name: str, arch: ModelArch, par: ParallelConfig) -> int | None:
+    """The expert-parallel rank holding a routed expert's tensor (None: every EP rank holds the tensor)."""
+    expert = sharding.expert_of(name)
+    return None if expert is None or par.ep == 1 else expert // (arch.num_experts // par.ep)
+
+
 def _shards(held: torch.Tensor | None, shape: tuple[int, ...], count: int, stage: int, par: ParallelConfig,
-            dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+            dtype: torch.dtype, device: torch.device, owner: int | None = None,
+            in_stage: bool = False) -> list[torch.Tensor]:
     """The TP shards of one Megatron tensor, on every rank: gathered inside the holding stage's TP
-    group (only TP rank 0's, `count` 1, for a tensor every TP rank holds whole), then broadcast
+    group (only TP rank 0's, `count` 1, for a tensor every TP rank holds whole), for an expert's
+    tensor broadcast from its `owner` over the stage's expert-parallel group, then broadcast
     over the pipeline group."""
     flat = torch.empty((count, *shape), dtype=dtype, device=device)
     if held is not None:
@@ -149,6 +162,9 @@ def _shards(held: torch.Tensor | None, shape: tuple[int, ...], count: int, stage
         else:
             dist.all_gather(list(flat.unbind(0)), held.contiguous(),
                             group=parallel_state.get_tensor_model_parallel_group())
+    if owner is not None and in_stage:
+        group = parallel_state.get_expert_model_parallel_group()
+        dist.broadcast(flat, src=dist.get_process_group_ranks(group)[owner], group=group)
     if par.pp > 1:
         group = parallel_state.get_pipeline_model_parallel_group()
         dist.broadcast(flat, src=dist.get_process_group_ranks(group)[stage], group=group)
