@@ -291,3 +291,29 @@ def test_seeded_prompts_beyond_the_token_budget_sample_as_they_would_alone():
     assert out["batch"] == out["alone"]
     assert out["error"] == ("on cpu vLLM cannot split a seeded prompt's prefill over steps, so generate_config."
                             "max_num_batched_tokens=32 must be at least max_model_len=64; raise it.")
+
+
+def _moe_engine_vs_actor(rank: int) -> dict:
+    arch = load_model_arch("tiny_qwen3_moe")
+    actor = _actor(arch, ParallelConfig(1, 1, expert_model_parallel_size=2))
+    rollout = _colocated(actor)
+    result, metrics = rollout.generate(PROMPTS, n=2)
+    batch = rollout_batch(PROMPTS, result, 2)
+    scored = actor.compute_log_prob({"tokens": batch["tokens"]})
+    rollout.engine.close()
+    rows = actor.local_rows(batch["tokens"].shape[0])  # data-parallel: each rank scores its own rows
+    mask = batch["loss_mask"][rows]
+    diff = ((scored["log_probs"] - batch["engine_log_probs"][rows]) * mask).abs()
+    return {"max": diff.max().item(), "mean": (diff.sum() / mask.sum()).item(), "metrics": metrics,
+            "ep": actor.ep_rank}
+
+
+def test_an_expert_parallel_moe_actor_syncs_into_vllm_and_its_samples_score_the_same():
+    """vLLM-CPU runs the Qwen3-MoE model from the EP=2 actor's weights (each rank's engine gets every expert);
+    its log-probs of its own samples are the actor's (fp32)."""
+    ranks = run_ranks(_moe_engine_vs_actor, 2)
+    assert sorted(r["ep"] for r in ranks) == [0, 1]
+    for r in ranks:
+        print(f"moe engine vs actor: max {r['max']:.2e} mean {r['mean']:.2e}")
+        assert r["metrics"]["sync/differing_tensors"] == 0 and r["metrics"]["sync/checked_tensors"] > 0
+        assert r["max"] <= 1e-4

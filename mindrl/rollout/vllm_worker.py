@@ -5,7 +5,10 @@ reload mode, `load_weight_bucket` hands it tensors (any grouping: a layer is pro
 all of its tensors, e.g. q, k and v of a fused qkv_proj, have arrived), and
 `end_weight_update` finishes the layers and re-processes a tied lm_head, which shares the
 embedding's weight but keeps a kernel copy of its own (prepacked on CPU) that would
-otherwise stay stale. `abort_weight_update` ends a session that failed part way, so that the
+otherwise stay stale, and re-runs the experts' kernel set-up of each mixture-of-experts layer:
+vLLM runs it only at the first load (on CPU it prepacks the experts into its grouped-GEMM
+layout), so after a reload the kernel read unpacked weights as packed ones (probe log-probs
+off by 2 on the tiny Qwen3-MoE). `abort_weight_update` ends a session that failed part way, so that the
 next one starts from clean layer state; its layers hold a mix of old and new weights until a
 complete update replaces every tensor. The engine runs in the caller's process, so tensors
 arrive by reference, not copied.
@@ -55,3 +58,7 @@ class WeightLoader:
         finalize_layerwise_reload(model, self.model_runner.model_config)
         if tied_embeddings:
             model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+        for module in model.modules():
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            if kernel is not None:
+                kernel.fused_experts.process_weights_after_loading(module)
