@@ -1,7 +1,7 @@
 """Training checkpoints of the actor, in Megatron-LM's layout, written atomically, resumed exactly.
 
     ROOT/latest_checkpointed_iteration.txt          the last complete iteration (written last)
-    ROOT/iter_0000100/mp_rank_TT[_PPP]/
+    ROOT/iter_0000100/mp_rank_TT[_PPP][_EEE]/   (_EEE: a mixture of experts' expert-parallel rank)
         model_optim_rng.pt   model, args, iteration, optimizer (its unsharded part: hyper-parameters,
                              step), opt_param_scheduler, rng_state (one entry per data-parallel rank),
                              actor_updates, extra (the caller's: data position, trainer step, ...)
@@ -14,6 +14,11 @@ data-parallel ranks share it, so a run resumes its optimizer at another DP size;
 is the one Megatron-LM / MindSpeed users know; and the sharding code is megatron-core's own.
 The price is a gather of the stage's optimizer state to data-parallel rank 0 (12 bytes per
 parameter of the stage / TP, in host memory) at every save.
+
+With expert parallelism each expert-parallel rank's experts (and their optimizer's state, gathered over the
+expert-data-parallel group) live on other ranks than the layers around them: the first expert-data-parallel
+replica of every EP rank writes its folder, as Megatron-LM does; the layers around the experts (and their
+optimizer state) are read back from EP rank 0's.
 
 Atomicity: all ranks write into ROOT/.tmp-iter_XXXXXXX; only when every rank reports success
 does rank 0 rename it into place and then rewrite the tracker. A failure or a killed rank
@@ -67,6 +72,22 @@ class TrainState:
         """(tensor, pipeline, data-parallel rank, data-parallel size) of this process."""
         return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
                 parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size())
+
+    @property
+    def ep_rank(self) -> int:
+        return parallel_state.get_expert_model_parallel_rank() if self.par.ep > 1 else 0
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes its folder: the first data-parallel replica, or with EP the first
+        expert-data-parallel replica of each expert-parallel rank."""
+        if self.par.ep > 1:
+            return parallel_state.get_expert_data_parallel_rank() == 0
+        return parallel_state.get_data_parallel_rank() == 0
+
+    def rank_folder(self) -> str:
+        tp_rank, pp_rank = self.ranks[:2]
+        return mg.rank_dir_name(tp_rank, pp_rank, self.par.pp, self.ep_rank, self.par.ep)
 
 
 @dataclass(frozen=True)
@@ -194,7 +215,7 @@ def _moments_for_saving(optimizer: Any) -> Iterator[bool]:
 
 def _save(state: TrainState, root: Path, iteration: int, extra: dict[str, Any], stepped: bool) -> Path:
     sharded = _is_sharded(state.optimizer)
-    dp_rank, dp_size = state.ranks[2:]
+    dp_size = state.ranks[3]
     rng_states: list[Any] = [None] * dp_size
     dist.all_gather_object(rng_states, rng.capture(), group=parallel_state.get_data_parallel_group())
     param_state = None
@@ -206,7 +227,7 @@ def _save(state: TrainState, root: Path, iteration: int, extra: dict[str, Any], 
     first = dist.get_rank() == 0
     try:
         _together(lambda: _prepare(root, tmp), first, what)
-        _together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra, stepped), dp_rank == 0,
+        _together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra, stepped), state.writes,
                   what)
     except SaveFailed:
         if first:
@@ -218,8 +239,8 @@ def _save(state: TrainState, root: Path, iteration: int, extra: dict[str, Any], 
 
 def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[Any], param_state: Any,
                 extra: dict[str, Any], stepped: bool) -> None:
-    tp_rank, pp_rank, _, dp_size = state.ranks
-    folder = tmp / mg.rank_dir_name(tp_rank, pp_rank, state.par.pp)
+    dp_size = state.ranks[3]
+    folder = tmp / state.rank_folder()
     folder.mkdir()
     if param_state is not None:
         _write(param_state, folder / mg.OPTIM_FILE)
@@ -252,7 +273,7 @@ def load(state: TrainState, root: str | Path, iteration: int | None = None, load
                           f"from it as its initial weights instead of resuming.")
     _check_layout(state, root, iteration, mg.load_args(root, iteration))
     tp_rank, pp_rank, dp_rank, _ = state.ranks
-    path = mg.existing_rank_file(root, iteration, tp_rank, pp_rank, state.par.pp)
+    path = mg.existing_rank_file(root, iteration, tp_rank, pp_rank, state.par.pp, state.ep_rank, state.par.ep)
     contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     _check_contents(state, path, contents, load_optim, load_rng)
     load_stage_weights(state.model, contents["model"])
@@ -270,14 +291,17 @@ def load(state: TrainState, root: str | Path, iteration: int | None = None, load
 
 def _check_layout(state: TrainState, root: Path, iteration: int, args: Any) -> None:
     stored, par = mg.parallel_of(args), state.par
-    if (stored.tp, stored.pp, stored.num_layer_list) != (par.tp, par.pp, par.num_layer_list):
+    if (stored.tp, stored.pp, stored.num_layer_list, stored.ep) != (par.tp, par.pp, par.num_layer_list, par.ep):
         layers = f" layers {','.join(map(str, stored.num_layer_list))}" if stored.num_layer_list else ""
+        moe = stored.ep > 1 or par.ep > 1
+        saved_ep, run_ep = (f" EP={stored.ep}", f" EP={par.ep}") if moe else ("", "")
+        flag = f" --target-expert-parallel-size {par.ep}" if moe else ""
         raise ConfigError(
-            f"checkpoint {root} iteration {iteration} was saved at TP={stored.tp} PP={stored.pp}{layers} but the "
-            f"actor runs TP={par.tp} PP={par.pp}; re-shard it with cli/convert_ckpt.py --load-model-type mg "
-            f"--save-model-type mg --target-tensor-parallel-size {par.tp} --target-pipeline-parallel-size "
-            f"{par.pp} and resume from that with no_load_optim and no_load_rng, or run the actor at "
-            f"TP={stored.tp} PP={stored.pp}.")
+            f"checkpoint {root} iteration {iteration} was saved at TP={stored.tp} PP={stored.pp}{saved_ep}{layers} "
+            f"but the actor runs TP={par.tp} PP={par.pp}{run_ep}; re-shard it with cli/convert_ckpt.py "
+            f"--load-model-type mg --save-model-type mg --target-tensor-parallel-size {par.tp} "
+            f"--target-pipeline-parallel-size {par.pp}{flag} and resume from that with no_load_optim and "
+            f"no_load_rng, or run the actor at TP={stored.tp} PP={stored.pp}{saved_ep}.")
     diffs = arch_fields.arch_differences(mg.arch_of(args, str(root)), state.arch, stored.tp)
     if diffs:
         raise ConfigError(f"checkpoint {root} iteration {iteration} holds a different architecture than model "

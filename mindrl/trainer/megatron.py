@@ -75,13 +75,18 @@ class MegatronConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     num_layer_list: str | list[int] | None = None
+    #: a mixture of experts' expert-parallel size (its experts spread over the role's data-parallel ranks)
+    expert_model_parallel_size: int = 1
+    #: the experts' TP cut; only TP itself (null) is built
+    expert_tensor_parallel_size: int | None = None
     #: the resolved architecture (model yaml entry + this section's architecture keys); not a key
     arch: ModelArch | None = dataclasses.field(default=None, compare=False)
 
     def check(self, section: str, stage: str = "ray_grpo") -> None:
         check_types(section, self)
         positive(section, self, "global_batch_size", "micro_batch_size", "seq_length", "train_iters",
-                 "lr_decay_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size")
+                 "lr_decay_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                 "expert_model_parallel_size")
         positive(section, self, "save_interval", allow_zero=True)
         if {self.stage, stage} == {"ray_grpo", "ray_ppo"}:
             raise ConfigError(f"{section}.stage={self.stage!r} but rl_config.adv_estimator is "
@@ -117,7 +122,7 @@ class MegatronConfig:
     @property
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
-                              self.num_layer_list)
+                              self.num_layer_list, self.expert_model_parallel_size, self.expert_tensor_parallel_size)
 
     def actor_config(self, mini_batch_size: int, steps_per_iteration: int = 1, rows_per_example: int = 1,
                      **update: Any) -> ActorConfig:

@@ -52,7 +52,8 @@ class CriticWorker(ActorWorker):
         self.value_cfg = loss
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
-        state = dict(mg.load_rank(root, self.tp_rank, self.pp_rank, start_arch(root, self.arch), self.par)["model"])
+        state = dict(mg.load_rank(root, self.tp_rank, self.pp_rank, start_arch(root, self.arch), self.par,
+                                  ep_rank=self.ep_rank)["model"])
         state.pop(_LM_HEAD, None)
         if self.is_last_stage and "rm_head.weight" not in state:
             state["rm_head.weight"] = self.model.rm_head.weight.detach().clone()

@@ -150,20 +150,21 @@ class MegatronWorker:
         self.model = build_gpt_model(arch, par, params_dtype)
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.ep_rank = parallel_state.get_expert_model_parallel_rank() if par.ep > 1 else 0
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         if isinstance(weights, str):
             weights = self._stage_weights(weights)
         elif isinstance(weights, dict):
-            weights = sharding.shard_state_dict(weights, arch, par, self.tp_rank, self.pp_rank)
+            weights = sharding.shard_state_dict(weights, arch, par, self.tp_rank, self.pp_rank, self.ep_rank)
         if weights is not None:
             load_stage_weights(self.model, weights)
         self.offloader = StorageOffloader(self.platform)
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
         """This rank's stage of the Megatron checkpoint at `root`, checked against the model."""
-        return mg.load_rank(root, self.tp_rank, self.pp_rank, self.arch, self.par)["model"]
+        return mg.load_rank(root, self.tp_rank, self.pp_rank, self.arch, self.par, ep_rank=self.ep_rank)["model"]
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
         """Free the chosen training state from the device (`offload_train_*`); returns bytes freed. Gradients

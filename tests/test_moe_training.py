@@ -1,0 +1,82 @@
+"""An expert-parallel actor (tiny Qwen3-MoE, EP=2 over two ranks): a training checkpoint resumes
+bit-identically (weights, Adam state of the layers around the experts and of each rank's experts,
+metrics, RNG), is written in Megatron-LM's expert-parallel folders, and converts to the HF weights
+the actor held."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mindrl.checkpoint import training
+from mindrl.ckpt_convert import mcore_to_hf
+from mindrl.config import ParallelConfig, load_model_arch
+from mindrl.distributed import release_model_parallel
+from mindrl.launch import run_ranks
+from mindrl.models import sharding
+from mindrl.workers.megatron_worker import ActorWorker
+from tests.hf_models import mcore_to_hf_state
+from tests.test_convert import read_hf
+from tests.test_training_checkpoint import AFTER, BEFORE, CFG, EXTRA, _batch, _draws, _equal_states, _go_on, _snapshot
+
+EP2 = ParallelConfig(1, 1, expert_model_parallel_size=2)
+
+
+def _save_then_resume(rank: int, root: str) -> dict:
+    arch = load_model_arch("tiny_qwen3_moe")
+    full = sharding.random_full_state_dict(arch, seed=4)
+    actor = ActorWorker(arch, EP2, CFG, weights=full)
+    metrics = [actor.update(_batch(arch.padded_vocab_size, step)) for step in range(BEFORE)]
+    _draws()
+    actor.save_checkpoint(root, BEFORE, extra=EXTRA)
+    out = {"ep": actor.ep_rank, "metrics": metrics, "at_save": _snapshot(actor),
+           "after": _go_on(actor, arch.padded_vocab_size)}
+    release_model_parallel()
+    resumed = ActorWorker(arch, EP2, CFG, weights=full)
+    out["resumed"] = resumed.load_checkpoint(root)
+    out["at_load"] = _snapshot(resumed)
+    out["resumed_after"] = _go_on(resumed, arch.padded_vocab_size)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe_training") / "ckpt"
+    return root, run_ranks(_save_then_resume, 2, str(root))
+
+
+def test_an_expert_parallel_actor_resumes_bit_identically(runs):
+    _, ranks = runs
+    assert sorted(r["ep"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["resumed"] == training.Resumed(BEFORE, EXTRA, updates=BEFORE)
+        assert all(m["pg_loss"] == m["pg_loss"] for m in r["metrics"])  # the updates ran
+        assert _equal_states(r["at_load"]["params"], r["at_save"]["params"])
+        assert _equal_states(r["resumed_after"]["params"], r["after"]["params"])
+        assert r["resumed_after"]["metrics"] == r["after"]["metrics"]
+        for gen in ("python", "numpy", "torch", "tracker"):
+            a, b = r["resumed_after"]["draws"][gen], r["after"]["draws"][gen]
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, gen
+        assert r["at_load"]["optim"].keys() == r["at_save"]["optim"].keys()
+        assert any(".local_experts." in key[0] for key in r["after"]["optim"])  # the experts' Adam state too
+        for key in r["after"]["optim"]:
+            assert _equal_states(r["resumed_after"]["optim"][key], r["after"]["optim"][key]), key
+        assert not _equal_states(r["after"]["params"], r["at_save"]["params"])
+    experts = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+    assert not torch.equal(ranks[0]["at_save"]["params"][experts], ranks[1]["at_save"]["params"][experts])
+    assert len(ranks[0]["after"]["metrics"]) == AFTER
+
+
+def test_the_checkpoint_has_megatron_lms_expert_folders_and_converts_to_the_actors_weights(runs, tmp_path):
+    root, ranks = runs
+    folders = sorted(p.name for p in (Path(root) / "iter_0000002").iterdir())
+    assert folders == ["mp_rank_00_000", "mp_rank_00_001"]
+    for folder in folders:
+        assert (Path(root) / "iter_0000002" / folder / "distrib_optim.pt").is_file()
+    arch = load_model_arch("tiny_qwen3_moe")
+    stages = {(0, 0, r["ep"]): r["at_save"]["params"] for r in ranks}
+    expected = mcore_to_hf_state(sharding.merge_state_dicts(stages, arch, EP2), arch)
+    back = read_hf(mcore_to_hf(root, tmp_path / "hf", progress=False))
+    assert back.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(back[name], tensor), name
