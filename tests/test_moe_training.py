@@ -67,6 +67,18 @@ def test_an_expert_parallel_actor_resumes_bit_identically(runs):
     assert len(ranks[0]["after"]["metrics"]) == AFTER
 
 
+def test_the_update_reports_expert_load_and_the_load_balancing_loss(runs):
+    _, ranks = runs
+    arch = load_model_arch("tiny_qwen3_moe")
+    for metrics in ranks[0]["metrics"] + ranks[0]["after"]["metrics"]:
+        per_layer = [metrics[f"moe/load_max_over_mean_layer{i:02d}"] for i in range(arch.num_layers)]
+        # every expert's tokens over the mean: 1 when balanced, num_experts / top-k when 2 experts take all
+        assert all(1.0 <= r <= arch.num_experts / arch.moe_router_topk for r in per_layer), per_layer
+        assert metrics["moe/load_max_over_mean"] >= max(per_layer) - 1e-6  # a step's maximum, averaged over steps
+        assert metrics["moe/load_balancing_loss"] > 0
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # the same global values on every rank
+
+
 def test_the_checkpoint_has_megatron_lms_expert_folders_and_converts_to_the_actors_weights(runs, tmp_path):
     root, ranks = runs
     folders = sorted(p.name for p in (Path(root) / "iter_0000002").iterdir())

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from megatron.core.transformer import ModuleSpec
 from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.moe import moe_utils
+from megatron.core.transformer.moe.router import TopKRouter
 
 from mindrl.config import ParallelConfig
 
@@ -38,3 +41,39 @@ def mlp_submodules(spec: ModuleSpec) -> list[MLPSubmodules]:
     if isinstance(mlp, MLPSubmodules):
         return [mlp]
     return [mlp.experts.submodules, mlp.shared_experts.submodules]
+
+
+class ExpertLoad:
+    """Tokens routed to each expert of each layer during training passes (forward passes with gradients), read
+    from the routers' routing maps.
+
+    `step_metrics` is a collective over all the model's ranks: each rank routes its own tokens (its data-parallel
+    rows, its sequence shard, its pipeline stage's layers), so the counts are summed over the world."""
+
+    def __init__(self, model: torch.nn.Module, num_layers: int, num_experts: int) -> None:
+        self.counts = torch.zeros(num_layers, num_experts, dtype=torch.float32)
+        for module in model.modules():
+            if isinstance(module, TopKRouter):
+                module.register_forward_hook(self._count)
+
+    def _count(self, router: TopKRouter, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if torch.is_grad_enabled():
+            self.counts[router.layer_number - 1] += output[1].sum(dim=0).float().cpu()
+
+    def step_metrics(self, device: torch.device, num_microbatches: int) -> dict[str, float]:
+        """Per layer the busiest expert's tokens over the mean (1: balanced; `num_experts` / top-k: every token
+        on the same experts), their maximum over layers, and the load-balancing (z-) loss megatron-core
+        tracked, averaged over layers and micro-batches; the counts start over."""
+        counts = self.counts.to(device, copy=True)  # a copy on the host too: the counts start over below
+        dist.all_reduce(counts)
+        self.counts.zero_()
+        ratio = (counts.max(dim=1).values / counts.mean(dim=1).clamp(min=1e-9)).tolist()
+        metrics = {f"moe/load_max_over_mean_layer{i:02d}": r for i, r in enumerate(ratio)}
+        metrics["moe/load_max_over_mean"] = max(ratio)
+        tracker = moe_utils.get_moe_layer_wise_logging_tracker()
+        if tracker:
+            moe_utils.reduce_aux_losses_tracker_across_ranks()
+            for name, entry in sorted(tracker.items()):
+                metrics[f"moe/{name}"] = entry["values"].mean().item() / num_microbatches
+            moe_utils.clear_aux_losses_tracker()
+        return metrics

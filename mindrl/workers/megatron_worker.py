@@ -34,6 +34,7 @@ from mindrl.distributed import init_model_parallel
 from mindrl.models import sharding
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
+from mindrl.models.moe import ExpertLoad
 from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.models.prompt_packing import pack, packed_width, packing_pays, prompt_groups
 from mindrl.platform import get_platform
@@ -317,6 +318,7 @@ class ActorWorker(MegatronWorker):
             lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
             wd_incr_steps=decay_steps, wd_incr_style="constant")
         self.updates = 0
+        self.expert_load = ExpertLoad(self.model, arch.num_layers, arch.num_experts) if arch.is_moe else None
 
     def update(self, batch: dict) -> dict[str, float]:
         """`epochs` passes over the batch in mini-batches; one optimizer step per mini-batch.
@@ -368,9 +370,10 @@ class ActorWorker(MegatronWorker):
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, entropy: bool) -> list[dict]:
+    def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, entropy: bool) -> tuple[list[dict], int]:
         """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced
-        over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares."""
+        over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares and the number of
+        micro-batches."""
         cfg = self.cfg
         micro = self._micro_batches(batch, rows, cfg.micro_batch_size)
         # Normalise by the whole mini-batch across data-parallel ranks, and undo Megatron's
@@ -389,7 +392,7 @@ class ActorWorker(MegatronWorker):
             return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
 
         zero_grads(self.ddp, self.optimizer)
-        return run_microbatches(self.ddp, micro, loss_fn)
+        return run_microbatches(self.ddp, micro, loss_fn), len(micro)
 
     def _policy_loss(self, log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: dict,
                      normalisers: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -404,7 +407,7 @@ class ActorWorker(MegatronWorker):
         return loss, metrics
 
     def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, entropy: bool = False) -> dict[str, float]:
-        outputs = self._backward(batch, rows, loss_of, entropy)
+        outputs, num_microbatches = self._backward(batch, rows, loss_of, entropy)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
@@ -412,6 +415,8 @@ class ActorWorker(MegatronWorker):
         metrics = self._global_metrics(outputs)
         metrics.update({"grad_norm": float(grad_norm) if grad_norm is not None else math.nan, "lr": lr,
                         "skipped": float(not updated), "prompt_packed": float(self.packed)})
+        if self.expert_load is not None:
+            metrics.update(self.expert_load.step_metrics(self.platform.device(), num_microbatches))
         return metrics
 
     def sft_step(self, batch: dict) -> dict[str, float]:
