@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindrl.config.errors import ConfigError
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.values import check_types
+
+if TYPE_CHECKING:
+    from mindrl.config import ModelArch, ParallelConfig
 
 BACKENDS = ("auto", "vllm", "megatron")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -169,3 +172,17 @@ def _is_off(value: Any) -> bool:
 
 def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
+
+
+def check_megatron_rollout(arch: ModelArch, par: ParallelConfig) -> None:
+    """The layouts this engine decodes: each data-parallel replica decodes its own prompts for as many steps as
+    they need, which an expert-parallel model's all-to-all (every EP rank in every forward) cannot follow, and
+    its layers see whole sequences, which an MoE layer under TP (sequence-parallel) does not take."""
+    if arch.is_moe and par.ep > 1:
+        raise ConfigError(f"the Megatron rollout engine decodes each data-parallel replica on its own, which the "
+                          f"all-to-all of expert_model_parallel_size={par.ep} cannot follow; use generate_config."
+                          f"backend vllm or expert_model_parallel_size 1.")
+    if arch.is_moe and par.tp > 1:
+        raise ConfigError(f"the Megatron rollout engine does not run a mixture-of-experts model at "
+                          f"tensor_model_parallel_size={par.tp} (its MoE layers are sequence-parallel); use "
+                          f"generate_config.backend vllm or tensor_model_parallel_size 1.")

@@ -21,7 +21,7 @@ from megatron.core.models.gpt import GPTModel
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.platform import get_platform
 from mindrl.rollout.base import RolloutEngine, RolloutResult
-from mindrl.rollout.config import SamplingConfig
+from mindrl.rollout.config import SamplingConfig, check_megatron_rollout
 from mindrl.rollout.megatron_batch import DecodeRows, Responses
 from mindrl.rollout.megatron_kv_cache import DecodeWriter, KVCache, PrefillWriter
 from mindrl.rollout.megatron_links import ReplicaLinks
@@ -63,6 +63,7 @@ class MegatronEngine(RolloutEngine):
         if layout != (par.tp, par.pp):
             raise ValueError(f"the engine was given TP={par.tp} PP={par.pp} but the model runs in Megatron's "
                              f"TP={layout[0]} PP={layout[1]} groups; pass the actor's parallel config.")
+        check_megatron_rollout(arch, par)
         for key, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
                            ("max_num_batched_tokens", max_num_batched_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

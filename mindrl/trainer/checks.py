@@ -14,6 +14,7 @@ from mindrl.algorithms.group_filter import TOTAL_SCORE
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import PLATFORMS
+from mindrl.rollout.config import check_megatron_rollout
 from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.reward_model import REWARD_MODEL
 from mindrl.trainer.rl import RLConfig
@@ -88,6 +89,11 @@ def check_rollout(cfg: TrainerConfig) -> None:
         raise ConfigError(f"actor_config: model {actor.arch.name} has num_labels={actor.arch.num_labels}, a score head "
                           f"that makes it a reward model; a policy samples from an LM head, so remove num_labels.")
     vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    if not vllm:
+        try:
+            check_megatron_rollout(actor.arch, actor.parallel)
+        except ConfigError as err:
+            raise ConfigError(f"actor_config: {err}") from None
     if vllm:
         platform = cfg.rl_config.resources["actor_resource"].platform
         gen.check_vllm_prefill(platform, PLATFORMS[platform].vllm_chunks_seeded_prefill)
