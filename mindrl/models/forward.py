@@ -14,6 +14,8 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from mindrl.models.moe import replay_routes
+
 LossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict]]
 
 
@@ -26,9 +28,10 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
                      forward_only: bool = False) -> list[dict]:
     """Forward (and backward) every micro-batch; returns loss_fn's dicts on the last stage.
 
-    Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s] and, for
-    rows packed behind shared prompts, an `attention_mask` PackedLayout (mindrl/models/attention.py;
-    default causal); all must share b and s (the pipeline exchanges fixed-shape activations).
+    Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s], for
+    rows packed behind shared prompts an `attention_mask` PackedLayout (mindrl/models/attention.py;
+    default causal), and for a mixture of experts `routes` [b, s, layers, top-k] to replay; all must share
+    b and s (the pipeline exchanges fixed-shape activations).
     Gradients accumulate in the parameters; the loss of each micro-batch is divided by their
     number, as Megatron does.
     """
@@ -40,6 +43,7 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
         tokens = batch["tokens"]
+        replay_routes(model, batch.get("routes"))
         output = model(tokens, batch.get("position_ids", position_ids_for(tokens)), batch.get("attention_mask"))
 
         def loss_func(logits: torch.Tensor):

@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 from megatron.core.transformer import ModuleSpec
 from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
 from mindrl.config import ParallelConfig
 
@@ -32,7 +34,9 @@ def moe_config_kwargs(par: ParallelConfig) -> dict[str, Any]:
     routed per sequence shard), so TP > 1 turns it on; sequences must then divide by TP.
     """
     return dict(expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp,
-                sequence_parallel=par.tp > 1, moe_grouped_gemm=False)
+                sequence_parallel=par.tp > 1, moe_grouped_gemm=False,
+                # each router gets a RouterReplay, idle (routing as usual) until told to record or replay
+                moe_enable_routing_replay=True)
 
 
 def mlp_submodules(spec: ModuleSpec) -> list[MLPSubmodules]:
@@ -77,3 +81,56 @@ class ExpertLoad:
                 metrics[f"moe/{name}"] = entry["values"].mean().item() / num_microbatches
             moe_utils.clear_aux_losses_tracker()
         return metrics
+
+
+def routers_of(model: torch.nn.Module) -> list[TopKRouter]:
+    """The model's routers in layer order (cached on the model: the decode loop asks at every step)."""
+    routers = model.__dict__.get("_mindrl_routers")
+    if routers is None:
+        routers = sorted((m for m in model.modules() if isinstance(m, TopKRouter)), key=lambda r: r.layer_number)
+        model.__dict__["_mindrl_routers"] = routers
+    return routers
+
+
+def record_routes(model: torch.nn.Module, on: bool) -> None:
+    """Make every router keep the experts it picks in its next forward (off: route as usual)."""
+    for router in routers_of(model):
+        router.router_replay.clear_indices()
+        if on:
+            router.router_replay.set_router_replay_action(RouterReplayAction.RECORD)
+        else:
+            router.router_replay.clear_router_replay_action()
+
+
+def recorded_routes(model: torch.nn.Module, rows: int) -> torch.Tensor:
+    """The experts the last forward of `rows` rows routed each token to, [rows, s, layers of this stage, top-k]
+    (the routers see the tokens sequence-major)."""
+    picks = [router.router_replay.get_recorded_indices() for router in routers_of(model)]
+    stacked = torch.stack(picks, dim=1)  # [s * rows, layers, k]
+    return stacked.reshape(-1, rows, *stacked.shape[1:]).transpose(0, 1)
+
+
+def replay_routes(model: torch.nn.Module, routes: torch.Tensor | None) -> None:
+    """Route the next forward's tokens to `routes` [b, s, num_layers, top-k] (global layer numbers) instead of the
+    routers' own choice — the experts the rollout engine used (rollout routing replay) — or, with None, let the
+    routers choose again. Under sequence parallelism each TP rank's routers see their slice of the sequence."""
+    routers = routers_of(model)
+    if not routers:
+        return
+    if routes is None:
+        for router in routers:
+            if router.router_replay.router_replay_action == RouterReplayAction.REPLAY_FORWARD:
+                router.router_replay.clear_indices()
+                router.router_replay.clear_router_replay_action()
+        return
+    config = routers[0].config
+    if config.sequence_parallel:
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        rank = parallel_state.get_tensor_model_parallel_rank()
+        width = routes.shape[1] // tp
+        routes = routes[:, rank * width:(rank + 1) * width]
+    for router in routers:
+        picks = routes[:, :, router.layer_number - 1].transpose(0, 1).reshape(-1, routes.shape[-1]).long()
+        router.router_replay.clear_indices()
+        router.router_replay.set_target_indices(picks)
+        router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)

@@ -30,6 +30,10 @@ class RolloutResult:
     log_probs: list[list[float]]
     #: "stop" (an end-of-sequence token, kept as the response's last token) or "length" (max_tokens reached)
     finish_reasons: list[str]
+    #: with routes recorded (a mixture of experts' rollout routing replay): per response, the experts each token
+    #: the engine fed was routed to, [len(prompt) + len(response) − 1, layers, top-k]; the last response token is
+    #: never fed
+    routes: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if not len(self.responses) == len(self.log_probs) == len(self.finish_reasons):

@@ -101,6 +101,9 @@ class GenerateConfig:
     weight_sync_bucket_mb: int = 512
     #: after every sync, compare a checksum of every tensor the engine holds with the actor's
     check_weight_sync: bool = False
+    #: a mixture of experts: the engine records the experts each token was routed to and the actor's log-prob
+    #: and update passes route the same way (rollout routing replay, R3); Megatron-native engine only
+    rollout_routing_replay: bool = False
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
@@ -174,7 +177,7 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def check_megatron_rollout(arch: ModelArch, par: ParallelConfig) -> None:
+def check_megatron_rollout(arch: ModelArch, par: ParallelConfig, record_routes: bool = False) -> None:
     """The layouts this engine decodes: each data-parallel replica decodes its own prompts for as many steps as
     they need, which an expert-parallel model's all-to-all (every EP rank in every forward) cannot follow, and
     its layers see whole sequences, which an MoE layer under TP (sequence-parallel) does not take."""
@@ -186,3 +189,14 @@ def check_megatron_rollout(arch: ModelArch, par: ParallelConfig) -> None:
         raise ConfigError(f"the Megatron rollout engine does not run a mixture-of-experts model at "
                           f"tensor_model_parallel_size={par.tp} (its MoE layers are sequence-parallel); use "
                           f"generate_config.backend vllm or tensor_model_parallel_size 1.")
+    if record_routes and not arch.is_moe:
+        raise ConfigError(f"generate_config.rollout_routing_replay replays the experts a mixture of experts routed "
+                          f"to, but model {arch.name} has none; turn it off.")
+    if record_routes and par.pp > 1:
+        raise ConfigError(f"generate_config.rollout_routing_replay records routes on one pipeline stage; run the "
+                          f"actor at pipeline_model_parallel_size 1 (not {par.pp}) or turn it off.")
+
+
+VLLM_ROUTES = ("generate_config.rollout_routing_replay needs the experts each sampled token was routed to, which "
+               "vLLM returns only from its GPU model runner and mindrl does not read from it yet; use backend "
+               "megatron for routing replay, or turn it off.")

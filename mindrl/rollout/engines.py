@@ -10,7 +10,7 @@ import torch
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.rollout.base import RolloutEngine
-from mindrl.rollout.config import GenerateConfig
+from mindrl.rollout.config import VLLM_ROUTES, GenerateConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,9 @@ def make_engine(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, cf
         from mindrl.rollout.megatron_engine import MegatronEngine
 
         return MegatronEngine(model, arch, par, eos_token_ids, cfg.max_model_len, cfg.max_num_seqs,
-                              cfg.max_num_batched_tokens)
+                              cfg.max_num_batched_tokens, record_routes=cfg.rollout_routing_replay)
+    if cfg.rollout_routing_replay:
+        raise ConfigError(VLLM_ROUTES)
     from mindrl.rollout.vllm_engine import VllmEngine
 
     return VllmEngine(arch, cfg, eos_token_ids, hf_config=hf_config, seed=seed)

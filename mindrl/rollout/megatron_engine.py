@@ -19,6 +19,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
 
 from mindrl.config import ModelArch, ParallelConfig
+from mindrl.models.moe import record_routes, recorded_routes
 from mindrl.platform import get_platform
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import SamplingConfig, check_megatron_rollout
@@ -30,6 +31,19 @@ from mindrl.rollout.megatron_stage import KVWriter, StageForward
 
 #: dead rows are dropped from the batch once they are at least this share of it
 _COMPACT_SHARE = 1 / 8
+
+
+@contextmanager
+def routes_recorded(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """The routers record their picks for the duration (nothing when `on` is false)."""
+    if not on:
+        yield
+        return
+    record_routes(model, True)
+    try:
+        yield
+    finally:
+        record_routes(model, False)
 
 
 @contextmanager
@@ -58,12 +72,15 @@ class MegatronEngine(RolloutEngine):
     shares_actor_weights = True
 
     def __init__(self, model: GPTModel, arch: ModelArch, par: ParallelConfig, eos_token_ids: Sequence[int],
-                 max_model_len: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> None:
+                 max_model_len: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 record_routes: bool = False) -> None:
         layout = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
         if layout != (par.tp, par.pp):
             raise ValueError(f"the engine was given TP={par.tp} PP={par.pp} but the model runs in Megatron's "
                              f"TP={layout[0]} PP={layout[1]} groups; pass the actor's parallel config.")
-        check_megatron_rollout(arch, par)
+        check_megatron_rollout(arch, par, record_routes)
+        self.recording = record_routes
+        self._routes: torch.Tensor | None = None  # the last forward's, while recording
         for key, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
                            ("max_num_batched_tokens", max_num_batched_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -90,12 +107,16 @@ class MegatronEngine(RolloutEngine):
         # per-request seeds), so it does not depend on how the rows are batched.
         seed = secrets.randbits(62) if sampling.seed is None else sampling.seed
         per_wave = max(1, self.max_num_seqs // n)
-        with generation_mode(self.model), get_platform().rollout_calls():
+        if self.recording:
+            result.routes = []
+        with generation_mode(self.model), get_platform().rollout_calls(), routes_recorded(self.model, self.recording):
             for start in range(0, len(prompts), per_wave):
                 wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n)
                 result.responses += wave.responses
                 result.log_probs += wave.log_probs
                 result.finish_reasons += wave.finish_reasons
+                if self.recording:
+                    result.routes += wave.routes
         return result
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -141,13 +162,19 @@ class MegatronEngine(RolloutEngine):
         rows = DecodeRows(lengths.repeat_interleave(n), budgets,
                           [torch.Generator(device=device).manual_seed(seed + row) for row in range(count)])
         responses = Responses(count, longest, self.eos)
-        first = self._prefill(tokens, (slots - pads).clamp(min=0), valid, cache)
+        first, prompt_routes = self._prefill(tokens, (slots - pads).clamp(min=0), valid, cache)
         drawn, log_probs = self._draw(None if first is None else first.repeat_interleave(n, dim=0), sampling, rows)
+        ids = torch.arange(count, device=device)  # the wave's row of each row still decoding
+        response_routes = None
         for step in range(longest):
             if step:  # feed token step - 1 of every row at its response slot, draw token step
                 logits = self._run(drawn.unsqueeze(1), rows.position.unsqueeze(1), DecodeWriter(cache, step - 1))
                 rows.position = rows.position + 1
                 drawn, log_probs = self._draw(logits, sampling, rows)
+                if self.recording:
+                    if response_routes is None:
+                        response_routes = self._routes.new_zeros((count, longest, *self._routes.shape[2:]))
+                    response_routes[ids, step - 1] = self._routes[:, 0]
             alive = responses.record(step, rows, drawn, log_probs)
             if alive == 0:
                 break
@@ -155,25 +182,35 @@ class MegatronEngine(RolloutEngine):
                 keep = rows.live.nonzero().squeeze(1)
                 cache.keep(keep, step)
                 rows.keep(keep)
-                drawn = drawn[keep]
-        return responses.result()
+                drawn, ids = drawn[keep], ids[keep]
+        result = responses.result()
+        if self.recording:
+            if response_routes is None:  # every response is one token long: none was fed back
+                response_routes = prompt_routes.new_zeros((count, 0, *prompt_routes.shape[2:]))
+            result.routes = [torch.cat([prompt_routes[row // n, int(pads[row // n, 0]):],
+                                        response_routes[row, :len(response) - 1]]).cpu()
+                             for row, response in enumerate(result.responses)]
+        return result
 
     def _prefill(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                 cache: KVCache) -> torch.Tensor | None:
+                 cache: KVCache) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Each prompt once, in chunks of at most max_num_batched_tokens padded tokens, into the prompt
-        cache its samples share. The sampler gets the last position's logits."""
+        cache its samples share. The sampler gets the last position's logits; while recording, the prompts'
+        routes [prompts, width, layers, top-k] come back too."""
         count, width = tokens.shape
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         itself = torch.eye(width, dtype=torch.bool, device=self.device)  # a padding query attends only to itself
         per_chunk = max(1, self.max_num_batched_tokens // width)
-        firsts = []
+        firsts, routes = [], []
         for start in range(0, count, per_chunk):
             chunk = slice(start, start + per_chunk)
             mask = (causal & (valid[chunk].unsqueeze(1) | itself)).unsqueeze(1)
             logits = self._run(tokens[chunk], positions[chunk], PrefillWriter(cache, start, mask))
             if logits is not None:
                 firsts.append(logits)
-        return torch.cat(firsts) if firsts else None
+            if self.recording:
+                routes.append(self._routes)
+        return torch.cat(firsts) if firsts else None, torch.cat(routes) if routes else None
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor | None:
         """This stage's share of one forward: full-vocabulary logits [rows, vocab] on the sampler, None elsewhere."""
@@ -182,6 +219,8 @@ class MegatronEngine(RolloutEngine):
             inputs = self.links.receive_hidden((tokens.shape[1], tokens.shape[0], self.hidden_size), self.dtype,
                                                self.device)
         out = self.stage(inputs, positions, writer)
+        if self.recording:
+            self._routes = recorded_routes(self.model, tokens.shape[0]).to(torch.int16)
         if not self.stage.last:
             self.links.send_hidden(out)
             return None

@@ -14,7 +14,7 @@ from mindrl.algorithms.group_filter import TOTAL_SCORE
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import PLATFORMS
-from mindrl.rollout.config import check_megatron_rollout
+from mindrl.rollout.config import VLLM_ROUTES, check_megatron_rollout
 from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.reward_model import REWARD_MODEL
 from mindrl.trainer.rl import RLConfig
@@ -89,9 +89,15 @@ def check_rollout(cfg: TrainerConfig) -> None:
         raise ConfigError(f"actor_config: model {actor.arch.name} has num_labels={actor.arch.num_labels}, a score head "
                           f"that makes it a reward model; a policy samples from an LM head, so remove num_labels.")
     vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    if gen.rollout_routing_replay and vllm:
+        raise ConfigError(VLLM_ROUTES)
+    if gen.rollout_routing_replay and cfg.rl_config.prompt_packing is True:
+        raise ConfigError("rl_config.prompt_packing: true packs a prompt's samples into one row, but the routes "
+                          "generate_config.rollout_routing_replay replays are per sample; set prompt_packing to auto "
+                          "(it then stays off) or false.")
     if not vllm:
         try:
-            check_megatron_rollout(actor.arch, actor.parallel)
+            check_megatron_rollout(actor.arch, actor.parallel, gen.rollout_routing_replay)
         except ConfigError as err:
             raise ConfigError(f"actor_config: {err}") from None
     if vllm:

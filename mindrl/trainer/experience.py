@@ -30,6 +30,19 @@ def rollout_batch(prompts: list[list[int]], result: RolloutResult, n: int, pad_i
         tokens[row, :len(sequence)] = torch.tensor(sequence)
         loss_mask[row, start:len(sequence) - 1] = 1
         engine[row, start:len(sequence) - 1] = torch.tensor(log_probs, dtype=torch.float32)
-    return {"tokens": tokens, "loss_mask": loss_mask, "engine_log_probs": engine,
-            "prompt_lengths": torch.tensor([len(prompts[row // n]) for row in range(rows)]),
-            "response_lengths": torch.tensor([len(response) for response in result.responses])}
+    batch = {"tokens": tokens, "loss_mask": loss_mask, "engine_log_probs": engine,
+             "prompt_lengths": torch.tensor([len(prompts[row // n]) for row in range(rows)]),
+             "response_lengths": torch.tensor([len(response) for response in result.responses])}
+    if result.routes is not None:
+        batch["routes"] = routes_batch(result.routes, width)
+    return batch
+
+
+def routes_batch(routes: list[torch.Tensor], width: int) -> torch.Tensor:
+    """The engine's routes as [rows, width, layers, top-k]; positions it never fed (the last token, padding)
+    route to experts 0 … k − 1: their outputs reach no scored position (the model is causal)."""
+    layers, k = routes[0].shape[1:]
+    out = torch.arange(k, dtype=torch.int16).expand(len(routes), width, layers, k).clone()
+    for row, route in enumerate(routes):
+        out[row, :route.shape[0]] = route
+    return out

@@ -339,9 +339,9 @@ class GRPOTrainer:
 
 
 def rows_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What a forward pass over the batch's rows needs: the tokens, and the lengths that let a prompt's samples
-    be packed behind one copy of it."""
-    return {key: batch[key] for key in ("tokens", "prompt_lengths", "response_lengths")}
+    """What a forward pass over the batch's rows needs: the tokens, the lengths that let a prompt's samples
+    be packed behind one copy of it, and a mixture of experts' routes to replay."""
+    return {key: batch[key] for key in ("tokens", "prompt_lengths", "response_lengths", "routes") if key in batch}
 
 
 def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:

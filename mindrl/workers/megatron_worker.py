@@ -219,7 +219,9 @@ class MegatronWorker:
                 mb = {k: torch.cat([v, v.new_zeros((short, *v.shape[1:]))]) for k, v in mb.items()}
             mb["labels"] = shifted_labels(mb["tokens"])
             out.append(mb)
-        if self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= out[0].keys():
+        # replayed routes are per plain row: a packed row would need them re-laid as its tokens are
+        if self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= out[0].keys() \
+                and "routes" not in out[0]:
             groups = [prompt_groups(mb["tokens"], mb["prompt_lengths"]) for mb in out]
             # one packed shape for every micro-batch, as the pipeline needs
             shape = (max(map(len, groups)), max(packed_width(mb["prompt_lengths"], mb["response_lengths"], g)
