@@ -3,6 +3,7 @@ bit-identically (weights, Adam state of the layers around the experts and of eac
 metrics, RNG), is written in Megatron-LM's expert-parallel folders, and converts to the HF weights
 the actor held."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,35 @@ def test_the_checkpoint_has_megatron_lms_expert_folders_and_converts_to_the_acto
     assert back.keys() == expected.keys()
     for name, tensor in expected.items():
         assert torch.equal(back[name], tensor), name
+
+
+def _log_probs_at(rank: int, layouts: list[ParallelConfig]) -> list:
+    arch = load_model_arch("tiny_qwen3_moe")
+    full = sharding.random_full_state_dict(arch, seed=4, std=0.1)
+    batch = _batch(arch.padded_vocab_size, 0)
+    batch = {key: value[:, :15] for key, value in batch.items()}  # an odd width: TP=2 pads it for its shards
+    out = []
+    for par in layouts:
+        release_model_parallel()
+        actor = ActorWorker(arch, par, dataclasses.replace(CFG, micro_batch_size=1), weights=full)
+        scored = actor.compute_log_prob({"tokens": batch["tokens"]})
+        metrics = actor.update(batch)
+        out.append({"rows": actor.local_rows(batch["tokens"].shape[0]), "log_probs": scored and scored["log_probs"],
+                    "pg_loss": metrics["pg_loss"]})
+    return out
+
+
+def test_tensor_parallel_experts_pad_odd_sequences_for_their_shards_and_score_as_ep1():
+    """EP=2 x TP=2 (sequence-parallel, as megatron-core requires of MoE under TP) on a 15-token batch: the rows are
+    padded to a multiple of TP for the pass and cut back; log-probs and the update's loss equal EP=1 x TP=1's."""
+    layouts = [ParallelConfig(1, 1), ParallelConfig(2, 1, expert_model_parallel_size=2)]
+    ranks = run_ranks(_log_probs_at, 4, layouts)
+    for index in range(2):
+        shares = {r[index]["rows"].start: r[index]["log_probs"] for r in ranks}
+        joined = torch.cat([shares[start] for start in sorted(shares)])
+        assert joined.shape == (8, 15)
+        if index == 0:
+            reference = joined
+        else:
+            assert (joined - reference).abs().max().item() <= 1e-5
+    assert ranks[0][1]["pg_loss"] == pytest.approx(ranks[0][0]["pg_loss"], abs=1e-5)

@@ -219,9 +219,10 @@ class MegatronWorker:
                 mb = {k: torch.cat([v, v.new_zeros((short, *v.shape[1:]))]) for k, v in mb.items()}
             mb["labels"] = shifted_labels(mb["tokens"])
             out.append(mb)
-        # replayed routes are per plain row: a packed row would need them re-laid as its tokens are
+        # replayed routes are per plain row (a packed row would need them re-laid as its tokens are), and a
+        # sequence-parallel model's rows are padded to a multiple of TP, which the packed index would not follow
         if self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= out[0].keys() \
-                and "routes" not in out[0]:
+                and "routes" not in out[0] and not self.model.config.sequence_parallel:
             groups = [prompt_groups(mb["tokens"], mb["prompt_lengths"]) for mb in out]
             # one packed shape for every micro-batch, as the pipeline needs
             shape = (max(map(len, groups)), max(packed_width(mb["prompt_lengths"], mb["response_lengths"], g)
@@ -234,6 +235,8 @@ class MegatronWorker:
             if self.packed:
                 for mb, p in zip(out, packed, strict=True):
                     mb.update(tokens=p.tokens, position_ids=p.position_ids, attention_mask=p.layout, source=p.source)
+        if self.model.config.sequence_parallel:
+            out = [_padded_to(mb, self.par.tp) for mb in out]
         device = self.platform.device()
         return [{k: v.to(device) for k, v in mb.items()} for mb in out]
 
@@ -274,8 +277,31 @@ class MegatronWorker:
                                    forward_only=True)
         if not self.is_last_stage:
             return None
-        count = rows.stop - rows.start
-        return {key: torch.cat([o[key] for o in outputs])[:count].cpu() for key in outputs[0]}
+        count, width = rows.stop - rows.start, batch["tokens"].shape[1]
+        # [rows, width] results lose the columns a sequence-parallel pass padded
+        return {key: _cut(torch.cat([o[key] for o in outputs])[:count], width).cpu() for key in outputs[0]}
+
+
+def _cut(values: torch.Tensor, width: int) -> torch.Tensor:
+    return values[:, :width] if values.ndim >= 2 else values
+
+
+def _padded_to(mb: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:
+    """The micro-batch with its per-token tensors padded to a width divisible by `multiple` (a sequence-parallel
+    model cuts the sequence in that many equal shards): pad tokens, mask 0, replayed routes 0 … k − 1."""
+    width = mb["tokens"].shape[1]
+    extra = -width % multiple
+    if not extra:
+        return mb
+    out = {}
+    for key, value in mb.items():
+        if torch.is_tensor(value) and value.ndim >= 2 and value.shape[1] == width:
+            pad = value.new_zeros((value.shape[0], extra, *value.shape[2:]))
+            if key == "routes":
+                pad[:] = torch.arange(value.shape[-1], dtype=value.dtype)
+            value = torch.cat([value, pad], dim=1)
+        out[key] = value
+    return out
 
 
 def check_batch(batch: dict, keys: tuple[str, ...]) -> None:
