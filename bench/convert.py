@@ -1,7 +1,11 @@
-"""Benchmark the converter on a random Qwen2.5-0.5B-shaped checkpoint against a plain copy.
+"""Benchmark the converter on a random Qwen2.5-0.5B-shaped checkpoint (or another architecture's) against a
+plain copy.
 
     python bench/convert.py [--tp 1] [--pp 1] [--reshard-tp 2] [--reshard-pp 2] [--input-shard-size 500MB]
-                            [--workdir DIR]
+                            [--model qwen25_0p5b] [--layers N] [--ep 1] [--reshard-ep 1] [--workdir DIR]
+
+`--model qwen3_30b_a3b --layers 2 --ep 2 --reshard-ep 1` times a mixture of experts in expert-parallel folders
+(two layers of 128 experts: 2.4 GB in bf16, beside the vocabulary's 1.2 GB).
 
 Builds the checkpoint locally (bf16 safetensors, sharded), then runs, each in a fresh
 process so that its peak RSS (VmHWM) is its own: (1) a plain copy — safetensors load of every
@@ -32,26 +36,35 @@ STEPS = (("copy", "hf", "copy"), ("hf2mcore", "hf", "mg"), ("mcore2hf", "mg", "b
 sys.path.insert(0, str(ROOT))
 
 
-def build_checkpoint(folder: Path, shard_size: str) -> dict:
+def architecture(model: str, layers: int | None):
+    import dataclasses
+
+    from mindrl.config import load_model_arch
+
+    arch = load_model_arch(model)
+    return dataclasses.replace(arch, num_layers=layers) if layers else arch
+
+
+def build_checkpoint(folder: Path, shard_size: str, model: str, layers: int | None) -> dict:
     import torch
 
     from mindrl.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
-    from mindrl.config import load_model_arch
-    from mindrl.models.hf_mapping import hf_config_from_arch, hf_param_shapes
+    from mindrl.models.hf_mapping import hf_config_from_arch, hf_param_shapes, model_type_hf_of
 
-    arch = load_model_arch("qwen25_0p5b")
+    arch = architecture(model, layers)
     folder.mkdir(parents=True)
     gen = torch.Generator().manual_seed(0)
     writer = ShardedSafetensorsWriter(folder, parse_size(shard_size))
     for name, shape in hf_param_shapes(arch).items():
         writer.add(name, (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16))
     shards = writer.close()
-    (folder / "config.json").write_text(json.dumps(hf_config_from_arch(arch, "qwen2", torch.bfloat16)))
+    config = hf_config_from_arch(arch, model_type_hf_of(arch), torch.bfloat16)
+    (folder / "config.json").write_text(json.dumps(config))
     return {"bytes": writer.total_bytes, "largest_input_shard": max(p.stat().st_size for p in shards),
             "input_shards": len(shards)}
 
 
-def step(kind: str, src: str, dst: str, tp: int, pp: int) -> None:
+def step(kind: str, src: str, dst: str, tp: int, pp: int, ep: int, family: str) -> None:
     """Runs inside a child process; prints its seconds (imports excluded) and peak RSS."""
     import torch
     from safetensors.torch import load_file
@@ -65,9 +78,9 @@ def step(kind: str, src: str, dst: str, tp: int, pp: int) -> None:
             tensors.update(load_file(shard))
         torch.save(tensors, Path(dst) / "copy.pt")
     elif kind in ("hf2mcore", "hf2mcore_target"):
-        hf_to_mcore(src, dst, "qwen2", tp, pp, params_dtype=torch.bfloat16, progress=False)
+        hf_to_mcore(src, dst, family, tp, pp, params_dtype=torch.bfloat16, progress=False, ep=ep)
     elif kind == "mcore2mcore":
-        mcore_to_mcore(src, dst, tp, pp, progress=False)
+        mcore_to_mcore(src, dst, tp, pp, progress=False, ep=ep)
     else:
         mcore_to_hf(src, dst, progress=False)
     seconds = time.perf_counter() - start
@@ -101,9 +114,10 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def run_step(kind: str, src: Path, dst: Path, tp: int, pp: int) -> dict:
+def run_step(kind: str, src: Path, dst: Path, tp: int, pp: int, ep: int, family: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--step", kind, "--src", str(src), "--dst", str(dst),
-                          "--tp", str(tp), "--pp", str(pp)], capture_output=True, text=True, check=True)
+                          "--tp", str(tp), "--pp", str(pp), "--ep", str(ep), "--family", family],
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -122,24 +136,33 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--reshard-tp", type=int, default=2, help="TP of the mg -> mg target")
     parser.add_argument("--reshard-pp", type=int, default=2, help="PP of the mg -> mg target")
+    parser.add_argument("--ep", type=int, default=1, help="EP of the hf -> mg output (a mixture of experts)")
+    parser.add_argument("--reshard-ep", type=int, default=1, help="EP of the mg -> mg target")
+    parser.add_argument("--model", default="qwen25_0p5b", help="the architecture (configs/model/) to shape it as")
+    parser.add_argument("--layers", type=int, default=None, help="keep this many of its layers")
     parser.add_argument("--input-shard-size", default="500MB")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each step; the fastest counts")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--step", choices=["build", *(kind for kind, _, _ in STEPS)], help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
     parser.add_argument("--dst", help=argparse.SUPPRESS)
+    parser.add_argument("--family", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step == "build":
-        print(json.dumps(build_checkpoint(Path(args.dst), args.input_shard_size)))
+        print(json.dumps(build_checkpoint(Path(args.dst), args.input_shard_size, args.model, args.layers)))
         return
     if args.step:
-        step(args.step, args.src, args.dst, args.tp, args.pp)
+        step(args.step, args.src, args.dst, args.tp, args.pp, args.ep, args.family)
         return
+    from mindrl.models.hf_mapping import model_type_hf_of
+
+    family = model_type_hf_of(architecture(args.model, args.layers))
 
     work = Path(tempfile.mkdtemp(prefix="mindrl-bench-convert-", dir=args.workdir))
     try:
         built = subprocess.run([sys.executable, __file__, "--step", "build", "--dst", str(work / "hf"),
-                                "--input-shard-size", args.input_shard_size],
+                                "--input-shard-size", args.input_shard_size, "--model", args.model,
+                                *(["--layers", str(args.layers)] if args.layers else [])],
                                capture_output=True, text=True, check=True)
         info = json.loads(built.stdout.strip().splitlines()[-1])
         runs: dict[str, list[dict]] = {kind: [] for kind, _, _ in STEPS}
@@ -149,8 +172,9 @@ def main() -> None:
                 if kind == "copy":
                     (work / dst).mkdir()
                 warm(work / src)
-                tp, pp = (args.tp, args.pp) if kind == "hf2mcore" else (args.reshard_tp, args.reshard_pp)
-                runs[kind].append(run_step(kind, work / src, work / dst, tp, pp))
+                tp, pp, ep = ((args.tp, args.pp, args.ep) if kind == "hf2mcore"
+                              else (args.reshard_tp, args.reshard_pp, args.reshard_ep))
+                runs[kind].append(run_step(kind, work / src, work / dst, tp, pp, ep, family))
         largest_output = max(p.stat().st_size for p in (work / "mg").rglob("model_optim_rng.pt"))
         largest_hf_output = max(p.stat().st_size for p in (work / "back").glob("*.safetensors"))
         largest_resharded = max(p.stat().st_size for p in (work / "resharded").rglob("model_optim_rng.pt"))
@@ -164,7 +188,8 @@ def main() -> None:
     back_budget = 1.5 * (largest_hf_output + largest_output)
     reshard_budget = 1.5 * (largest_resharded + largest_output)
     print(json.dumps({
-        "bench": "convert", "model": "qwen25_0p5b-shaped (random, bf16)", "tp": args.tp, "pp": args.pp,
+        "bench": "convert", "model": f"{args.model}-shaped{f' ({args.layers} layers)' if args.layers else ''} "
+                                     f"(random, bf16)", "tp": args.tp, "pp": args.pp, "ep": args.ep,
         "gigabytes": round(gb, 3), "input_shards": info["input_shards"],
         "hf2mcore_s": round(to_mg["seconds"], 2), "hf2mcore_gb_per_s": round(gb / to_mg["seconds"], 3),
         "mcore2hf_s": round(to_hf["seconds"], 2), "plain_copy_s": round(copy["seconds"], 2),
@@ -175,7 +200,7 @@ def main() -> None:
         "rss_budget_gb": round(budget / 1e9, 3),
         "hf2mcore_rss_vs_budget": round(to_mg["peak_rss"] / budget, 2),
         "mcore2hf_rss_vs_budget": round(to_hf["peak_rss"] / back_budget, 2),
-        "reshard": f"tp{args.tp}pp{args.pp} -> tp{args.reshard_tp}pp{args.reshard_pp}",
+        "reshard": f"tp{args.tp}pp{args.pp}ep{args.ep} -> tp{args.reshard_tp}pp{args.reshard_pp}ep{args.reshard_ep}",
         "mcore2mcore_s": round(reshard["seconds"], 2),
         "reshard_via_hf_s": round(to_hf["seconds"] + to_mg_target["seconds"], 2),
         "mcore2mcore_vs_via_hf": round(reshard["seconds"] / (to_hf["seconds"] + to_mg_target["seconds"]), 2),

