@@ -80,5 +80,8 @@ def test_the_modules_refuse_what_they_do_not_compute():
     with pytest.raises(ValueError, match="glu_linear_offset"):
         SwiGLU(config)
     config.glu_linear_offset, config.sequence_parallel = 0.0, True
-    with pytest.raises(ValueError, match="sequence parallelism"):
+    # under sequence parallelism (an MoE model at TP > 1) the weight is marked for megatron-core's TP sum
+    assert RMSNorm(config, 64).weight.sequence_parallel
+    config.layernorm_zero_centered_gamma = True
+    with pytest.raises(ValueError, match="zero-centred gamma"):
         RMSNorm(config, 64)
