@@ -86,10 +86,10 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     buffers = RankBuffers()
     with atomic_directory(save_dir, overwrite) as tmp:
         for chunk in ck.chunk_layout(arch, par):
+            shapes = [ck.expected_shapes(arch, par, chunk, ep_rank) for ep_rank in range(par.ep)]
             for tp_rank, ep_rank in itertools.product(range(tp), range(par.ep)):
-                shapes = ck.expected_shapes(arch, par, chunk, ep_rank)
-                model = _build_rank(weights, arch, par, chunk, shapes, (tp_rank, ep_rank), params_dtype, buffers,
-                                    bar)
+                model = _build_rank(weights, arch, par, chunk, shapes[ep_rank], (tp_rank, ep_rank), params_dtype,
+                                    buffers, bar)
                 mg.save_rank(tmp, "release", tp_rank, chunk.pp_rank, model, args, ep_rank=ep_rank)
                 del model  # unmaps what it took from the HF files before the next is built
                 buffers.reuse()  # the next rank file is filled into this one's memory

@@ -54,9 +54,9 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
     bar = tqdm(total=arch.num_layers * par.tp * par.ep, desc="mcore2mcore", unit="slice", disable=not progress)
     with atomic_directory(save_dir, overwrite) as tmp:
         for chunk in ck.chunk_layout(arch, par):
+            shapes = [ck.expected_shapes(arch, par, chunk, ep_rank) for ep_rank in range(par.ep)]
             for tp_rank, ep_rank in itertools.product(range(par.tp), range(par.ep)):
-                shapes = ck.expected_shapes(arch, par, chunk, ep_rank)
-                model = _build_rank(reader, par, chunk, shapes, (tp_rank, ep_rank), buffers, bar)
+                model = _build_rank(reader, par, chunk, shapes[ep_rank], (tp_rank, ep_rank), buffers, bar)
                 mg.save_rank(tmp, source.iteration, tp_rank, chunk.pp_rank, model, args, ep_rank=ep_rank)
                 del model  # with the reader's release, unmaps the source pages this file was read from
                 reader.release()

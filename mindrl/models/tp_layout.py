@@ -47,7 +47,8 @@ Layout = dict[str, list[list[Piece]]]
 def _layer_layout(arch: ModelArch, tp: int) -> Layout:
     """Pieces of one decoder layer, named by suffix (layer prefixes are added by the caller)."""
     names = hfm.hf_layer_names(arch)
-    shapes = {n: hfm.hf_param_shapes(arch)[hfm.hf_layer_prefix(0) + n] for n in names}
+    model_shapes = hfm.hf_param_shapes(arch)
+    shapes = {n: model_shapes[hfm.hf_layer_prefix(0) + n] for n in names}
     rows_probe, cols_probe = {}, {}
     for number, name in enumerate(names):
         rows = torch.arange(shapes[name][0], dtype=torch.int64) | (number << _ROW_BITS)
