@@ -54,21 +54,22 @@ class ExpertLoad:
     `step_metrics` is a collective over all the model's ranks: each rank routes its own tokens (its data-parallel
     rows, its sequence shard, its pipeline stage's layers), so the counts are summed over the world."""
 
-    def __init__(self, model: torch.nn.Module, num_layers: int, num_experts: int) -> None:
-        self.counts = torch.zeros(num_layers, num_experts, dtype=torch.float32)
+    def __init__(self, model: torch.nn.Module, num_layers: int, num_experts: int, device: torch.device) -> None:
+        # on the routers' device: a copy to the host in every layer's forward would wait for the device each time
+        self.counts = torch.zeros(num_layers, num_experts, dtype=torch.float32, device=device)
         for module in model.modules():
             if isinstance(module, TopKRouter):
                 module.register_forward_hook(self._count)
 
     def _count(self, router: TopKRouter, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
         if torch.is_grad_enabled():
-            self.counts[router.layer_number - 1] += output[1].sum(dim=0).float().cpu()
+            self.counts[router.layer_number - 1] += output[1].sum(dim=0)
 
-    def step_metrics(self, device: torch.device, num_microbatches: int) -> dict[str, float]:
+    def step_metrics(self, num_microbatches: int) -> dict[str, float]:
         """Per layer the busiest expert's tokens over the mean (1: balanced; `num_experts` / top-k: every token
         on the same experts), their maximum over layers, and the load-balancing (z-) loss megatron-core
         tracked, averaged over layers and micro-batches; the counts start over."""
-        counts = self.counts.to(device, copy=True)  # a copy on the host too: the counts start over below
+        counts = self.counts.clone()
         dist.all_reduce(counts)
         self.counts.zero_()
         ratio = (counts.max(dim=1).values / counts.mean(dim=1).clamp(min=1e-9)).tolist()

@@ -346,7 +346,8 @@ class ActorWorker(MegatronWorker):
             lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
             wd_incr_steps=decay_steps, wd_incr_style="constant")
         self.updates = 0
-        self.expert_load = ExpertLoad(self.model, arch.num_layers, arch.num_experts) if arch.is_moe else None
+        self.expert_load = (ExpertLoad(self.model, arch.num_layers, arch.num_experts, self.platform.device())
+                            if arch.is_moe else None)
 
     def update(self, batch: dict) -> dict[str, float]:
         """`epochs` passes over the batch in mini-batches; one optimizer step per mini-batch.
@@ -444,7 +445,7 @@ class ActorWorker(MegatronWorker):
         metrics.update({"grad_norm": float(grad_norm) if grad_norm is not None else math.nan, "lr": lr,
                         "skipped": float(not updated), "prompt_packed": float(self.packed)})
         if self.expert_load is not None:
-            metrics.update(self.expert_load.step_metrics(self.platform.device(), num_microbatches))
+            metrics.update(self.expert_load.step_metrics(num_microbatches))
         return metrics
 
     def sft_step(self, batch: dict) -> dict[str, float]:
