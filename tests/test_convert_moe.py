@@ -126,3 +126,90 @@ def test_a_converted_expert_parallel_checkpoint_loads_into_the_model_it_describe
                        params_dtype=torch.float32, progress=False, ep=2)
     for logits in run_ranks(_converted_logits, 4, str(root), tokens):
         assert (logits - expected).abs().max().item() <= 1e-5
+
+
+def _grouped_copies(rank: int, src: str, legacy: str, te: str) -> None:
+    """Rewrite every rank file of `src` into the two grouped-GEMM layouts Megatron writes with
+    --moe-grouped-gemm: the legacy GroupedMLP's weight1/weight2, built by megatron-core's own merge function
+    (the one its distributed checkpoints load GroupedMLP with), and Transformer Engine's `weight<i>` names."""
+    import re
+
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.moe import experts, grouped_gemm_util
+
+    parallel_state.initialize_model_parallel()
+    grouped_gemm_util.assert_grouped_gemm_is_available = lambda: None  # only its state-dict code runs here
+    expert_name = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+    for path in sorted(Path(src).rglob("model_optim_rng.pt")):
+        state = torch.load(path, weights_only=True)
+        args = state["args"]
+        local = args.num_experts // args.expert_model_parallel_size
+        config = TransformerConfig(num_layers=1, hidden_size=args.hidden_size, num_attention_heads=1,
+                                   num_moe_experts=args.num_experts, moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+                                   gated_linear_unit=True, add_bias_linear=False, use_cpu_initialization=True)
+        merge = {name: factory.merge_fn for name, factory in experts.GroupedMLP(
+            local, config, ProcessGroupCollection.use_mpu_process_groups()).sharded_state_dict().items()
+            if name in ("weight1", "weight2")}
+        per_layer, te_model, legacy_model = {}, {}, {}
+        for name, tensor in state["model"].items():
+            match = expert_name.match(name)
+            if match is None:
+                te_model[name] = legacy_model[name] = tensor
+                continue
+            prefix, expert, linear = match.groups()
+            te_model[f"{prefix}{linear}.weight{expert}"] = tensor
+            per_layer.setdefault((prefix, linear), {})[int(expert)] = tensor
+        for (prefix, linear), tensors in per_layer.items():
+            stacked = torch.stack([tensors[e] for e in range(local)])
+            if linear == "linear_fc1":  # the merge function takes the gate and up halves apart
+                legacy_model[prefix + "weight1"] = merge["weight1"](list(stacked.chunk(2, dim=-2)))
+            else:
+                legacy_model[prefix + "weight2"] = merge["weight2"](stacked)
+        del args.mindrl_arch  # read as a Megatron-LM / MindSpeed-LLM checkpoint, from Megatron's names
+        args.moe_grouped_gemm = True
+        for root, model in ((legacy, legacy_model), (te, te_model)):
+            out = Path(root) / path.relative_to(src)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({**state, "model": model, "args": args}, out)
+    for root in (legacy, te):
+        (Path(root) / "latest_checkpointed_iteration.txt").write_text(
+            (Path(src) / "latest_checkpointed_iteration.txt").read_text())
+
+
+def test_grouped_gemm_expert_checkpoints_convert_to_the_original_hf_weights(tmp_path, hf_dirs):
+    """Megatron-LM / MindSpeed-LLM checkpoints trained with --moe-grouped-gemm (both of megatron-core's grouped
+    layouts) read back to the HF weights bit for bit, and re-shard to the layout hf -> mg writes."""
+    from mindrl.launch import run_ranks
+
+    hf_dir = hf_dirs[("qwen3_moe", torch.float32)]
+    src = hf_to_mcore(hf_dir, tmp_path / "mg", "qwen3_moe", 2, 2, params_dtype=torch.float32, progress=False, ep=2)
+    legacy, te = tmp_path / "legacy", tmp_path / "te"
+    run_ranks(_grouped_copies, 1, str(src), str(legacy), str(te))
+    first = torch.load(next(legacy.rglob("model_optim_rng.pt")), weights_only=True)["model"]
+    assert first["decoder.layers.0.mlp.experts.weight1"].shape == (64, 4 * 32)  # 4 local experts, gate+up / TP
+    assert not any(".local_experts." in name for name in first)
+    original = read_hf(hf_dir)
+    for root in (legacy, te):
+        back = read_hf(mcore_to_hf(root, tmp_path / f"{root.name}_hf", progress=False))
+        assert back.keys() == original.keys()
+        for name, tensor in original.items():
+            assert torch.equal(back[name], tensor), f"{root.name}: {name}"
+    direct = _rank_files(mcore_to_mcore(legacy, tmp_path / "resharded", 1, 1, progress=False, ep=1))
+    via_hf = _rank_files(hf_to_mcore(hf_dir, tmp_path / "via_hf", "qwen3_moe", 1, 1, params_dtype=torch.float32,
+                                     progress=False))
+    for path, state in via_hf.items():
+        for name, tensor in state["model"].items():
+            assert torch.equal(direct[path]["model"][name], tensor), f"{path}: {name}"
+
+
+def test_grouped_expert_weights_that_cannot_be_split_are_one_sentence():
+    from mindrl.checkpoint import chunks
+    from mindrl.config import ConfigError
+
+    weights = {"decoder.layers.0.mlp.experts.weight2": torch.zeros(30, 64)}
+    with pytest.raises(ConfigError, match=r"weight2 has shape \(30, 64\), which does not split into 4 experts"):
+        chunks.normalize_model(weights, "rank file", local_experts=4)
+    with pytest.raises(ConfigError, match=r"the checkpoint's args do not name num_experts"):
+        chunks.normalize_model(weights, "rank file")

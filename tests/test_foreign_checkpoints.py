@@ -310,9 +310,9 @@ def _write_rank(root: Path, state: dict, rank_dir: str = "mp_rank_00") -> Path:
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(num_experts=8, moe_grouped_gemm=True),
-     r"trained with moe_grouped_gemm=True \(grouped-GEMM expert weights \(weight1/weight2 in place of one MLP per "
-     r"expert\)\), which mindrl does not"),
+    (dict(num_experts=8, moe_router_enable_expert_bias=True),
+     r"trained with moe_router_enable_expert_bias=True \(an expert-bias router \(aux-loss-free balancing\)\), "
+     r"which mindrl does not"),
     (dict(rotary_percent=0.5), r"rotary_percent=0.5 \(partial rotary embeddings\)"),
     (dict(noop_layers="1"), r"noop_layers='1' \(no-op layers \(MindSpeed-LLM\)\)"),
     (dict(num_layers=None), r"args lack num_layers, so they do not describe the architecture; pass "

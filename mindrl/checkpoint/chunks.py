@@ -9,7 +9,10 @@ norm and output layer in the last.
 Megatron-LM's default Transformer Engine layer spec fuses each pre-attention and pre-MLP
 norm into the following linear layer and adds `_extra_state` entries (kernel metadata, no
 weights); normalize_model maps those names onto the local spec's, so one layout serves
-every writer.
+every writer. It does the same for the grouped-GEMM experts Megatron-LM and MindSpeed-LLM write
+with `--moe-grouped-gemm`: Transformer Engine's GroupedLinear keeps expert i's matrices as
+`experts.linear_fc1.weight<i>`, and the legacy GroupedMLP keeps all of a rank's experts in
+`experts.weight1` / `experts.weight2`; both become SequentialMLP's `experts.local_experts.<i>.`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ _TE_RENAMES = {
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
     "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
 }
+_TE_GROUPED = re.compile(r"^mlp\.experts\.(linear_fc[12])\.(weight|bias)(\d+)$")
+_LEGACY_GROUPED = {"mlp.experts.weight1": "linear_fc1", "mlp.experts.weight2": "linear_fc2"}
 
 
 @dataclass(frozen=True)
@@ -103,9 +108,10 @@ def model_keys(state: dict[str, Any]) -> list[str]:
                   key=lambda k: int(k[5:] or -1))
 
 
-def normalize_model(model: Any, where: str) -> dict[str, torch.Tensor]:
+def normalize_model(model: Any, where: str, local_experts: int | None = None) -> dict[str, torch.Tensor]:
     """A chunk's state dict in the local spec's names, without `_extra_state`; one sentence if a
-    value is not a tensor or the chunk is a legacy (non-mcore) model."""
+    value is not a tensor or the chunk is a legacy (non-mcore) model. `local_experts` (experts per
+    EP rank) is needed only to split legacy grouped-GEMM weights."""
     if not isinstance(model, dict):
         raise ConfigError(f"{where} holds a {type(model).__name__} where the model state dict should be.")
     if "language_model" in model or any(str(k).startswith("language_model.") for k in model):
@@ -119,7 +125,38 @@ def normalize_model(model: Any, where: str) -> dict[str, torch.Tensor]:
             raise ConfigError(f"{where}: {name} is a {getattr(value, 'pickled_as', type(value).__name__)}, "
                               f"not a tensor; the file is damaged or from an unsupported writer.")
         match = _LAYER.match(name)
-        if match and match.group(2) in _TE_RENAMES:
-            name = f"decoder.layers.{match.group(1)}.{_TE_RENAMES[match.group(2)]}"
-        out[name] = value
+        if match is None:
+            out[name] = value
+            continue
+        layer, rest = f"decoder.layers.{match.group(1)}.", match.group(2)
+        grouped = _TE_GROUPED.match(rest)
+        if rest in _TE_RENAMES:
+            out[layer + _TE_RENAMES[rest]] = value
+        elif grouped:
+            out[f"{layer}mlp.experts.local_experts.{grouped.group(3)}.{grouped.group(1)}.{grouped.group(2)}"] = value
+        elif rest in _LEGACY_GROUPED:
+            out.update(_split_grouped(layer + rest, _LEGACY_GROUPED[rest], value, local_experts, where))
+        else:
+            out[name] = value
     return out
+
+
+def _split_grouped(name: str, linear: str, value: torch.Tensor, local_experts: int | None,
+                   where: str) -> dict[str, torch.Tensor]:
+    """GroupedMLP lays its experts' transposed matrices end to end in memory: weight1 (hidden × experts·F)
+    is read as experts × hidden × F, weight2 (experts·F × hidden) as experts × F × hidden (megatron-core's
+    GroupedMLP.forward views them so); transposed back they are SequentialMLP's per-expert weights."""
+    if not local_experts:
+        raise ConfigError(f"{where}: {name} holds grouped-GEMM expert weights, but the checkpoint's args do not "
+                          f"name num_experts, so they cannot be split per expert; convert from a checkpoint "
+                          f"saved with its args.")
+    hidden = value.shape[0] if linear == "linear_fc1" else value.shape[1]
+    if value.dim() != 2 or value.numel() % (local_experts * hidden):
+        raise ConfigError(f"{where}: {name} has shape {tuple(value.shape)}, which does not split into "
+                          f"{local_experts} experts; the args' num_experts / expert_model_parallel_size do not "
+                          f"match the weights.")
+    matrices = value.reshape(local_experts, hidden, -1) if linear == "linear_fc1" else \
+        value.reshape(local_experts, -1, hidden)
+    prefix = name.removesuffix("weight1" if linear == "linear_fc1" else "weight2")
+    return {f"{prefix}local_experts.{e}.{linear}.weight": matrix.t().contiguous()
+            for e, matrix in enumerate(matrices)}

@@ -160,9 +160,16 @@ def read_rank(path: str | Path, mmap: bool = True) -> dict[str, Any]:
     if not keys:
         raise ConfigError(f"{path} holds no model state dict (keys: {', '.join(map(str, list(state)[:6]))}); "
                           f"it is an optimizer-only or foreign file.")
-    out: dict[str, Any] = {key: chunks.normalize_model(state[key], f"{path} [{key}]") for key in keys}
+    local_experts = _local_experts(state.get("args"))
+    out: dict[str, Any] = {key: chunks.normalize_model(state[key], f"{path} [{key}]", local_experts)
+                           for key in keys}
     out.update(args=state.get("args"), iteration=state.get("iteration"), checkpoint_version=version)
     return out
+
+
+def _local_experts(args: Any) -> int | None:
+    experts = getattr(args, "num_experts", None)
+    return int(experts) // int(getattr(args, "expert_model_parallel_size", None) or 1) if experts else None
 
 
 def load_rank(root: str | Path, tp_rank: int, pp_rank: int, expect_arch: ModelArch | None = None,

@@ -40,7 +40,6 @@ _UNSUPPORTED = {
     "use_legacy_models": "legacy (non-mcore) models",
     "squared_relu": "a squared-ReLU activation",
     "openai_gelu": "OpenAI's GeLU",
-    "moe_grouped_gemm": "grouped-GEMM expert weights (weight1/weight2 in place of one MLP per expert)",
     "moe_router_enable_expert_bias": "an expert-bias router (aux-loss-free balancing)",
     "moe_router_num_groups": "group-limited routing",
     "moe_router_topk_scaling_factor": "scaled routing weights",
