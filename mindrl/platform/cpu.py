@@ -16,6 +16,7 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
     ray_resource = None
     vllm_chunks_seeded_prefill = False
+    vllm_splits_experts = False
     pin_memory = False  # the host is the device
 
     @staticmethod

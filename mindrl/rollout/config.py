@@ -23,8 +23,6 @@ BACKENDS = ("auto", "vllm", "megatron")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # generate_config keys of MindSpeed-RL that ask for something mindrl's rollout does not do.
 _UNSUPPORTED = {
-    "infer_expert_parallel_size": "expert parallelism (MoE)",
-    "enable_expert_parallel": "expert parallelism (MoE)",
     "torchair_graph": "Ascend TorchAir graph mode",
     "ascend_scheduler_config_enabled": "the Ascend scheduler config",
     "num_scheduler_steps": "multi-step scheduling",
@@ -83,6 +81,11 @@ class GenerateConfig:
     backend: str = "auto"
     infer_tensor_parallel_size: int = 1
     infer_pipeline_parallel_size: int = 1
+    #: vLLM's expert parallelism: each MoE layer gives every rank of an engine a share of the experts instead of
+    #: a TP cut of every expert; the share spans the engine's infer_tensor_parallel_size ranks
+    enable_expert_parallel: bool = False
+    #: MindSpeed-RL's name for the width of that split: with enable_expert_parallel, infer_tensor_parallel_size
+    infer_expert_parallel_size: int = 1
     #: the engine's weights; auto: the actor's training precision (bfloat16 where it trains in bf16, else float32)
     dtype: str = "auto"
     max_num_seqs: int = 256
@@ -112,7 +115,8 @@ class GenerateConfig:
             raise ConfigError(f"generate_config.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}.")
         if self.dtype not in DTYPES:
             raise ConfigError(f"generate_config.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
-        for key in ("infer_tensor_parallel_size", "infer_pipeline_parallel_size", "max_num_seqs", "max_model_len",
+        for key in ("infer_tensor_parallel_size", "infer_pipeline_parallel_size", "infer_expert_parallel_size",
+                    "max_num_seqs", "max_model_len",
                     "max_num_batched_tokens", "cpu_kv_cache_mb", "weight_sync_bucket_mb"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -120,6 +124,7 @@ class GenerateConfig:
         if self.infer_pipeline_parallel_size != 1:
             raise ConfigError("generate_config.infer_pipeline_parallel_size must be 1: rollout engines shard by "
                               "tensor parallelism only (as in MindSpeed-RL); raise infer_tensor_parallel_size.")
+        self._check_expert_split()
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"generate_config.gpu_memory_utilization must be in (0, 1], got "
                               f"{self.gpu_memory_utilization!r}.")
@@ -146,6 +151,34 @@ class GenerateConfig:
                 raise ConfigError(f"generate_config.sampling_config must be a mapping of keys, got {sampling!r}.")
             kwargs["sampling_config"] = SamplingConfig.from_dict(sampling, keys)
         return cls(**kwargs)
+
+    def _check_expert_split(self) -> None:
+        ep, tp = self.infer_expert_parallel_size, self.infer_tensor_parallel_size
+        if ep > 1 and not self.enable_expert_parallel:
+            raise ConfigError(f"generate_config.infer_expert_parallel_size={ep} splits experts over vLLM's ranks, "
+                              f"which vLLM does only with enable_expert_parallel: true; set it too (or the size "
+                              f"back to 1).")
+        if self.enable_expert_parallel and ep != tp:
+            raise ConfigError(f"vLLM splits a mixture of experts over the ranks of one engine, so "
+                              f"generate_config.infer_expert_parallel_size must equal infer_tensor_parallel_size="
+                              f"{tp}, got {ep} (a wider split would need vLLM's data parallelism across engines, "
+                              f"which mindrl's rollout does not use).")
+
+    def check_vllm_experts(self, arch: ModelArch, platform: str, splits_experts: bool) -> None:
+        """vLLM's expert split needs experts to split and a platform whose MoE kernel takes a share of them
+        (vLLM-CPU's grouped-GEMM kernel runs every expert on every rank: with a share it crashes)."""
+        if not self.enable_expert_parallel:
+            return
+        if not arch.is_moe:
+            raise ConfigError(f"generate_config.enable_expert_parallel splits the experts of a mixture of experts, "
+                              f"but model {arch.name} has none; turn it off.")
+        if arch.num_experts % self.infer_expert_parallel_size:
+            raise ConfigError(f"generate_config.infer_expert_parallel_size={self.infer_expert_parallel_size} does "
+                              f"not divide num_experts={arch.num_experts}; choose a divisor.")
+        if not splits_experts:
+            raise ConfigError(f"vLLM's MoE kernel on {platform} cannot run a share of the experts, so "
+                              f"generate_config.enable_expert_parallel must be false there (vLLM then cuts every "
+                              f"expert by infer_tensor_parallel_size instead).")
 
     def check_vllm_prefill(self, platform: str, chunks_seeded_prefill: bool) -> None:
         """vLLM on some platforms (CPU) cannot split a seeded prompt's prefill over steps: one step must

@@ -72,6 +72,7 @@ class VllmEngine(RolloutEngine):
         self.eos_token_ids = list(eos_token_ids)
         self.platform = platform or get_platform()
         cfg.check_vllm_prefill(self.platform.name, self.platform.vllm_chunks_seeded_prefill)
+        cfg.check_vllm_experts(arch, self.platform.name, self.platform.vllm_splits_experts)
         self._hf_config = dict(hf_config) if hf_config else hfm.hf_config_from_arch(
             arch, hfm.model_type_hf_of(arch), _TORCH_DTYPES[cfg.dtype])
         self._sleep_logged = False
@@ -97,6 +98,8 @@ class VllmEngine(RolloutEngine):
             **self.platform.vllm_memory_kwargs(self.cfg.gpu_memory_utilization, self.cfg.cpu_kv_cache_mb))
         if not self.platform.vllm_chunks_seeded_prefill:
             kwargs["enable_chunked_prefill"] = False
+        if self.cfg.enable_expert_parallel:
+            kwargs["enable_expert_parallel"] = True
         if self.cfg.infer_tensor_parallel_size > 1:
             # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
             kwargs["distributed_executor_backend"] = "external_launcher"

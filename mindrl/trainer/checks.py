@@ -95,6 +95,9 @@ def check_rollout(cfg: TrainerConfig) -> None:
         raise ConfigError("rl_config.prompt_packing: true packs a prompt's samples into one row, but the routes "
                           "generate_config.rollout_routing_replay replays are per sample; set prompt_packing to auto "
                           "(it then stays off) or false.")
+    if not vllm and gen.enable_expert_parallel:
+        raise ConfigError("generate_config.enable_expert_parallel splits experts over vLLM's ranks, but the rollout "
+                          "backend is the Megatron engine, which runs the actor's own expert layout; turn it off.")
     if not vllm:
         try:
             check_megatron_rollout(actor.arch, actor.parallel, gen.rollout_routing_replay)
@@ -103,6 +106,7 @@ def check_rollout(cfg: TrainerConfig) -> None:
     if vllm:
         platform = cfg.rl_config.resources["actor_resource"].platform
         gen.check_vllm_prefill(platform, PLATFORMS[platform].vllm_chunks_seeded_prefill)
+        gen.check_vllm_experts(actor.arch, platform, PLATFORMS[platform].vllm_splits_experts)
     if vllm or actor.save:
         try:
             hfm.check_hf_can_hold(actor.arch, hfm.model_type_hf_of(actor.arch))
