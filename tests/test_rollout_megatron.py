@@ -342,3 +342,53 @@ def test_a_moe_model_generates_as_hf_and_scores_as_the_actor(tmp_path):
         assert rank["greedy"] == expected
         print(f"moe megatron engine vs actor: {rank['diff']:.2e}")
         assert rank["diff"] <= 1e-5
+
+
+def _ep_rollouts(rank: int, checkpoint: str) -> dict:
+    """EP=2 over the two data-parallel replicas, each with other work: rank 0 decodes three prompts for
+    NEW_TOKENS steps in several prefill chunks, rank 1 one prompt for fewer steps, and then nothing at all;
+    their forwards must still pair up in every MoE layer's all-to-all."""
+    import torch.distributed as dist
+
+    from mindrl.rollout.base import RolloutResult
+    from mindrl.rollout.megatron_engine import MegatronEngine
+
+    actor = _actor(checkpoint)
+    engine = MegatronEngine(actor.model, actor.arch, actor.par, [], max_model_len=MAX_MODEL_LEN,
+                            max_num_batched_tokens=12)
+    replica = actor.dp_rank
+    mine = PROMPTS[:3] if replica == 0 else PROMPTS[3:]
+    greedy = engine.generate(mine, SamplingConfig(top_k=1, max_tokens=NEW_TOKENS if replica == 0 else 5))
+    alone = engine.generate(PROMPTS[:1] if replica == 0 else [], SamplingConfig(top_k=1, max_tokens=3))
+    sampled = engine.generate(mine, SamplingConfig(temperature=TEMPERATURE, max_tokens=NEW_TOKENS, seed=3), n=2)
+    shares = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, (replica, sampled))  # the actor scores the whole batch, each replica its rows
+    shares = [dict(shares)[r] for r in range(2)]
+    whole = RolloutResult(*([item for share in shares for item in getattr(share, key)]
+                            for key in ("responses", "log_probs", "finish_reasons")))
+    batch = rollout_batch(PROMPTS, whole, 2)
+    scored = actor.compute_log_prob({"tokens": batch["tokens"]})
+    diff = None
+    if scored is not None:  # the last stage's
+        rows = actor.local_rows(batch["tokens"].shape[0])
+        diff = ((scored["log_probs"] - batch["engine_log_probs"][rows]) * batch["loss_mask"][rows]).abs().max().item()
+    return {"greedy": greedy.responses, "alone": alone.responses, "diff": diff, "ep": actor.ep_rank}
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_expert_parallel_replicas_decode_different_work_in_lockstep(tmp_path, pp):
+    """The Megatron engine at EP=2 (and EP=2 x PP=2): replicas with other prompts, lengths and step counts (one
+    with none) give HF's greedy tokens and the actor's log-probs."""
+    from tests.hf_models import build_hf_model, save_hf_model
+
+    hf = build_hf_model("qwen3_moe", seed=5, num_hidden_layers=2)
+    checkpoint = hf_to_mcore(save_hf_model(hf, tmp_path / "hf"), tmp_path / "mg", "qwen3_moe", 1, pp,
+                             params_dtype=torch.float32, progress=False, ep=2)
+    expected = _hf_greedy(hf, PROMPTS, NEW_TOKENS)
+    ranks = run_ranks(_ep_rollouts, 2 * pp, str(checkpoint))
+    first, second = (next(r for r in ranks if r["ep"] == ep and r["diff"] is not None) for ep in (0, 1))
+    assert first["greedy"] == expected[:3] and second["greedy"] == [expected[3][:5]]
+    assert first["alone"] == [expected[0][:3]] and second["alone"] == []
+    for rank in (first, second):
+        print(f"moe megatron engine at EP=2 vs actor: {rank['diff']:.2e}")
+        assert rank["diff"] <= 1e-5

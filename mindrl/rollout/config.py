@@ -211,13 +211,8 @@ def _field_names(cls: type) -> set[str]:
 
 
 def check_megatron_rollout(arch: ModelArch, par: ParallelConfig, record_routes: bool = False) -> None:
-    """The layouts this engine decodes: each data-parallel replica decodes its own prompts for as many steps as
-    they need, which an expert-parallel model's all-to-all (every EP rank in every forward) cannot follow, and
-    its layers see whole sequences, which an MoE layer under TP (sequence-parallel) does not take."""
-    if arch.is_moe and par.ep > 1:
-        raise ConfigError(f"the Megatron rollout engine decodes each data-parallel replica on its own, which the "
-                          f"all-to-all of expert_model_parallel_size={par.ep} cannot follow; use generate_config."
-                          f"backend vllm or expert_model_parallel_size 1.")
+    """The layouts this engine decodes: its layers see whole sequences, which an MoE layer under TP
+    (sequence-parallel) does not take."""
     if arch.is_moe and par.tp > 1:
         raise ConfigError(f"the Megatron rollout engine does not run a mixture-of-experts model at "
                           f"tensor_model_parallel_size={par.tp} (its MoE layers are sequence-parallel); use "

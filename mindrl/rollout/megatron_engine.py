@@ -25,7 +25,7 @@ from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import SamplingConfig, check_megatron_rollout
 from mindrl.rollout.megatron_batch import DecodeRows, Responses
 from mindrl.rollout.megatron_kv_cache import DecodeWriter, KVCache, PrefillWriter
-from mindrl.rollout.megatron_links import ReplicaLinks
+from mindrl.rollout.megatron_links import ExpertLockstep, ReplicaLinks
 from mindrl.rollout.megatron_sampling import sample
 from mindrl.rollout.megatron_stage import KVWriter, StageForward
 
@@ -98,6 +98,7 @@ class MegatronEngine(RolloutEngine):
         self.eos = torch.tensor(eos, dtype=torch.long, device=self.device)
         self.stage = StageForward(model)
         self.links = ReplicaLinks(self.device)
+        self.lockstep = ExpertLockstep(self.device)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1) -> RolloutResult:
         """Collective over the model-parallel group; the same result on every rank of it."""
@@ -117,6 +118,7 @@ class MegatronEngine(RolloutEngine):
                 result.finish_reasons += wave.finish_reasons
                 if self.recording:
                     result.routes += wave.routes
+            self.lockstep.until_all_done(self._idle_forward)
         return result
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -212,8 +214,20 @@ class MegatronEngine(RolloutEngine):
                 routes.append(self._routes)
         return torch.cat(firsts) if firsts else None, torch.cat(routes) if routes else None
 
+    def _idle_forward(self) -> None:
+        """A one-token forward whose result nobody reads: its only use is the all-to-alls it takes part in."""
+        token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        cache = KVCache(len(self.stage.layers), torch.ones(1, 1, dtype=torch.bool, device=self.device), 1,
+                        self.stage.kv_heads, 1, self.stage.head_dim, self.dtype)
+        self._forward(token, token,
+                      PrefillWriter(cache, 0, torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)))
+
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor | None:
         """This stage's share of one forward: full-vocabulary logits [rows, vocab] on the sampler, None elsewhere."""
+        self.lockstep.before_forward()
+        return self._forward(tokens, positions, writer)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor | None:
         inputs = tokens
         if not self.stage.first:
             inputs = self.links.receive_hidden((tokens.shape[1], tokens.shape[0], self.hidden_size), self.dtype,

@@ -6,7 +6,8 @@ logits are gathered on one rank, the sampler (TP rank 0 of the last stage): a [r
 vocab] tensor per step, the only full-vocabulary copy. The sampler draws, and one
 broadcast over the model-parallel group gives every rank the new tokens (the first stage
 embeds them next; every rank needs them to know which rows are done) and their log-probs.
-Only model-parallel groups are used, so data-parallel replicas generate independently.
+Only model-parallel groups are used, so data-parallel replicas generate independently, except
+that replicas sharing a mixture of experts' expert-parallel group step together (ExpertLockstep).
 """
 
 from __future__ import annotations
@@ -57,3 +58,30 @@ class ReplicaLinks:
                   else torch.empty(2, rows, dtype=torch.float32, device=device))
         dist.broadcast(packed, src=self.sampler_rank, group=self.replica)
         return packed[0].long(), packed[1].float()
+
+
+class ExpertLockstep:
+    """Replicas whose experts are spread over each other (EP > 1) meet in an all-to-all in every MoE layer of
+    every forward, so they must run the same number of forwards though each decodes its own prompts for as many
+    steps as they need. Before each forward the replicas of an EP group vote whether they still have work; a
+    replica that has finished runs a one-token forward for every vote some other one still wins."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.group = ps.get_expert_model_parallel_group() if ps.get_expert_model_parallel_world_size() > 1 else None
+
+    def _vote(self, working: bool) -> bool:
+        """Whether any replica of the group is working (collective over the group)."""
+        flag = torch.tensor([1 if working else 0], device=self.device)
+        dist.all_reduce(flag, group=self.group)
+        return bool(flag.item())
+
+    def before_forward(self) -> None:
+        if self.group is not None:
+            self._vote(True)
+
+    def until_all_done(self, idle_forward) -> None:
+        """Run `idle_forward` for as long as another replica of the group still forwards."""
+        if self.group is not None:
+            while self._vote(False):
+                idle_forward()
