@@ -12,6 +12,8 @@ that replicas sharing a mixture of experts' expert-parallel group step together 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
@@ -80,7 +82,7 @@ class ExpertLockstep:
         if self.group is not None:
             self._vote(True)
 
-    def until_all_done(self, idle_forward) -> None:
+    def until_all_done(self, idle_forward: Callable[[], None]) -> None:
         """Run `idle_forward` for as long as another replica of the group still forwards."""
         if self.group is not None:
             while self._vote(False):
