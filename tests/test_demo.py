@@ -12,8 +12,8 @@ from tests import jobs
 
 
 def test_the_demo_chain_runs_each_stage_from_the_last_and_its_figures_reproduce(tmp_path):
-    # the main job's chain; the --dpo chain (6 min more here) differs by a DPO stage from SFT's checkpoint,
-    # which tests/test_dpo.py runs through cli/train_dpo.py as the demo does
+    # the main job's chain; the --dpo chain (6 min more here) adds a cli/train_dpo.py stage, which
+    # tests/test_dpo.py runs (resumed after SIGKILL, and as the checkpoint GRPO starts from)
     stages = ("sft", "grpo")
     cli = jobs.ROOT / "cli"
     tokenizer = tmp_path / "tok"
