@@ -135,28 +135,27 @@ def normalize_model(model: Any, where: str, local_experts: int | None = None) ->
         elif grouped:
             out[f"{layer}mlp.experts.local_experts.{grouped.group(3)}.{grouped.group(1)}.{grouped.group(2)}"] = value
         elif rest in _LEGACY_GROUPED:
-            out.update(_split_grouped(layer + rest, _LEGACY_GROUPED[rest], value, local_experts, where))
+            out.update(_split_grouped(layer, rest, value, local_experts, where))
         else:
             out[name] = value
     return out
 
 
-def _split_grouped(name: str, linear: str, value: torch.Tensor, local_experts: int | None,
+def _split_grouped(layer: str, rest: str, value: torch.Tensor, local_experts: int | None,
                    where: str) -> dict[str, torch.Tensor]:
     """GroupedMLP lays its experts' transposed matrices end to end in memory: weight1 (hidden × experts·F)
     is read as experts × hidden × F, weight2 (experts·F × hidden) as experts × F × hidden (megatron-core's
     GroupedMLP.forward views them so); transposed back they are SequentialMLP's per-expert weights."""
     if not local_experts:
-        raise ConfigError(f"{where}: {name} holds grouped-GEMM expert weights, but the checkpoint's args do not "
-                          f"name num_experts, so they cannot be split per expert; convert from a checkpoint "
+        raise ConfigError(f"{where}: {layer + rest} holds grouped-GEMM expert weights, but the checkpoint's args do "
+                          f"not name num_experts, so they cannot be split per expert; convert from a checkpoint "
                           f"saved with its args.")
-    hidden = value.shape[0] if linear == "linear_fc1" else value.shape[1]
-    if value.dim() != 2 or value.numel() % (local_experts * hidden):
-        raise ConfigError(f"{where}: {name} has shape {tuple(value.shape)}, which does not split into "
+    linear = _LEGACY_GROUPED[rest]
+    fc1 = linear == "linear_fc1"
+    if value.dim() != 2 or value.numel() % (local_experts * (hidden := value.shape[0 if fc1 else 1])):
+        raise ConfigError(f"{where}: {layer + rest} has shape {tuple(value.shape)}, which does not split into "
                           f"{local_experts} experts; the args' num_experts / expert_model_parallel_size do not "
                           f"match the weights.")
-    matrices = value.reshape(local_experts, hidden, -1) if linear == "linear_fc1" else \
-        value.reshape(local_experts, -1, hidden)
-    prefix = name.removesuffix("weight1" if linear == "linear_fc1" else "weight2")
-    return {f"{prefix}local_experts.{e}.{linear}.weight": matrix.t().contiguous()
+    matrices = value.reshape(local_experts, hidden, -1) if fc1 else value.reshape(local_experts, -1, hidden)
+    return {f"{layer}mlp.experts.local_experts.{e}.{linear}.weight": matrix.t().contiguous()
             for e, matrix in enumerate(matrices)}

@@ -18,6 +18,7 @@ from mindrl.config.values import check_types
 
 if TYPE_CHECKING:
     from mindrl.config import ModelArch, ParallelConfig
+    from mindrl.platform.base import Platform
 
 BACKENDS = ("auto", "vllm", "megatron")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -164,9 +165,14 @@ class GenerateConfig:
                               f"{tp}, got {ep} (a wider split would need vLLM's data parallelism across engines, "
                               f"which mindrl's rollout does not use).")
 
-    def check_vllm_experts(self, arch: ModelArch, platform: str, splits_experts: bool) -> None:
-        """vLLM's expert split needs experts to split and a platform whose MoE kernel takes a share of them
-        (vLLM-CPU's grouped-GEMM kernel runs every expert on every rank: with a share it crashes)."""
+    def check_vllm_on(self, arch: ModelArch, platform: Platform | type[Platform]) -> None:
+        """What vLLM cannot do on `platform`: on some (CPU) split a seeded prompt's prefill over steps, so one
+        step must hold a whole sequence, or run a share of the experts (vLLM-CPU's grouped-GEMM kernel runs
+        every expert on every rank: with a share it crashes); and the expert split needs experts to split."""
+        if not platform.vllm_chunks_seeded_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(f"on {platform.name} vLLM cannot split a seeded prompt's prefill over steps, so "
+                              f"generate_config.max_num_batched_tokens={self.max_num_batched_tokens} must be at "
+                              f"least max_model_len={self.max_model_len}; raise it.")
         if not self.enable_expert_parallel:
             return
         if not arch.is_moe:
@@ -175,18 +181,10 @@ class GenerateConfig:
         if arch.num_experts % self.infer_expert_parallel_size:
             raise ConfigError(f"generate_config.infer_expert_parallel_size={self.infer_expert_parallel_size} does "
                               f"not divide num_experts={arch.num_experts}; choose a divisor.")
-        if not splits_experts:
-            raise ConfigError(f"vLLM's MoE kernel on {platform} cannot run a share of the experts, so "
+        if not platform.vllm_splits_experts:
+            raise ConfigError(f"vLLM's MoE kernel on {platform.name} cannot run a share of the experts, so "
                               f"generate_config.enable_expert_parallel must be false there (vLLM then cuts every "
                               f"expert by infer_tensor_parallel_size instead).")
-
-    def check_vllm_prefill(self, platform: str, chunks_seeded_prefill: bool) -> None:
-        """vLLM on some platforms (CPU) cannot split a seeded prompt's prefill over steps: one step must
-        then hold a whole sequence."""
-        if not chunks_seeded_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ConfigError(f"on {platform} vLLM cannot split a seeded prompt's prefill over steps, so "
-                              f"generate_config.max_num_batched_tokens={self.max_num_batched_tokens} must be at "
-                              f"least max_model_len={self.max_model_len}; raise it.")
 
     def engine_dtype(self, actor_bf16: bool) -> GenerateConfig:
         """This config with `dtype: auto` resolved to the actor's precision (an explicit dtype is kept)."""

@@ -71,8 +71,7 @@ class VllmEngine(RolloutEngine):
         self.arch, self.cfg, self.seed = arch, cfg, seed
         self.eos_token_ids = list(eos_token_ids)
         self.platform = platform or get_platform()
-        cfg.check_vllm_prefill(self.platform.name, self.platform.vllm_chunks_seeded_prefill)
-        cfg.check_vllm_experts(arch, self.platform.name, self.platform.vllm_splits_experts)
+        cfg.check_vllm_on(arch, self.platform)
         self._hf_config = dict(hf_config) if hf_config else hfm.hf_config_from_arch(
             arch, hfm.model_type_hf_of(arch), _TORCH_DTYPES[cfg.dtype])
         self._sleep_logged = False

@@ -105,8 +105,7 @@ def check_rollout(cfg: TrainerConfig) -> None:
             raise ConfigError(f"actor_config: {err}") from None
     if vllm:
         platform = cfg.rl_config.resources["actor_resource"].platform
-        gen.check_vllm_prefill(platform, PLATFORMS[platform].vllm_chunks_seeded_prefill)
-        gen.check_vllm_experts(actor.arch, platform, PLATFORMS[platform].vllm_splits_experts)
+        gen.check_vllm_on(actor.arch, PLATFORMS[platform])
     if vllm or actor.save:
         try:
             hfm.check_hf_can_hold(actor.arch, hfm.model_type_hf_of(actor.arch))
