@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from mindrl.config.errors import ConfigError
 from mindrl.config.paths import MODEL_CONFIGS_DIR
 from mindrl.config.values import check_types
+from mindrl.config.vision import VisionArch
 
 # Keys MindSpeed-RL model yamls carry that only choose kernels or legacy code paths. They
 # change no numbers, so they are accepted and have no effect.
@@ -101,8 +102,17 @@ class ModelArch:
     moe_token_dispatcher_type: str = "alltoall"
     #: precision of the router's logits and softmax; null: the model's
     moe_router_dtype: str | None = None
+    #: with position_embedding_type mrope: the rotary frequencies (head_dim / 2 of them) given to the temporal,
+    #: height and width position, in that order (Qwen2.5-VL's [16, 24, 24])
+    mrope_section: tuple[int, ...] | None = None
+    #: the vision tower of a vision-language model (a mapping in the yaml); null: a text-only model
+    vision: VisionArch | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.vision, Mapping):  # as a checkpoint's args store it
+            object.__setattr__(self, "vision", VisionArch.from_dict(self.name, self.vision))
+        if self.mrope_section is not None:
+            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
         check_types(f"model {self.name}", self)
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                     "padded_vocab_size", "max_position_embeddings"):
@@ -123,10 +133,28 @@ class ModelArch:
         if self.normalization not in ("RMSNorm", "LayerNorm"):
             raise ConfigError(f"model {self.name}: normalization must be RMSNorm or LayerNorm, "
                               f"got {self.normalization!r}.")
-        if self.position_embedding_type != "rope":
-            raise ConfigError(f"model {self.name}: only position_embedding_type: rope is supported, "
-                              f"got {self.position_embedding_type!r}.")
+        self._check_positions()
         self._check_moe()
+
+    def _check_positions(self) -> None:
+        where = f"model {self.name}"
+        if self.position_embedding_type not in ("rope", "mrope"):
+            raise ConfigError(f"{where}: position_embedding_type must be rope (or mrope for a vision-language "
+                              f"model), got {self.position_embedding_type!r}.")
+        mrope = self.position_embedding_type == "mrope"
+        if mrope != (self.mrope_section is not None):
+            raise ConfigError(f"{where}: mrope_section goes with position_embedding_type: mrope and only with it; "
+                              f"set both or neither.")
+        if mrope and (not all(isinstance(n, int) and n > 0 for n in self.mrope_section)
+                      or len(self.mrope_section) != 3 or sum(self.mrope_section) * 2 != self.head_dim):
+            raise ConfigError(f"{where}: mrope_section={list(self.mrope_section)} must be three positive counts "
+                              f"summing to head_dim / 2 = {self.head_dim // 2}.")
+        if self.vision is not None and not mrope:
+            raise ConfigError(f"{where}: a vision tower needs position_embedding_type: mrope with mrope_section "
+                              f"(Qwen2.5-VL's language model rotates by image rows and columns).")
+        if self.vision is not None and (self.is_moe or self.has_score_head):
+            raise ConfigError(f"{where}: a vision tower on a mixture of experts or a reward model is not built; "
+                              f"drop vision: or use a dense causal LM.")
 
     def _check_moe(self) -> None:
         where = f"model {self.name}"
@@ -156,6 +184,10 @@ class ModelArch:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{where}: {key}={getattr(self, key)!r} is not one mindrl builds; choose one "
                                   f"of {', '.join(map(str, allowed))}.")
+
+    @property
+    def is_vision_language(self) -> bool:
+        return self.vision is not None
 
     @property
     def is_moe(self) -> bool:
@@ -205,7 +237,9 @@ class ModelArch:
         fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
-            if key in fields:
+            if key == "vision" and isinstance(value, Mapping):
+                kwargs[key] = VisionArch.from_dict(name, value)
+            elif key in fields:
                 kwargs[key] = value
             elif key in _NO_EFFECT_KEYS:
                 continue

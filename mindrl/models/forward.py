@@ -16,6 +16,9 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mindrl.models.moe import replay_routes
 
+#: a vision-language micro-batch's images: every patch of its rows' images in row order, and each image's grid
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+
 LossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict]]
 
 
@@ -28,7 +31,8 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
                      forward_only: bool = False) -> list[dict]:
     """Forward (and backward) every micro-batch; returns loss_fn's dicts on the last stage.
 
-    Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s], for
+    Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s] ([3, b, s] for a
+    vision-language model, with its rows' images as `pixel_values` and `image_grid_thw`), for
     rows packed behind shared prompts an `attention_mask` PackedLayout (mindrl/models/attention.py;
     default causal), and for a mixture of experts `routes` [b, s, layers, top-k] to replay; all must share
     b and s (the pipeline exchanges fixed-shape activations).
@@ -44,7 +48,9 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
         batch = next(data_iterator)
         tokens = batch["tokens"]
         replay_routes(model, batch.get("routes"))
-        output = model(tokens, batch.get("position_ids", position_ids_for(tokens)), batch.get("attention_mask"))
+        images = {key: batch[key] for key in IMAGE_KEYS if batch.get(key) is not None}
+        output = model(tokens, batch.get("position_ids", position_ids_for(tokens)), batch.get("attention_mask"),
+                       **images)
 
         def loss_func(logits: torch.Tensor):
             return loss_fn(logits, batch)

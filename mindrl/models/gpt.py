@@ -20,11 +20,13 @@ from megatron.core.transformer import ModuleSpec, TransformerConfig
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
+from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
 from mindrl.models.attention import SDPAttention
 from mindrl.models.moe import mlp_submodules, moe_config_kwargs
 from mindrl.models.rmsnorm import RMSNorm
 from mindrl.models.swiglu import SwiGLU
+from mindrl.models.vision import VisionEncoder
 from mindrl.platform import Platform, get_platform
 
 
@@ -82,10 +84,34 @@ class PositionedGPTModel(GPTModel):
         out = super()._preprocess(input_ids, position_ids, decoder_input=decoder_input,
                                   inference_context=inference_context, **kwargs)
         rotary = out[1]
-        if rotary is None or position_ids is None or inference_context is not None:
-            return out
+        if rotary is None or position_ids is None or inference_context is not None or position_ids.ndim == 3:
+            return out  # multimodal RoPE rotates each row by its own [3, b, s] positions already
         # [s, 1, 1, dim] for the positions 0…s−1 → [s, b, 1, dim] for each row's own positions
         return (out[0], rotary[:, 0][position_ids.t()], *out[2:])
+
+
+class VisionLanguageModel(PositionedGPTModel):
+    """Qwen2.5-VL: the first stage also holds the vision tower, whose features replace the embeddings of the
+    image placeholder tokens (in row-major order over the batch, as HF's masked_scatter fills them). Every
+    stage takes [3, b, s] multimodal positions (mindrl.models.vision.mrope_positions)."""
+
+    def __init__(self, config: TransformerConfig, spec, vision: VisionArch, **kwargs) -> None:
+        super().__init__(config, spec, position_embedding_type="mrope", **kwargs)
+        self.image_token_id = vision.image_token_id
+        if self.pre_process:
+            self.vision_model = VisionEncoder(vision, config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, decoder_input=None,
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None, **kwargs):
+        if self.pre_process and pixel_values is not None:
+            rows, cols = (input_ids == self.image_token_id).nonzero(as_tuple=True)
+            features = self.vision_model(pixel_values, image_grid_thw)
+            if features.shape[0] != rows.numel():
+                raise ValueError(f"the batch has {rows.numel()} image placeholder tokens but its images make "
+                                 f"{features.shape[0]} features; expand each image's placeholder to its grid.")
+            embedded = self.embedding(input_ids=input_ids, position_ids=None)  # [s, b, h]
+            decoder_input = embedded.index_put((cols, rows), features.to(embedded.dtype))
+        return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input, **kwargs)
 
 
 class RewardGPTModel(PositionedGPTModel):
@@ -138,13 +164,15 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
                   pre_process=parallel_state.is_pipeline_first_stage(),
-                  post_process=parallel_state.is_pipeline_last_stage(), position_embedding_type="rope",
-                  rotary_base=arch.rotary_base)
-    if arch.has_score_head:
-        model = RewardGPTModel(config, block, arch.num_labels, **kwargs)
+                  post_process=parallel_state.is_pipeline_last_stage(), rotary_base=arch.rotary_base)
+    if arch.vision is not None:
+        model = VisionLanguageModel(config, block, arch.vision,
+                                    share_embeddings_and_output_weights=arch.tied_embeddings, **kwargs)
+    elif arch.has_score_head:
+        model = RewardGPTModel(config, block, arch.num_labels, position_embedding_type="rope", **kwargs)
     else:
         model = PositionedGPTModel(config, block, share_embeddings_and_output_weights=arch.tied_embeddings,
-                                   **kwargs)
+                                   position_embedding_type="rope", **kwargs)
     # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
     # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one.
     return model.to(device=platform.device(), dtype=params_dtype)
