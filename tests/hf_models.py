@@ -54,6 +54,32 @@ def build_hf_model(kind: str, seed: int = 0, reward_model: bool = False, **overr
     return model.eval()
 
 
+#: the tiny vision-language model's image placeholder and the markers around it (the last ids of its vocabulary)
+VL_TOKENS = dict(vision_start_token_id=252, vision_end_token_id=253, image_token_id=254, video_token_id=255)
+
+
+def build_hf_vl_model(seed: int = 0, tie_word_embeddings: bool = False) -> transformers.PreTrainedModel:
+    """A tiny Qwen2.5-VL: head_dim 32 with sections [4, 6, 6]; a two-block vision tower, block 0 windowed over
+    56 pixels (2 × 2 merged tokens) and block 1 attending to whole images."""
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=128, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]},
+                         bos_token_id=None, eos_token_id=None),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=80, num_heads=2, out_hidden_size=128,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                           fullatt_block_indexes=[1]),
+        tie_word_embeddings=tie_word_embeddings, **VL_TOKENS)
+    torch.manual_seed(seed)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.1)
+            if "norm" in name or "ln_q" in name:
+                param.add_(1.0)
+    return model.eval()
+
+
 def save_hf_model(model: transformers.PreTrainedModel, folder: Path, dtype: torch.dtype = torch.float32,
                   max_shard_size: str = "60KB") -> Path:
     """Save as sharded safetensors (with index) plus a tokenizer file to copy through."""
@@ -94,6 +120,7 @@ def hf_to_mcore_state(state: dict[str, torch.Tensor], arch) -> dict[str, torch.T
     full = {hfm.EMBEDDING[1]: state[hfm.EMBEDDING[0]], hfm.FINAL_NORM[1]: state[hfm.FINAL_NORM[0]]}
     if arch.has_output_layer:
         full[hfm.OUTPUT[1]] = state[hfm.OUTPUT[0]]
+    full.update({mg: state[hf] for hf, mg in hfm.vision_names(arch)})
     for i in range(arch.num_layers):
         layer = {n: state[hfm.hf_layer_prefix(i) + n] for n in hfm.hf_layer_names(arch)}
         full.update({hfm.mcore_layer_prefix(i) + n: t for n, t in hfm.hf_to_mcore_layer(layer, arch).items()})
@@ -110,6 +137,7 @@ def mcore_to_hf_state(full: dict[str, torch.Tensor], arch) -> dict[str, torch.Te
         state[hfm.SCORE[0]] = full[hfm.SCORE[1]]
     elif not arch.tied_embeddings:
         state[hfm.OUTPUT[0]] = full[hfm.OUTPUT[1]]
+    state.update({hf: full[mg] for hf, mg in hfm.vision_names(arch)})
     for i in range(arch.num_layers):
         layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}
         state.update({hfm.hf_layer_prefix(i) + n: t for n, t in hfm.mcore_to_hf_layer(layer, arch).items()})

@@ -317,7 +317,8 @@ def _write_rank(root: Path, state: dict, rank_dir: str = "mp_rank_00") -> Path:
     (dict(noop_layers="1"), r"noop_layers='1' \(no-op layers \(MindSpeed-LLM\)\)"),
     (dict(num_layers=None), r"args lack num_layers, so they do not describe the architecture; pass "
                             r"--hf-config-dir"),
-    (dict(position_embedding_type="learned_absolute"), r"only position_embedding_type: rope is supported"),
+    (dict(position_embedding_type="learned_absolute"), r"position_embedding_type must be rope \(or mrope for a "
+                                                        r"vision-language model\), got .learned_absolute."),
 ])
 def test_unsupported_or_incomplete_args_are_one_sentence(tmp_path, change, message):
     config = json.loads(build_hf_model("llama3").config.to_json_string())

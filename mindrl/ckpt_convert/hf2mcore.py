@@ -115,6 +115,8 @@ def _build_rank(weights: HFWeights, arch: ModelArch, par: ParallelConfig, chunk:
 
     if chunk.first:
         put(hfm.EMBEDDING[1], hfm.EMBEDDING[1])
+        for _, name in hfm.vision_names(arch):
+            put(name, name)
     for local in range(chunk.num_layers):
         index = chunk.first_layer + local
         for suffix in tp_layout.layer_suffixes(arch):

@@ -67,6 +67,8 @@ def _write_stage(states: list[dict[str, torch.Tensor]], source: MegatronSource, 
 
     if chunk.first:
         add([hfm.EMBEDDING[1]], [hfm.EMBEDDING[0]])
+        for hf_name, name in hfm.vision_names(arch):
+            add([name], [hf_name])
     for local in range(chunk.num_layers):
         index = chunk.first_layer + local
         add([hfm.mcore_layer_prefix(index) + s for s in sharding.layer_param_shapes(arch)],

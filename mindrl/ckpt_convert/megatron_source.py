@@ -30,7 +30,7 @@ from mindrl.models import hf_mapping as hfm
 _RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
 # --model-type-hf for each HF model_type, when only config.json names the family.
 _FROM_HF_MODEL_TYPE = {"qwen2": "qwen2", "llama": "llama3", "qwen3": "qwen3", "qwen2_moe": "qwen2_moe",
-                       "qwen3_moe": "qwen3_moe"}
+                       "qwen3_moe": "qwen3_moe", "qwen2_5_vl": "qwen2_5_vl"}
 
 
 @dataclass
@@ -50,7 +50,7 @@ class MegatronSource:
     @property
     def hf_vocab(self) -> int:
         """Vocabulary rows of the HF model: its config's, else the architecture's."""
-        return int(self.hf_config["vocab_size"]) if self.hf_config else self.arch.padded_vocab_size
+        return int(hfm.text_config_of(self.hf_config)["vocab_size"]) if self.hf_config else self.arch.padded_vocab_size
 
     def load_chunk(self, chunk: ck.Chunk) -> list[dict[str, torch.Tensor]]:
         """The chunk's state dict on every TP rank, memory-mapped; with EP > 1 joined from the expert-parallel
@@ -80,7 +80,8 @@ def open_megatron(load_dir: str | Path, hf_config_dir: str | Path | None = None,
             raise ConfigError(f"config.json of --hf-config-dir has model_type {hf_config.get('model_type')!r}, "
                               f"which mindrl does not convert ({', '.join(_FROM_HF_MODEL_TYPE)}).")
     name = root.resolve().name or "checkpoint"
-    hf_vocab = int(hf_config["vocab_size"]) if hf_config and "vocab_size" in hf_config else None
+    text = hfm.text_config_of(hf_config or {})
+    hf_vocab = int(text["vocab_size"]) if "vocab_size" in text else None
     try:
         arch = mg.arch_of(args, name, hf_vocab)
         par = mg.parallel_of(args)

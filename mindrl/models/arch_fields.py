@@ -15,6 +15,7 @@ checks it against disable_bias_linear).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,10 @@ LINKS: dict[str, Link] = {
                                       megatron_default="allgather", structural=False, moe=True),
     "moe_router_dtype": Link(("moe_router_dtype",), "moe_router_dtype", megatron_default=None, structural=False,
                              moe=True),
+    # Vision-language (Qwen2.5-VL): Megatron-LM's --mrope-section; the vision tower has no Megatron-LM args, so
+    # its fields are kept as one mapping. An HF config nests both (hf_mapping reads and writes them).
+    "mrope_section": Link(("mrope_section",), "mrope_section", megatron_default=None, structural=False),
+    "vision": Link(("vision_config",), megatron_default=None),
 }
 
 # Values every other side holds in place of the raw field: the effective count or size.
@@ -119,6 +124,8 @@ _EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
     # megatron-core has one alltoall dispatcher; MindSpeed's alltoall_seq was folded into it
     "moe_token_dispatcher_type": lambda arch: ("alltoall" if arch.moe_token_dispatcher_type == "alltoall_seq"
                                                else arch.moe_token_dispatcher_type),
+    "mrope_section": lambda arch: list(arch.mrope_section) if arch.mrope_section else None,
+    "vision": lambda arch: dataclasses.asdict(arch.vision) if arch.vision else None,
 }
 
 
@@ -127,7 +134,7 @@ def rope_theta(config: Mapping[str, Any]) -> float:
     params = config.get("rope_parameters") or {}
     scaling = config.get("rope_scaling") or {}
     rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
+    if rope_type not in ("default", "mrope"):  # Qwen2.5-VL's published configs call their sections "mrope"
         raise ConfigError(f"HF config uses RoPE scaling {rope_type!r}, which mindrl does not convert yet; "
                           f"use a model without rope scaling.")
     theta = params.get("rope_theta", config.get("rope_theta"))

@@ -20,30 +20,38 @@ Megatron layout (local spec, TP=1 names):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from mindrl.config import ConfigError, ModelArch
+from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
 from mindrl.models import sharding
+from mindrl.models.vision import vision_param_shapes
 
 # HF model_type of each --model-type-hf name the converter accepts (qwen25: MindSpeed-LLM's name).
 HF_MODEL_TYPES = {"qwen2": "qwen2", "qwen25": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3",
-                  "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe"}
+                  "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "qwen2_5_vl": "qwen2_5_vl",
+                  "qwen25_vl": "qwen2_5_vl"}
 HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
 _CAUSAL_LM, _SEQ_CLS = "ForCausalLM", "ForSequenceClassification"
-# The optional tensors each HF family has: (QKV-only biases, QK layer norms, experts, a gated shared expert).
-_FAMILY_TENSORS = {"qwen2": (True, False, False, False), "llama": (False, False, False, False),
-                   "qwen3": (False, True, False, False), "qwen2_moe": (True, False, True, True),
-                   "qwen3_moe": (False, True, True, False)}
+# The optional tensors each HF family has: (QKV-only biases, QK layer norms, experts, a gated shared expert,
+# a vision tower).
+_FAMILY_TENSORS = {"qwen2": (True, False, False, False, False), "llama": (False, False, False, False, False),
+                   "qwen3": (False, True, False, False, False), "qwen2_moe": (True, False, True, True, False),
+                   "qwen3_moe": (False, True, True, False, False), "qwen2_5_vl": (True, False, False, False, True)}
 
 EMBEDDING = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
 FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
 OUTPUT = ("lm_head.weight", "output_layer.weight")
 SCORE = ("score.weight", "rm_head.weight")
+#: the vision tower's prefix: HF's (as Qwen2.5-VL checkpoints store it), Megatron's
+VISION = ("visual.", sharding.VISION_PREFIX)
 
 # One-to-one renames inside a decoder layer: HF suffix → Megatron suffix.
 _LAYER_RENAMES = {
@@ -119,7 +127,16 @@ def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
         shapes[OUTPUT[0]] = (arch.padded_vocab_size, h)
     if arch.has_score_head:
         shapes[SCORE[0]] = (arch.num_labels, h)
+    if arch.vision is not None:
+        shapes.update({VISION[0] + name: shape for name, shape in vision_param_shapes(arch.vision, h).items()})
     return shapes
+
+
+def vision_names(arch: ModelArch) -> list[tuple[str, str]]:
+    """(HF name, Megatron name) of every vision-tower tensor: a rename, the tensor as stored."""
+    if arch.vision is None:
+        return []
+    return [(VISION[0] + name, VISION[1] + name) for name in vision_param_shapes(arch.vision, arch.hidden_size)]
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: ModelArch) -> torch.Tensor:
@@ -203,15 +220,15 @@ def hf_model_type(model_type_hf: str) -> str:
     return HF_MODEL_TYPES[model_type_hf]
 
 
-def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool]:
+def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool, bool]:
     """`arch`'s optional tensors, as _FAMILY_TENSORS lists them."""
     return (arch.add_qkv_bias, arch.qk_layernorm, arch.is_moe,
-            bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate))
+            bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate), arch.is_vision_language)
 
 
 def model_type_hf_of(arch: ModelArch) -> str:
     """The --model-type-hf whose HF family holds exactly `arch`'s optional tensors."""
-    for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe"):
+    for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl"):
         if _FAMILY_TENSORS[HF_MODEL_TYPES[name]] == _tensors_of(arch):
             return name
     raise ConfigError(f"model {arch.name} has a mix of QKV biases, QK layer norms and experts that no HF family "
@@ -221,7 +238,7 @@ def model_type_hf_of(arch: ModelArch) -> str:
 def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
     """Refuse an architecture whose weights the HF family could not load (before any work)."""
     family = hf_model_type(model_type_hf)
-    qkv_bias, qk_norm, experts, gated_shared = _FAMILY_TENSORS[family]
+    qkv_bias, qk_norm, experts, gated_shared, vision = _FAMILY_TENSORS[family]
     if arch.add_qkv_bias and not qkv_bias:
         raise ConfigError(f"HF {family} models have no QKV-only bias, so model {arch.name}'s QKV biases would "
                           f"not load back into HF transformers; a Qwen2-family model takes --model-type-hf qwen2.")
@@ -237,6 +254,8 @@ def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
         ("biases on every linear layer", not arch.disable_bias_linear),
         (f"{arch.normalization} instead of RMSNorm", arch.normalization != "RMSNorm"),
         ("an activation other than SwiGLU", not arch.swiglu),
+        ("a vision tower (only HF qwen2_5_vl has one)", arch.is_vision_language and not vision),
+        ("no vision tower (HF qwen2_5_vl is a vision-language model)", vision and not arch.is_vision_language),
     ) if bad]
     if problems:
         raise ConfigError(f"model {arch.name} has {problems[0]}, which HF {family} (--model-type-hf "
@@ -280,7 +299,8 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if config.get("model_type") != expected:
         raise ConfigError(f"config.json has model_type {config.get('model_type')!r} but --model-type-hf "
                           f"{model_type_hf} expects {expected!r}; pass the matching --model-type-hf.")
-    qkv_bias, qk_norm, experts, gated_shared = _FAMILY_TENSORS[expected]
+    qkv_bias, qk_norm, experts, gated_shared, vision = _FAMILY_TENSORS[expected]
+    full_config, config = config, (text_config_of(config) if vision else config)
     if experts:
         _check_every_layer_moe(config)
     if add_qkv_bias and not qkv_bias:
@@ -302,7 +322,63 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     values = af.arch_values_from_hf(config)
     if gated_shared and values.get("moe_shared_expert_intermediate_size"):
         values["moe_shared_expert_gate"] = True
+    if vision:
+        values.update(position_embedding_type="mrope", mrope_section=_mrope_section(config),
+                      vision=_vision_from_hf(full_config, values["hidden_size"]))
     return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, num_labels=num_labels, **values)
+
+
+def text_config_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's language-model keys in one mapping: a vision-language config's are at the top level in Qwen's
+    published configs and under text_config as transformers >= 5 saves them."""
+    top = {key: value for key, value in config.items() if key not in ("text_config", "vision_config")}
+    return {**top, **(config.get("text_config") or {})}
+
+
+def _mrope_section(text: Mapping[str, Any]) -> tuple[int, ...]:
+    for key in ("rope_parameters", "rope_scaling"):
+        section = (text.get(key) or {}).get("mrope_section")
+        if section:
+            return tuple(section)
+    raise ConfigError("the vision-language config.json has no mrope_section (in rope_parameters or rope_scaling); "
+                      "it is not a Qwen2.5-VL config.")
+
+
+# VisionArch field → the HF vision_config key, where they differ
+_VISION_HF_KEYS = {"in_channels": ("in_channels", "in_chans")}
+
+
+def _vision_from_hf(config: Mapping[str, Any], text_hidden: int) -> VisionArch:
+    vision = config.get("vision_config") or {}
+    if vision.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"vision_config has hidden_act {vision['hidden_act']!r}; mindrl builds Qwen2.5-VL's "
+                          f"SwiGLU (silu) vision blocks only.")
+    if vision.get("out_hidden_size", text_hidden) != text_hidden:
+        raise ConfigError(f"vision_config.out_hidden_size={vision['out_hidden_size']} differs from the language "
+                          f"model's hidden_size={text_hidden}; the config.json is not one model's.")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(VisionArch):
+        if f.name == "rotary_base":
+            values[f.name] = float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+            continue
+        where = config if f.name.endswith("token_id") else vision
+        key = next((k for k in _VISION_HF_KEYS.get(f.name, (f.name,)) if k in where), None)
+        if key is not None:
+            values[f.name] = where[key]
+        elif f.default is dataclasses.MISSING:
+            raise ConfigError(f"the vision-language config.json lacks {f.name}; it is not a Qwen2.5-VL config.")
+    return VisionArch(**values)
+
+
+def _vision_to_hf(arch: ModelArch) -> dict[str, Any]:
+    """The vision_config and the vision token ids of a config.json, as transformers >= 5 writes them."""
+    vision = dataclasses.asdict(arch.vision)
+    ids = {key: vision.pop(key) for key in list(vision) if key.endswith("token_id")}
+    theta = vision.pop("rotary_base")
+    return {"vision_config": {"model_type": "qwen2_5_vl_vision", "hidden_act": "silu", **vision,
+                              "fullatt_block_indexes": list(arch.vision.fullatt_block_indexes),
+                              "out_hidden_size": arch.hidden_size,
+                              "rope_parameters": {"rope_type": "axial", "rope_theta": theta}}, **ids}
 
 
 def _check_every_layer_moe(config: Mapping[str, Any]) -> None:
@@ -323,13 +399,17 @@ def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype)
         architecture = architecture.replace(_CAUSAL_LM, _SEQ_CLS)
         labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(arch.num_labels)},
                   "label2id": {f"LABEL_{i}": i for i in range(arch.num_labels)}}
-    return {
-        "architectures": [architecture],
-        "model_type": model_type,
-        **labels,
+    text = {
         "hidden_act": "silu",
         **af.hf_config_values(arch),
         **({"decoder_sparse_step": 1, "mlp_only_layers": []} if arch.is_moe else {}),
         "attention_bias": False,
-        "torch_dtype": str(dtype).removeprefix("torch."),
     }
+    head = {"architectures": [architecture], "model_type": model_type, **labels}
+    dtype_name = str(dtype).removeprefix("torch.")
+    if arch.vision is None:
+        return {**head, **text, "torch_dtype": dtype_name}
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": text.pop("rope_theta"),
+                               "mrope_section": list(arch.mrope_section)}
+    return {**head, "text_config": {"model_type": "qwen2_5_vl_text", **text}, **_vision_to_hf(arch),
+            "tie_word_embeddings": text["tie_word_embeddings"], "dtype": dtype_name}

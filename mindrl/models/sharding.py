@@ -21,6 +21,10 @@ from functools import lru_cache
 import torch
 
 from mindrl.config import ModelArch, ParallelConfig
+from mindrl.models.vision import vision_param_shapes
+
+#: the vision tower's parameters (a vision-language model's), in the first stage and replicated over TP
+VISION_PREFIX = "vision_model."
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")
@@ -98,6 +102,9 @@ def _full_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     tensor of a model, and Qwen3-30B-A3B has 12.6 thousand (rebuilding the table per lookup cost 7 ms each)."""
     vocab = arch.vocab_size_for(1)
     shapes: dict[str, tuple[int, ...]] = {"embedding.word_embeddings.weight": (vocab, arch.hidden_size)}
+    if arch.vision is not None:
+        shapes.update({VISION_PREFIX + name: shape
+                       for name, shape in vision_param_shapes(arch.vision, arch.hidden_size).items()})
     per_layer = layer_param_shapes(arch)
     for i in range(arch.num_layers):
         shapes.update({f"decoder.layers.{i}.{k}": v for k, v in per_layer.items()})
@@ -233,7 +240,7 @@ def range_names(arch: ModelArch, first_layer: int, num_layers: int, holds_embedd
                 inner = inner.replace(expert_prefix(expert), expert_prefix(expert - experts.start), 1)
             if first_layer <= index < first_layer + num_layers:
                 names[name] = f"decoder.layers.{index - first_layer}.{inner}"
-        elif holds_embedding if name.startswith("embedding.") else holds_head:
+        elif holds_embedding if name.startswith(("embedding.", VISION_PREFIX)) else holds_head:
             names[name] = name
     return names
 
@@ -277,7 +284,7 @@ def random_full_state_dict(arch: ModelArch, seed: int = 0, dtype: torch.dtype = 
     full = {}
     for name, shape in full_param_shapes(arch).items():
         tensor = torch.randn(shape, generator=gen) * std
-        if "layernorm" in name and name.endswith("weight"):
+        if name.endswith(("layernorm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
             tensor = tensor + 1.0
         full[name] = tensor.to(dtype)
     return full

@@ -102,6 +102,8 @@ def rank_pieces(arch: ModelArch, tp: int, name: str) -> list[list[Piece]]:
         return out
     replicated = {hfm.FINAL_NORM[1]: (hfm.FINAL_NORM[0], arch.hidden_size),
                   hfm.SCORE[1]: (hfm.SCORE[0], arch.num_labels)}
+    if name.startswith(hfm.VISION[1]):  # the vision tower: renamed, replicated on every TP rank
+        replicated[name] = (hfm.VISION[0] + name.removeprefix(hfm.VISION[1]), sharding.full_param_shapes(arch)[name][0])
     if name in replicated:
         hf_name, rows = replicated[name]
         return [[Piece(hf_name, 0, 0, rows)] for _ in range(tp)]

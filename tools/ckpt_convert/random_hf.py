@@ -1,5 +1,5 @@
 """A random HF model of an architecture in configs/model/, for the recipes of the CPU-sized ones
-(tiny_qwen, small_qwen, facts_qwen), which have no published weights to convert.
+(tiny_qwen, small_qwen, facts_qwen, tiny_qwen3_moe, tiny_qwen25_vl), which have no published weights to convert.
 
     python tools/ckpt_convert/random_hf.py tiny_qwen ./hf/tiny_qwen [--seed 0] [--dtype fp32]
 
@@ -26,20 +26,22 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def build(arch_name: str, out: str | Path, seed: int = 0, dtype: str = "fp32") -> Path:
-    """Save a random causal LM of configs/model/<arch_name>.yaml into the absent or empty folder `out`."""
+    """Save a random causal LM (or vision-language model) of configs/model/<arch_name>.yaml into the absent or
+    empty folder `out`."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; pick a new folder for the HF model.")
     arch = load_model_arch(arch_name)
     config = hf_mapping.hf_config_from_arch(arch, hf_mapping.model_type_hf_of(arch), DTYPES[dtype])
-    config.pop("torch_dtype")  # transformers takes the dtype as an argument
+    config.pop("torch_dtype", None), config.pop("dtype", None)  # transformers takes the dtype as an argument
     hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    auto = transformers.AutoModelForImageTextToText if arch.vision else transformers.AutoModelForCausalLM
+    model = auto.from_config(hf_config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.normal_(0.0, 0.02)
-            if "norm" in name:
+            if "norm" in name or "ln_q" in name:
                 param.add_(1.0)
     model.to(DTYPES[dtype]).save_pretrained(out)
     return out

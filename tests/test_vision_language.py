@@ -1,0 +1,166 @@
+"""Qwen2.5-VL on megatron-core: the converted model's logits and gradients against HF transformers'
+Qwen2_5_VLForConditionalGeneration on the same weights and image+text batch (TP=1, TP=2, PP=2), multimodal
+positions against HF's get_rope_index, and bit-exact hf -> mg -> hf round trips of the whole model."""
+
+import itertools
+
+import pytest
+import torch
+
+from mindrl.checkpoint import megatron as mg
+from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf, mcore_to_mcore
+from mindrl.config import ConfigError, load_model_arch
+from mindrl.models import hf_mapping as hfm
+from mindrl.models.vision import mrope_positions
+from tests.hf_models import VL_TOKENS, build_hf_vl_model, save_hf_model
+from tests.test_convert import read_hf
+
+IMAGE, START, END = VL_TOKENS["image_token_id"], VL_TOKENS["vision_start_token_id"], VL_TOKENS["vision_end_token_id"]
+# (t, h, w) patch grids: one window; four whole windows; windows cut short on the right and at the bottom
+GRIDS = [(1, 4, 4), (1, 8, 8), (1, 6, 10)]
+
+
+def image_batch(seed: int = 0, seq_length: int = 64) -> dict[str, torch.Tensor]:
+    """Two rows: the first with image 0 after some text, the second with images 1 and 2 between texts; random
+    patches as a processor lays them out, text tokens drawn below the vision ids."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def text(n):
+        return torch.randint(0, START, (n,), generator=gen).tolist()
+
+    def image(grid):
+        t, h, w = grid
+        return [START] + [IMAGE] * (t * h * w // 4) + [END]
+
+    rows = [text(5) + image(GRIDS[0]) + text(7),
+            text(3) + image(GRIDS[1]) + text(4) + image(GRIDS[2]) + text(2)]
+    tokens = torch.tensor([row + text(seq_length - len(row)) for row in rows])
+    grid_thw = torch.tensor(GRIDS)
+    patches = torch.randn(int(grid_thw.prod(-1).sum()), 3 * 2 * 14 * 14, generator=gen)
+    return {"tokens": tokens, "pixel_values": patches, "image_grid_thw": grid_thw}
+
+
+def hf_forward(model, batch: dict) -> torch.Tensor:
+    return model(input_ids=batch["tokens"], pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
+                 mm_token_type_ids=(batch["tokens"] == IMAGE).int()).logits
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return build_hf_vl_model(seed=3)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory, hf_model):
+    return save_hf_model(hf_model, tmp_path_factory.mktemp("vl_hf") / "hf", max_shard_size="200KB")
+
+
+def test_multimodal_positions_equal_hfs_rope_index(hf_model):
+    batch = image_batch()
+    arch = hfm.arch_from_hf_config(hf_model.config.to_dict(), "qwen2_5_vl")
+    expected, _ = hf_model.model.get_rope_index(batch["tokens"], (batch["tokens"] == IMAGE).int(),
+                                                image_grid_thw=batch["image_grid_thw"])
+    got = mrope_positions(batch["tokens"], batch["image_grid_thw"], arch.vision)
+    assert torch.equal(got, expected)
+    assert not torch.equal(got[1], got[2])  # rows and columns differ inside the images
+
+
+def test_placeholders_that_do_not_fit_their_images_are_one_sentence(hf_model):
+    batch = image_batch()
+    arch = hfm.arch_from_hf_config(hf_model.config.to_dict(), "qwen2_5_vl")
+    with pytest.raises(ConfigError, match=r"^row 1: image 2 has 15 placeholder tokens but its grid \[1, 4, 10\] make"):
+        mrope_positions(batch["tokens"], torch.tensor([GRIDS[0], GRIDS[1], (1, 4, 10)]), arch.vision)
+    with pytest.raises(ConfigError, match="the batch has 4 images but 3 runs of image placeholders"):
+        mrope_positions(batch["tokens"], torch.tensor([*GRIDS, (1, 4, 4)]), arch.vision)
+
+
+def _megatron_logits_and_grads(rank: int, root: str, batch: dict, weights: torch.Tensor):
+    from megatron.core import parallel_state
+    from torch.nn.functional import pad
+
+    from mindrl.distributed import init_model_parallel
+    from mindrl.models.forward import gather_logits, run_microbatches
+    from mindrl.models.gpt import build_gpt_model, load_stage_weights
+
+    args = mg.load_args(root)
+    arch, par = mg.arch_of(args), mg.parallel_of(args)
+    init_model_parallel(par, arch=arch)
+    model = build_gpt_model(arch, par)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    load_stage_weights(model, mg.load_rank(root, tp_rank, pp_rank, arch, par)["model"])
+    captured = []
+
+    def weighted_sum(logits, _):
+        full = gather_logits(logits)
+        captured.append(full.detach().clone())
+        # the same scalar HF's side differentiates: logits · fixed weights (vocab padding rows weigh nothing)
+        loss = (full * pad(weights, (0, full.shape[-1] - weights.shape[-1]))).sum()
+        return loss, {}
+
+    micro = dict(batch, position_ids=mrope_positions(batch["tokens"], batch["image_grid_thw"], arch.vision))
+    run_microbatches(model, [micro], weighted_sum)
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    return {"tp": tp_rank, "pp": pp_rank, "dp": 0, "logits": captured[0] if captured else None, "grads": grads}
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (1, 2)])
+def test_logits_and_gradients_equal_hf_transformers(tmp_path, hf_model, hf_dir, tp, pp):
+    from mindrl.launch import run_ranks
+    from tests.grads import assert_gradients_equal
+    from tests.hf_models import checkpoint_state
+
+    batch = image_batch()
+    weights = torch.randn(*batch["tokens"].shape, hf_model.config.text_config.vocab_size,
+                          generator=torch.Generator().manual_seed(7))
+    hf_model.zero_grad()
+    expected = hf_forward(hf_model, batch)
+    (expected * weights).sum().backward()
+    hf_grads = checkpoint_state(hf_model, {n: p.grad for n, p in hf_model.named_parameters()})
+    hf_model.zero_grad()
+
+    root = hf_to_mcore(hf_dir, tmp_path / "mg", "qwen2_5_vl", tp, pp, params_dtype=torch.float32, progress=False)
+    runs = run_ranks(_megatron_logits_and_grads, tp * pp, str(root), batch, weights)
+    logits = next(r["logits"] for r in runs if r["logits"] is not None)
+    assert (logits[..., :256] - expected.detach()).abs().max().item() <= 1e-5
+    arch, par = mg.arch_of(mg.load_args(root)), mg.parallel_of(mg.load_args(root))
+    assert any(name.startswith("visual.") for name in hf_grads)
+    assert_gradients_equal(runs, hf_grads, arch, par, f"TP{tp} PP{pp}")
+
+
+@pytest.mark.parametrize("tp, pp", list(itertools.product((1, 2), (1, 2))))
+def test_hf_to_mcore_to_hf_is_bit_exact(tmp_path, hf_dir, tp, pp):
+    hf_to_mcore(hf_dir, tmp_path / "mg", "qwen2_5_vl", tp, pp, params_dtype=torch.float32, progress=False)
+    mcore_to_hf(tmp_path / "mg", tmp_path / "back", max_shard_size="300KB", progress=False)
+    original, back = read_hf(hf_dir), read_hf(tmp_path / "back")
+    assert sorted(back) == sorted(original)
+    assert "visual.patch_embed.proj.weight" in back and "visual.merger.mlp.2.bias" in back
+    for name, tensor in original.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_vision_tower_sits_in_the_first_stage_replicated_over_tensor_parallel_ranks(tmp_path, hf_dir):
+    root = hf_to_mcore(hf_dir, tmp_path / "mg", "qwen2_5_vl", 2, 2, params_dtype=torch.float32, progress=False)
+    first = [mg.load_rank(root, t, 0)["model"] for t in (0, 1)]
+    last = mg.load_rank(root, 0, 1)["model"]
+    name = "vision_model.blocks.1.attn.qkv.weight"
+    assert torch.equal(first[0][name], first[1][name]) and first[0][name].shape == (192, 64)
+    assert not any(n.startswith("vision_model.") for n in last)
+    moved = mcore_to_mcore(root, tmp_path / "tp1", 1, 1, progress=False)
+    assert torch.equal(mg.load_rank(moved, 0, 0)["model"][name], first[0][name])
+
+
+def test_vision_language_architectures_load_and_refuse_what_is_not_built():
+    arch = load_model_arch("qwen25_vl_3b")
+    assert arch.vision.fullatt_block_indexes == (7, 15, 23, 31) and arch.mrope_section == (16, 24, 24)
+    assert load_model_arch("qwen25_vl_7b").vision.image_token_id == 151655
+    tiny = load_model_arch("tiny_qwen25_vl")
+    assert hfm.model_type_hf_of(tiny) == "qwen2_5_vl"
+    assert hfm.arch_from_hf_config(hfm.hf_config_from_arch(tiny, "qwen2_5_vl", torch.float32), "qwen2_5_vl",
+                                   name=tiny.name) == tiny
+    with pytest.raises(ConfigError, match=r"mrope_section=.* must be three positive counts summing to head_dim / 2"):
+        type(tiny)(**{**tiny.__dict__, "mrope_section": (4, 6, 4)})
+    with pytest.raises(ConfigError, match="a vision tower needs position_embedding_type: mrope"):
+        type(tiny)(**{**tiny.__dict__, "position_embedding_type": "rope", "mrope_section": None})
+    with pytest.raises(ConfigError, match=r"HF qwen2 .* cannot hold"):
+        hfm.check_hf_can_hold(tiny, "qwen2")
