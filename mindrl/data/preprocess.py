@@ -8,6 +8,11 @@ byte-identical files: rows keep input order, the split is a seeded permutation, 
 time- or machine-dependent is written.
 Nothing is dropped silently: prompts over `max_prompt_length` tokens are dropped and
 counted, and a bad row is an error naming the row and the key unless `skip_bad_rows`.
+
+With `image_key` the rows are image questions (mindrl.data.images): every image is decoded and its patch grid
+worked out here, so a missing or unreadable image, or a prompt whose `<image>` placeholders do not match its
+images, stops preprocessing at that row, before any training; `images` (the files' bytes) and `image_grid_thw`
+are written beside the prompt, whose tokens hold each image's placeholders expanded to its grid.
 """
 
 from __future__ import annotations
@@ -24,8 +29,22 @@ import pyarrow.parquet as pq
 
 from mindrl.checkpoint.atomic import atomic_file
 from mindrl.config.errors import ConfigError
+from mindrl.data.images import (
+    IMAGE_PAD,
+    MAX_PIXELS,
+    MIN_PIXELS,
+    BadImage,
+    ImageSizing,
+    decode_image,
+    encoded,
+    expand_image_pads,
+    image_prompt,
+    sizing_record,
+    vision_token_ids,
+)
 from mindrl.data.preference import PAIR_KEYS, read_pair, render_prompt, response_ids
 from mindrl.data.readers import read_rows
+from mindrl.data.shapes import generate_shape_problems
 from mindrl.data.stops import template_record
 from mindrl.data.synthetic import generate_problems
 from mindrl.data.templates import get_template
@@ -39,6 +58,9 @@ PAIR_SCHEMA = pa.schema([("index", pa.int64()), ("prompt", pa.string()), ("promp
                          ("chosen", pa.string()), ("chosen_ids", pa.list_(pa.int32())), ("rejected", pa.string()),
                          ("rejected_ids", pa.list_(pa.int32())), ("data_source", pa.string()),
                          ("extra_info", pa.string())])
+#: an image question's row: the prompt's images (the files' bytes) and their (t, h, w) patch grids
+IMAGE_SCHEMA = SCHEMA.append(pa.field("images", pa.list_(pa.binary()))).append(
+    pa.field("image_grid_thw", pa.list_(pa.list_(pa.int32()))))
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,11 @@ class PreprocessConfig:
     unseen_test_prompts: bool = False
     seed: int = 1234
     skip_bad_rows: bool = False
+    #: the column holding each row's images (EasyR1's `images`); set: rows are image questions
+    image_key: str | None = None
+    #: an image is resized (keeping its aspect) so its pixel count lies in [min_pixels, max_pixels]
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
 
     def __post_init__(self) -> None:
         if (self.input is None) == (self.generator is None):
@@ -89,6 +116,15 @@ class PreprocessConfig:
                               "there is no test split; set test_fraction > 0 or drop unseen_test_prompts.")
         if self.max_prompt_length < 1:
             raise ConfigError(f"max_prompt_length must be positive, got {self.max_prompt_length}.")
+        if self.image_key is None and _generates_images(self.generator):
+            object.__setattr__(self, "image_key", "images")
+        if self.image_key is not None and pairwise:
+            raise ConfigError("image_key with is_pairwise_dataset: image preference pairs are not built; drop one.")
+        ImageSizing(self.min_pixels, self.max_pixels)
+
+    @property
+    def sizing(self) -> ImageSizing:
+        return ImageSizing(self.min_pixels, self.max_pixels)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PreprocessConfig:
@@ -133,26 +169,72 @@ class _BadRow(Exception):
     pass
 
 
+def _generates_images(generator: dict | None) -> bool:
+    return generator is not None and str(generator.get("kind", "")).startswith("shapes")
+
+
 def _source_rows(cfg: PreprocessConfig) -> tuple[Iterable[Any], str]:
     if cfg.generator is not None:
         spec = dict(cfg.generator)
-        return generate_problems(spec.get("kind", "mixed"), int(spec.get("num_samples", 1000)),
-                                 int(spec.get("seed", 0))), f"generator:{spec.get('kind', 'mixed')}"
+        kind, count, seed = spec.get("kind", "mixed"), int(spec.get("num_samples", 1000)), int(spec.get("seed", 0))
+        if _generates_images(spec):
+            task = kind.removeprefix("shapes").removeprefix("_") or "mixed"
+            return generate_shape_problems(task, count, seed), f"generator:{kind}"
+        return generate_problems(kind, count, seed), f"generator:{kind}"
     return read_rows(cfg.input), Path(cfg.input).name
 
 
-def _prompt_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any) -> dict:
+class _Images:
+    """What an image question's record needs besides the text: the sizing, the files' folder, the pad's id."""
+
+    def __init__(self, cfg: PreprocessConfig, tokenizer: Any) -> None:
+        self.key, self.sizing = cfg.image_key, cfg.sizing
+        self.folder = Path(cfg.input).parent if cfg.input else None
+        self.pad_id = vision_token_ids(tokenizer)[IMAGE_PAD]
+
+    def of(self, row: Any, where: str) -> tuple[list[bytes], list[list[int]]]:
+        """The row's images as stored and their grids; a missing or unreadable one is a bad row."""
+        values = row.get(self.key) if isinstance(row, dict) else None
+        if values is None:
+            raise _BadRow(f"{where} has no {self.key!r} (image_key)")
+        values = list(values) if isinstance(values, list | tuple) else [values]
+        if not values:
+            raise _BadRow(f"{where}: {self.key!r} (image_key) holds no images")
+        grids = []
+        for number, value in enumerate(values):
+            try:
+                grids.append(list(self.sizing.grid(decode_image(value, self.folder))))
+            except BadImage as bad:
+                raise _BadRow(f"{where}: image {number} of {self.key!r}: {bad}") from None
+        return [encoded(value, self.folder) for value in values], grids
+
+
+def _prompt_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any,
+                   images: _Images | None = None) -> dict:
     prompt = _field(row, number, "prompt", keys["prompt"], source)
     if "query" in keys:
         query = _field(row, number, "query", keys["query"], source, required=False)
         prompt = f"{prompt}\n{query}" if query else prompt
     answer = _field(row, number, "answer", keys["answer"], source)
     system = _field(row, number, "system", keys["system"], source, required=False) if "system" in keys else None
+    extra: dict[str, Any] = {}
+    if images is not None:
+        where = f"{source} row {number}"
+        files, grids = images.of(row, where)
+        try:
+            prompt = image_prompt(prompt, len(files), where)
+        except BadImage as bad:
+            raise _BadRow(str(bad)) from None
+        extra = {"images": files, "image_grid_thw": grids}
     text = template.render(prompt, system, tokenizer)
-    return {"prompt": text, "prompt_ids": tokenizer(text, add_special_tokens=False)["input_ids"], "answer": answer}
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if images is not None:
+        ids = expand_image_pads(ids, extra["image_grid_thw"], images.pad_id)
+    return {"prompt": text, "prompt_ids": ids, "answer": answer, **extra}
 
 
-def _pair_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any) -> dict:
+def _pair_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any,
+                 images: None = None) -> dict:
     where = f"{source} row {number}"
     if not isinstance(row, dict):
         raise _BadRow(f"{where} is a {type(row).__name__}, not an object with columns")
@@ -176,14 +258,15 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
     rows, source = _source_rows(cfg)
     data_source = cfg.data_source or source
     keys = cfg.map_keys
-    used = set(keys.values())
+    used = set(keys.values()) | {cfg.image_key}
     make_record = _pair_record if cfg.is_pairwise_dataset else _prompt_record
+    images = _Images(cfg, tokenizer) if cfg.image_key else None
     report = PreprocessReport()
     records = []
     for number, row in enumerate(rows):
         report.rows_read += 1
         try:
-            record = make_record(row, number, source, keys, template, tokenizer)
+            record = make_record(row, number, source, keys, template, tokenizer, images)
         except _BadRow as bad:
             if not cfg.skip_bad_rows:
                 raise ConfigError(f"{bad}; fix the data, point map_keys at the right column, or set "
@@ -218,8 +301,11 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
     for name, split in splits.items():
         setattr(report, name, len(split))
         if split:
-            _write_parquet(split, out / f"{name}.parquet", PAIR_SCHEMA if cfg.is_pairwise_dataset else SCHEMA,
-                           template_record(cfg.prompt_type, template.stop_words))
+            schema = PAIR_SCHEMA if cfg.is_pairwise_dataset else IMAGE_SCHEMA if images else SCHEMA
+            metadata = template_record(cfg.prompt_type, template.stop_words)
+            if images:
+                metadata.update(sizing_record(cfg.sizing))
+            _write_parquet(split, out / f"{name}.parquet", schema, metadata)
         else:
             (out / f"{name}.parquet").unlink(missing_ok=True)  # a stale split from an earlier run
     return report

@@ -7,7 +7,7 @@ vocabulary fits the tiny model (1024 rows).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from mindrl.config.errors import ConfigError
@@ -43,12 +43,13 @@ def load_tokenizer(path: str | Path, model: ModelArch | None = None):
 
 
 def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 1024,
-                         split_digits: bool = False) -> Path:
+                         split_digits: bool = False, vision_tokens: Sequence[str] = ()) -> Path:
     """Train a byte-level BPE of `vocab_size` ids on `texts` and save it as an HF tokenizer.
 
     `split_digits` gives every digit its own token (as Qwen's and Llama-3's tokenizers do): a
     number's tokens then spell it, instead of each frequent number being one unrelated id —
-    what lets a tiny model learn arithmetic facts it can generalise across."""
+    what lets a tiny model learn arithmetic facts it can generalise across. `vision_tokens` (a
+    vision-language model's image markers) take the last ids, where tiny_qwen25_vl expects them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -57,11 +58,15 @@ def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: 
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) \
         if split_digits else byte_level
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHATML_SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(vision_tokens), special_tokens=CHATML_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    if tokenizer.get_vocab_size() != vocab_size - len(vision_tokens):
+        raise ValueError(f"the texts yield {tokenizer.get_vocab_size()} BPE tokens, fewer than the "
+                         f"{vocab_size - len(vision_tokens)} asked for; give more text or a smaller vocab_size.")
+    tokenizer.add_special_tokens(list(vision_tokens))
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=CHATML_SPECIALS[1:])
+                                   additional_special_tokens=[*CHATML_SPECIALS[1:], *vision_tokens])
     fast.chat_template = CHATML_TEMPLATE
     out_dir = Path(out_dir)
     fast.save_pretrained(str(out_dir))
