@@ -245,6 +245,18 @@ CASES = [
     ("gsm8k", "<think>\nfirst guess #### 70, hmm no\n</think>\nThe answer is 72.", "72", 1.0),
     ("gsm8k", "The total is 1,234, which is the answer.", "1234", 1.0),
     ("gsm8k", "#### \\$1{,}234", "1234", 1.0),
+    # --- verl's / EasyR1's Geometry3K rewards: the last box anywhere; think first, a box after it ---
+    ("geo3k_acc", "<think>\\boxed{4}</think> so \\boxed{30}", "30", 1.0),
+    ("geo3k_acc", "<think>so \\boxed{30}</think>", "30", 1.0),                 # answered while thinking counts
+    ("geo3k_acc", "\\boxed{30} then \\boxed{4}", "30", 0.0),
+    ("geo3k_acc", "\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("geo3k_acc", "30", "30", 0.0),                                           # no box, no credit
+    ("geo3k_format", "<think>a</think>\\boxed{1}", "1", 1.0),
+    ("geo3k_format", "<think>a</think> so it is \\boxed{}. Done", "1", 1.0),  # right or wrong, even empty
+    ("geo3k_format", PROMPT_TAIL + "<think>a</think>\\boxed{1}<|im_end|>", "1", 1.0),
+    ("geo3k_format", " <think>a</think>\\boxed{1}", "1", 0.0),
+    ("geo3k_format", "<think>\\boxed{1}</think>", "1", 0.0),                   # the box must follow the thinking
+    ("geo3k_format", "<think>a</think>\\boxed{1", "1", 0.0),
 ]
 
 
@@ -350,6 +362,8 @@ def _timed(verifier, text: str) -> float:
 MINDSPEED_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$", re.DOTALL | re.MULTILINE)
 MINDSPEED_LAYOUT = re.compile(r"^<think>.*</think>.*<answer>.*\\boxed\{.*\}.*</answer>$", re.DOTALL)
 MINDSPEED_BOXED = re.compile(r"\\boxed\{.*?\}")
+# verl's geo3k.py / EasyR1's math.py format reward (re.fullmatch)
+GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
 
 def test_one_pass_layout_checks_match_mindspeed_regexes():
@@ -362,6 +376,7 @@ def test_one_pass_layout_checks_match_mindspeed_regexes():
         assert loose_layout(text) == bool(MINDSPEED_FORMAT.match(text)), text
         assert r1_layout(text) == bool(MINDSPEED_LAYOUT.match(text)), text
         assert count_boxed(text, most=3) == min(3, len(MINDSPEED_BOXED.findall(text))), text
+        assert get_verifier("geo3k_format")(text, "") == float(bool(GEO3K_FORMAT.fullmatch(text))), text
 
 
 # --- registry and config -----------------------------------------------------------------------------------------
@@ -388,8 +403,8 @@ def test_config_mistakes_are_one_sentence(kwargs, message):
 
 def test_builtins_declare_their_worst_score():
     worst = {name: get_verifier(name).worst_score for name in known_verifiers()}
-    assert worst == {"acc": -1.0, "answer_sentence": 0.0, "base_acc": 0.0, "format": 0.0, "gsm8k": 0.0,
-                     "math_17k_acc": 0.0, "strict_format": -0.5}
+    assert worst == {"acc": -1.0, "answer_sentence": 0.0, "base_acc": 0.0, "format": 0.0, "geo3k_acc": 0.0,
+                     "geo3k_format": 0.0, "gsm8k": 0.0, "math_17k_acc": 0.0, "strict_format": -0.5}
 
 
 def test_weighted_total_and_per_verifier_metrics():

@@ -8,6 +8,8 @@
 | format | <think>…</think> then <answer>…</answer> at a line end | 1.0 / 0.0 | 0.0 |
 | strict_format | one of each tag and one \\boxed, in order, nothing outside | 1.0 / -0.5 | -0.5 |
 | gsm8k | number after the last `####` (else the last number) equals the label | 1.0 / 0.0 | 0.0 |
+| geo3k_acc | the last \\boxed{} of the response equals the label (verl's and EasyR1's) | 1.0 / 0.0 | 0.0 |
+| geo3k_format | `<think>…</think>…\\boxed{…}…`, the whole response (their format reward) | 1.0 / 0.0 | 0.0 |
 
 The answer verifiers look after the last `</think>` first, so that a guess the policy dropped
 while thinking is not graded in place of its final answer (the whole response when there is none).
@@ -122,3 +124,21 @@ _ANSWER_SENTENCE = re.compile(r"The answer is -?\d+(?:\.\d+)?\.")
 def answer_sentence_format(response: str, label: str) -> float:
     """The CPU learning demo's answer layout: the whole response is `The answer is N.`"""
     return 1.0 if _ANSWER_SENTENCE.fullmatch(response_only(response).strip()) else 0.0
+
+
+@register_verifier("geo3k_acc", worst_score=0.0)
+def geometry_accuracy(response: str, label: str) -> float:
+    """verl's and EasyR1's Geometry3K accuracy: the last \\boxed{} anywhere in the response, graded."""
+    return 1.0 if answers_equal(last_boxed(response_only(response)), label) else 0.0
+
+
+@register_verifier("geo3k_format", worst_score=0.0)
+def think_then_boxed(response: str, label: str) -> float:
+    """Their format reward, `<think>.*</think>.*\\boxed\\{.*\\}.*` matching the whole response (dot-all), as one
+    scan: the earliest `</think>` after the opening tag leaves the most room for a box after it."""
+    text = response_only(response)
+    if not text.startswith("<think>"):
+        return 0.0
+    closing = text.find("</think>", 7)
+    box = text.find("\\boxed{", closing + 8) if closing >= 0 else -1
+    return 1.0 if box >= 0 and text.find("}", box + 7) >= 0 else 0.0
