@@ -164,3 +164,41 @@ def test_vision_language_architectures_load_and_refuse_what_is_not_built():
         type(tiny)(**{**tiny.__dict__, "position_embedding_type": "rope", "mrope_section": None})
     with pytest.raises(ConfigError, match=r"HF qwen2 .* cannot hold"):
         hfm.check_hf_can_hold(tiny, "qwen2")
+
+
+def _rows_batch() -> tuple[dict, list[int]]:
+    """Four rows (the image batch's rows 0, 1, 1, 0) as the workers take them: each row's images zero-padded."""
+    from mindrl.models.vision import rows_of_images
+
+    batch = image_batch()
+    sizes = batch["image_grid_thw"].prod(-1).tolist()
+    per_image = list(batch["pixel_values"].split(sizes))
+    rows = [(per_image[0], batch["image_grid_thw"][:1]), (torch.cat(per_image[1:]), batch["image_grid_thw"][1:])]
+    order = [0, 1, 1, 0]
+    pixels, grids = rows_of_images([rows[r] for r in order])
+    return {"tokens": batch["tokens"][order], "pixel_values": pixels, "image_grid_thw": grids}, order
+
+
+def _worker_log_probs(rank: int, root: str, batch: dict):
+    from mindrl.workers.megatron_worker import MegatronWorker
+
+    args = mg.load_args(root)
+    worker = MegatronWorker(mg.arch_of(args), mg.parallel_of(args), weights=root, temperature=1.0,
+                            micro_batch_size=1)
+    return worker.compute_log_prob(batch)
+
+
+@pytest.mark.parametrize("tp, pp, world", [(1, 1, 2), (1, 2, 2)])
+def test_worker_log_probs_of_rows_with_images_equal_hf(tmp_path, hf_model, hf_dir, tp, pp, world):
+    """Data-parallel ranks (or pipeline stages) each take their rows with those rows' images."""
+    from mindrl.launch import run_ranks
+
+    batch, order = _rows_batch()
+    source = image_batch()
+    with torch.no_grad():
+        hf = torch.log_softmax(hf_forward(hf_model, source), -1)
+    expected = hf[:, :-1].gather(-1, source["tokens"][:, 1:, None]).squeeze(-1)[order]
+    root = hf_to_mcore(hf_dir, tmp_path / "mg", "qwen2_5_vl", tp, pp, params_dtype=torch.float32, progress=False)
+    results = [r for r in run_ranks(_worker_log_probs, world, str(root), batch) if r is not None]
+    got = torch.cat([r["log_probs"] for r in results]) if pp == 1 else results[0]["log_probs"]
+    assert (got[:, :-1] - expected).abs().max().item() <= 1e-5

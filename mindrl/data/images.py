@@ -121,6 +121,26 @@ def recorded_sizing(metadata: dict[bytes, bytes] | None) -> ImageSizing | None:
     return ImageSizing(values["min_pixels"], values["max_pixels"])
 
 
+@dataclass(frozen=True)
+class PromptImages:
+    """A prompt's images as a rollout engine gets them: the files' bytes and how to size them."""
+
+    files: tuple[bytes, ...]
+    sizing: ImageSizing
+
+    def decoded(self) -> list[Image.Image]:
+        return [decode_image(f) for f in self.files]
+
+    def pixels(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pixel_values [patches, 1176], image_grid_thw [images, 3]) of the prompt's images."""
+        return self.sizing.pixels(self.decoded())
+
+
+def one_pad_per_image(ids: Sequence[int], image_pad: int) -> list[int]:
+    """A prompt with each run of image placeholders cut to one (vLLM expands each to its image's grid)."""
+    return [t for i, t in enumerate(ids) if t != image_pad or i == 0 or ids[i - 1] != image_pad]
+
+
 def tokens_of(grid: Sequence[int]) -> int:
     """Language-model tokens of an image of patch grid (t, h, w)."""
     t, h, w = grid

@@ -229,3 +229,28 @@ def mrope_positions(tokens: torch.Tensor, grid_thw: torch.Tensor | None, vision:
         raise ConfigError(f"the batch has {len(grids)} images but {next_image} runs of image placeholders; "
                           f"every image needs its placeholders in the prompt.")
     return out.to(tokens.device)
+
+
+def rows_of_images(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's (patches [P_r, D], grids [I_r, 3]) as `pixel_values` [B, max P_r, D] and `image_grid_thw`
+    [B, max I_r, 3], zero-padded: a batch split by rows (micro-batches, data-parallel shares) then carries its
+    rows' images with it. A row without images has no patches and no grids."""
+    width = max((p.shape[-1] for p, _ in rows if p.shape[0]), default=0)
+    patches = torch.zeros(len(rows), max((p.shape[0] for p, _ in rows), default=0), width)
+    grids = torch.zeros(len(rows), max((g.shape[0] for _, g in rows), default=0), 3, dtype=torch.long)
+    for row, (p, g) in enumerate(rows):
+        if p.shape[0]:
+            patches[row, :p.shape[0]] = p
+            grids[row, :g.shape[0]] = g
+    return patches, grids
+
+
+def flat_images(pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of rows_of_images for the rows given: every image's patches in row order and their grids, as
+    the vision tower takes them (padding patches and the zero grids of absent images dropped)."""
+    patches, grids = [], []
+    for row_patches, row_grids in zip(pixel_values, image_grid_thw, strict=True):
+        real = row_grids[row_grids.prod(-1) > 0]
+        patches.append(row_patches[:int(real.prod(-1).sum())])
+        grids.append(real)
+    return torch.cat(patches), torch.cat(grids)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mindrl.data.images import PromptImages
 from mindrl.rollout.config import SamplingConfig
 
 STOP, LENGTH = "stop", "length"
@@ -49,8 +50,11 @@ class RolloutEngine(ABC):
     shares_actor_weights: bool = False
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1) -> RolloutResult:
-        """`n` samples for each prompt (token ids), at most `sampling.max_tokens` new tokens each."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
+                 images: list[PromptImages | None] | None = None) -> RolloutResult:
+        """`n` samples for each prompt (token ids), at most `sampling.max_tokens` new tokens each. A
+        vision-language model's prompts come with their images (one entry per prompt), each image's
+        placeholder already expanded to its grid in the token ids."""
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -63,7 +67,8 @@ class RolloutEngine(ABC):
     def abort_weight_update(self) -> None:
         """A sync failed part way: the engine must not generate with what it has until the next sync."""
 
-    def prompt_log_probs(self, sequences: list[list[int]]) -> list[list[float]]:
+    def prompt_log_probs(self, sequences: list[list[int]],
+                         images: list[PromptImages | None] | None = None) -> list[list[float]]:
         """log p(token t+1 | ≤ t) of each sequence at temperature 1: how a checked sync compares the
         engine's weights with the actor's. Engines that share the actor's weights need not check."""
         raise NotImplementedError(f"the {self.name} engine cannot score prompts")

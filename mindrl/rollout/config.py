@@ -108,6 +108,8 @@ class GenerateConfig:
     #: a mixture of experts: the engine records the experts each token was routed to and the actor's log-prob
     #: and update passes route the same way (rollout routing replay, R3); Megatron-native engine only
     rollout_routing_replay: bool = False
+    #: a vision-language model: the most images one prompt may hold (vLLM's limit_mm_per_prompt for images)
+    limit_mm_per_prompt: int = 1
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
@@ -118,7 +120,7 @@ class GenerateConfig:
             raise ConfigError(f"generate_config.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
         for key in ("infer_tensor_parallel_size", "infer_pipeline_parallel_size", "infer_expert_parallel_size",
                     "max_num_seqs", "max_model_len",
-                    "max_num_batched_tokens", "cpu_kv_cache_mb", "weight_sync_bucket_mb"):
+                    "max_num_batched_tokens", "cpu_kv_cache_mb", "weight_sync_bucket_mb", "limit_mm_per_prompt"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"generate_config.{key} must be a positive integer, got {value!r}.")

@@ -18,7 +18,8 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
 
-from mindrl.config import ModelArch, ParallelConfig
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.data.images import PromptImages
 from mindrl.models.moe import record_routes, recorded_routes
 from mindrl.platform import get_platform
 from mindrl.rollout.base import RolloutEngine, RolloutResult
@@ -100,8 +101,12 @@ class MegatronEngine(RolloutEngine):
         self.links = ReplicaLinks(self.device)
         self.lockstep = ExpertLockstep(self.device)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1) -> RolloutResult:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
+                 images: list[PromptImages | None] | None = None) -> RolloutResult:
         """Collective over the model-parallel group; the same result on every rank of it."""
+        if images and any(i is not None for i in images):
+            raise ConfigError("the Megatron-native rollout engine does not take image prompts yet; set "
+                              "generate_config.backend: vllm for a vision-language model.")
         self._check_request(prompts, n)
         result = RolloutResult([], [], [])
         # Sample i * n + j draws with its own generator seeded seed + i * n + j (the vLLM backend's

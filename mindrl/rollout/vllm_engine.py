@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from mindrl.config import ConfigError, ModelArch
+from mindrl.data.images import PromptImages, one_pad_per_image
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import Platform, get_platform
 from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult
@@ -99,6 +100,11 @@ class VllmEngine(RolloutEngine):
             kwargs["enable_chunked_prefill"] = False
         if self.cfg.enable_expert_parallel:
             kwargs["enable_expert_parallel"] = True
+        if arch.vision is not None:
+            from mindrl.rollout.vllm_images import prepare_vllm_for_images
+
+            prepare_vllm_for_images()
+            kwargs.update(limit_mm_per_prompt={"image": self.cfg.limit_mm_per_prompt}, mm_device_do_normalize=False)
         if self.cfg.infer_tensor_parallel_size > 1:
             # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
             kwargs["distributed_executor_backend"] = "external_launcher"
@@ -119,15 +125,43 @@ class VllmEngine(RolloutEngine):
             raise EngineBroken("the vLLM engine holds no complete set of the actor's weights (none synced yet, or "
                                "a sync failed part way); a complete weight sync must come before it generates.")
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1) -> RolloutResult:
+    def _request(self, prompt: list[int], images: PromptImages | None) -> dict[str, Any]:
+        """vLLM's request for a prompt: a vision-language one with its decoded images, each image's placeholders
+        cut to one (vLLM expands it again, by the same sizing)."""
+        if images is None:
+            return {"prompt_token_ids": list(prompt)}
+        if len(images.files) > self.cfg.limit_mm_per_prompt:
+            raise ConfigError(f"a prompt holds {len(images.files)} images, more than generate_config."
+                              f"limit_mm_per_prompt={self.cfg.limit_mm_per_prompt}; raise it.")
+        sizing = images.sizing
+        return {"prompt_token_ids": one_pad_per_image(prompt, self.arch.vision.image_token_id),
+                "multi_modal_data": {"image": images.decoded()},
+                "mm_processor_kwargs": {"min_pixels": sizing.min_pixels, "max_pixels": sizing.max_pixels}}
+
+    def _requests(self, prompts: list[list[int]], images: list[PromptImages | None] | None) -> list[dict[str, Any]]:
+        if images is not None and self.arch.vision is None:
+            raise ConfigError(f"prompts with images reached the vLLM engine of model {self.arch.name}, which has no "
+                              f"vision tower; use a vision-language model or text-only data.")
+        return [self._request(p, images[i] if images else None) for i, p in enumerate(prompts)]
+
+    def _check_expanded(self, outputs: list[Any], prompts: list[list[int]]) -> None:
+        """vLLM's own expansion of the images must give the prompt the trainer scores: the same sizing."""
+        for output, prompt in zip(outputs, prompts, strict=True):
+            if len(output.prompt_token_ids) != len(prompt):
+                raise ConfigError(f"vLLM laid out a prompt's images as {len(output.prompt_token_ids)} tokens where "
+                                  f"the data holds {len(prompt)}; preprocess the data with this model's image sizing.")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
+                 images: list[PromptImages | None] | None = None) -> RolloutResult:
         from vllm import SamplingParams
 
         self._check_usable()
         _check_prompts(prompts, sampling, self.cfg.max_model_len)
+        per_prompt = self._requests(prompts, images)
         requests, params = [], []
-        for i, prompt in enumerate(prompts):
+        for i in range(len(prompts)):
             for j in range(n):  # one request per sample: a per-request seed must differ between samples
-                requests.append({"prompt_token_ids": list(prompt)})
+                requests.append(per_prompt[i])
                 params.append(SamplingParams(
                     n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                     top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.logprobs,
@@ -135,6 +169,7 @@ class VllmEngine(RolloutEngine):
                     seed=None if sampling.seed is None else sampling.seed + i * n + j))
         with self.platform.rollout_calls():
             outputs = self._llm.generate(requests, params, use_tqdm=False)
+        self._check_expanded(outputs, [prompts[k // n] for k in range(len(requests))])
         responses, log_probs, reasons = [], [], []
         for output in outputs:
             sample = output.outputs[0]
@@ -145,15 +180,16 @@ class VllmEngine(RolloutEngine):
             reasons.append(STOP if sample.finish_reason == "stop" else LENGTH)
         return RolloutResult(responses, log_probs, reasons)
 
-    def prompt_log_probs(self, sequences: list[list[int]]) -> list[list[float]]:
+    def prompt_log_probs(self, sequences: list[list[int]],
+                         images: list[PromptImages | None] | None = None) -> list[list[float]]:
         """log p(token t+1 | ≤ t) of each sequence at temperature 1 (for checking a sync against the actor)."""
         from vllm import SamplingParams
 
         self._check_usable()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         with self.platform.rollout_calls():
-            outputs = self._llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
-                                         use_tqdm=False)
+            outputs = self._llm.generate(self._requests(sequences, images), params, use_tqdm=False)
+        self._check_expanded(outputs, sequences)
         return [[position[token].logprob for position, token in zip(output.prompt_logprobs[1:], sequence[1:],
                                                                     strict=True)]
                 for output, sequence in zip(outputs, sequences, strict=True)]

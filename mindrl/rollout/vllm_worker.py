@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
-# vLLM warns for layers no checkpoint tensor fills: the rotary embedding (computed) and a
-# tied lm_head (filled through the embedding, re-processed below). Only those two notices.
-_EXPECTED = ("RotaryEmbedding: Failed to load weights", "ParallelLMHead: Failed to load weights")
+# vLLM warns for layers no checkpoint tensor fills: the rotary embedding (computed; a vision-language model's is
+# multimodal) and a tied lm_head (filled through the embedding, re-processed below). Only those notices.
+_EXPECTED = ("RotaryEmbedding: Failed to load weights", "MRotaryEmbedding: Failed to load weights",
+             "ParallelLMHead: Failed to load weights")
 
 
 class _ExpectedNotices(logging.Filter):
@@ -56,8 +57,9 @@ class WeightLoader:
 
         model = self.model_runner.get_model()
         finalize_layerwise_reload(model, self.model_runner.model_config)
-        if tied_embeddings:
-            model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+        if tied_embeddings:  # a vision-language model keeps its head in its language model
+            head = (model.get_language_model() if hasattr(model, "get_language_model") else model).lm_head
+            head.quant_method.process_weights_after_loading(head)
         for module in model.modules():
             kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
             if kernel is not None:

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import torch
 
+from mindrl.data.images import PromptImages
+from mindrl.models.vision import rows_of_images
 from mindrl.rollout.base import RolloutResult
 
 
-def rollout_batch(prompts: list[list[int]], result: RolloutResult, n: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
+def rollout_batch(prompts: list[list[int]], result: RolloutResult, n: int, pad_id: int = 0,
+                  images: list[PromptImages | None] | None = None) -> dict[str, torch.Tensor]:
     """Row i·n + j is prompt i then its j-th response, right-padded with `pad_id` to the longest row:
     `tokens` [rows, width], `loss_mask` and `engine_log_probs` [rows, width] (float, zero off the mask),
-    `prompt_lengths` and `response_lengths` [rows]."""
+    `prompt_lengths` and `response_lengths` [rows]; with `images` (a vision-language model's prompts), each row's
+    images as `pixel_values` and `image_grid_thw` (mindrl.models.vision.rows_of_images). The image tokens are
+    in the prompt, so off the loss mask."""
     rows = len(result.responses)
     if rows != len(prompts) * n:
         raise ValueError(f"{rows} responses do not make {n} samples for each of {len(prompts)} prompts; "
@@ -35,7 +40,14 @@ def rollout_batch(prompts: list[list[int]], result: RolloutResult, n: int, pad_i
              "response_lengths": torch.tensor([len(response) for response in result.responses])}
     if result.routes is not None:
         batch["routes"] = routes_batch(result.routes, width)
+    if images is not None:
+        per_prompt = [i.pixels() if i is not None else _no_images() for i in images]
+        batch["pixel_values"], batch["image_grid_thw"] = rows_of_images([per_prompt[r // n] for r in range(rows)])
     return batch
+
+
+def _no_images() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)
 
 
 def routes_batch(routes: list[torch.Tensor], width: int) -> torch.Tensor:

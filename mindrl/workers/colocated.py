@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from mindrl.data.images import PromptImages
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.rollout.engines import make_engine, resolve_backend
@@ -82,9 +83,10 @@ class ColocatedRollout:
         tp = self.cfg.infer_tensor_parallel_size
         return dist.get_rank() // tp, dist.get_world_size() // tp
 
-    def generate(self, prompts: list[list[int]], n: int = 1,
-                 sampling: SamplingConfig | None = None) -> tuple[RolloutResult, dict[str, float]]:
-        """The whole batch's responses on every rank (collective over the actor's ranks), and metrics."""
+    def generate(self, prompts: list[list[int]], n: int = 1, sampling: SamplingConfig | None = None,
+                 images: list[PromptImages | None] | None = None) -> tuple[RolloutResult, dict[str, float]]:
+        """The whole batch's responses on every rank (collective over the actor's ranks), and metrics; a
+        vision-language model's prompts come with their images."""
         sampling = sampling or self.cfg.sampling_config
         cfg, actor = self.cfg, self.actor
         metrics: dict[str, float] = {}
@@ -101,7 +103,7 @@ class ColocatedRollout:
             self.engine.resume_memory()
             generate_start = time.perf_counter()
             metrics["timing/resharding_to_infer"] = generate_start - start
-            result = self._generate_share(prompts, n, sampling)
+            result = self._generate_share(prompts, n, sampling, images)
             metrics["rollout/generate_seconds"] = time.perf_counter() - generate_start
             metrics["rollout/response_tokens"] = float(sum(len(r) for r in result.responses))
             start = time.perf_counter()
@@ -122,12 +124,14 @@ class ColocatedRollout:
             metrics.update(self._check(stats))
         return metrics
 
-    def _generate_share(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> RolloutResult:
+    def _generate_share(self, prompts: list[list[int]], n: int, sampling: SamplingConfig,
+                        images: list[PromptImages | None] | None) -> RolloutResult:
         group, groups = self._rollout_group()
         bounds = [len(prompts) * g // groups for g in range(groups + 1)]
         if sampling.seed is not None:  # sample r of the whole batch draws with seed + r, whichever engine has it
             sampling = dataclasses.replace(sampling, seed=sampling.seed + bounds[group] * n)
-        share = self.engine.generate(prompts[bounds[group]:bounds[group + 1]], sampling, n)
+        mine = slice(bounds[group], bounds[group + 1])
+        share = self.engine.generate(prompts[mine], sampling, n, images[mine] if images else None)
         shares: list[tuple[int, RolloutResult] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(shares, (group, share))
         by_group: dict[int, RolloutResult] = {}

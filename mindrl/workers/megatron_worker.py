@@ -7,6 +7,9 @@ hosts them is a thin shell. A batch is a dict of host tensors over the *whole* b
   old_log_probs, advantages, ref_log_probs [B, S]   (for updates)
   prompt_lengths, response_lengths [B]   (optional: rows that share a prompt are then packed behind
                         one copy of it where that costs fewer FLOPs, mindrl/models/prompt_packing.py)
+  pixel_values [B, P, D], image_grid_thw [B, I, 3]   (a vision-language model's: each row's images, zero-padded
+                        (mindrl.models.vision.rows_of_images); each micro-batch takes its rows' images and the
+                        multimodal positions they make)
 Each data-parallel rank takes its contiguous share of the rows. Results (log-probs,
 entropy) come back on the last pipeline stage for that rank's rows; other stages get None.
 """
@@ -37,6 +40,7 @@ from mindrl.models.gpt import build_gpt_model, load_stage_weights
 from mindrl.models.moe import ExpertLoad
 from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.models.prompt_packing import pack, packed_width, packing_pays, prompt_groups
+from mindrl.models.vision import flat_images, mrope_positions
 from mindrl.platform import get_platform
 from mindrl.workers.logprob import (
     gathered_log_probs,
@@ -219,10 +223,13 @@ class MegatronWorker:
                 mb = {k: torch.cat([v, v.new_zeros((short, *v.shape[1:]))]) for k, v in mb.items()}
             mb["labels"] = shifted_labels(mb["tokens"])
             out.append(mb)
-        # replayed routes are per plain row (a packed row would need them re-laid as its tokens are), and a
-        # sequence-parallel model's rows are padded to a multiple of TP, which the packed index would not follow
+        if self.arch.vision is not None:
+            out = [self._with_images(mb) for mb in out]
+        # replayed routes are per plain row (a packed row would need them re-laid as its tokens are), a
+        # sequence-parallel model's rows are padded to a multiple of TP, which the packed index would not follow,
+        # and multimodal positions are per plain row too
         if self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= out[0].keys() \
-                and "routes" not in out[0] and not self.model.config.sequence_parallel:
+                and "routes" not in out[0] and not self.model.config.sequence_parallel and self.arch.vision is None:
             groups = [prompt_groups(mb["tokens"], mb["prompt_lengths"]) for mb in out]
             # one packed shape for every micro-batch, as the pipeline needs
             shape = (max(map(len, groups)), max(packed_width(mb["prompt_lengths"], mb["response_lengths"], g)
@@ -239,6 +246,17 @@ class MegatronWorker:
             out = [_padded_to(mb, self.par.tp) for mb in out]
         device = self.platform.device()
         return [{k: v.to(device) for k, v in mb.items()} for mb in out]
+
+    def _with_images(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A vision-language micro-batch: its rows' images as the tower takes them, and [3, b, s] positions."""
+        grids = None
+        if "pixel_values" in mb:
+            mb["pixel_values"], grids = flat_images(mb["pixel_values"], mb.pop("image_grid_thw"))
+            mb["image_grid_thw"] = grids
+            if not len(grids):  # text-only rows: nothing for the tower
+                del mb["pixel_values"], mb["image_grid_thw"]
+        mb["position_ids"] = mrope_positions(mb["tokens"], grids, self.arch.vision)
+        return mb
 
     def _token_scores(self, logits: torch.Tensor, mb: dict, temperature: float, with_entropy: bool,
                       entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from mindrl.algorithms.dpo_loss import DPOLossConfig, sequence_log_probs
 from mindrl.algorithms.value_loss import ValueLossConfig
 from mindrl.config import ModelArch, ParallelConfig
+from mindrl.data.images import PromptImages
 from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
 from mindrl.models.dtypes import DTYPES
@@ -204,8 +205,9 @@ class PolicyRank(ActorRank, CriticHost):
         return {"dp_size": self.actor.dp_size, **resumed, "precision": precision,
                 "engine_dtype": self.rollout.cfg.dtype}
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig) -> tuple[RolloutResult, dict]:
-        return self.rollout.generate(prompts, n, sampling)
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig,
+                 images: list[PromptImages | None] | None = None) -> tuple[RolloutResult, dict]:
+        return self.rollout.generate(prompts, n, sampling, images)
 
     def log_probs(self, batch: dict, role: str) -> tuple[int, torch.Tensor] | None:
         return _rows_of(self.actor if role == "actor" else self.reference, batch)
