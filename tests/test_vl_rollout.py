@@ -2,7 +2,6 @@
 samples for image prompts are the actor's, and the images' tokens stay off the loss."""
 
 import pytest
-import torch
 
 from mindrl.config import ParallelConfig, load_model_arch
 from mindrl.data.images import ImageSizing, PromptImages
