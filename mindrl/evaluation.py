@@ -122,7 +122,7 @@ def megatron_checkpoint(load: str, workdir: Path) -> str:
 
 
 def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[list[int]],
-                   eos_token_ids: tuple[int, ...]) -> Any:
+                   eos_token_ids: tuple[int, ...], images: list | None = None) -> Any:
     from mindrl.checkpoint import megatron as mg
     from mindrl.workers.colocated import ColocatedRollout
     from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
@@ -132,7 +132,7 @@ def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[li
     actor = ActorWorker(mg.arch_of(args, checkpoint), mg.parallel_of(args), ActorConfig(seed=cfg.seed), checkpoint)
     rollout = ColocatedRollout.build(actor, gen, eos_token_ids)
     try:
-        result, _ = rollout.generate(prompts, cfg.n_samples, gen.sampling_config)
+        result, _ = rollout.generate(prompts, cfg.n_samples, gen.sampling_config, images)
     finally:
         rollout.engine.close()
     return result if rank == 0 else None
@@ -146,7 +146,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     from mindrl.data.tokenizer import load_tokenizer
     from mindrl.launch import run_ranks
     from mindrl.rewards.scorer import RewardScorer
-    from mindrl.trainer.prompts import read_prompts, split_path
+    from mindrl.trainer.prompts import images_of, read_prompts, split_path
 
     reward = RewardConfig(verifier_function=list(cfg.verifiers), verifier_weight=list(cfg.weights))
     prompts = read_prompts(split_path(cfg.data, "test"))
@@ -161,7 +161,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         checkpoint = megatron_checkpoint(cfg.load, Path(workdir))
         par = mg.parallel_of(mg.load_args(checkpoint))
         result = run_ranks(_generate_rank, par.tp * par.pp, checkpoint, cfg, [p.ids for p in prompts],
-                           stop_ids)[0]
+                           stop_ids, images_of(prompts))[0]
     n = cfg.n_samples
     texts = [response_text(tokenizer, r, stop_ids) for r in result.responses]
     labels = [p.label for p in prompts for _ in range(n)]

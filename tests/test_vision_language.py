@@ -202,3 +202,47 @@ def test_worker_log_probs_of_rows_with_images_equal_hf(tmp_path, hf_model, hf_di
     results = [r for r in run_ranks(_worker_log_probs, world, str(root), batch) if r is not None]
     got = torch.cat([r["log_probs"] for r in results]) if pp == 1 else results[0]["log_probs"]
     assert (got[:, :-1] - expected).abs().max().item() <= 1e-5
+
+
+def _vl_update(rank: int, freeze: bool) -> dict:
+    from megatron.core import parallel_state
+
+    from mindrl.config import ParallelConfig
+    from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
+
+    arch = load_model_arch("tiny_qwen25_vl")
+    actor = ActorWorker(arch, ParallelConfig(2, 1), ActorConfig(lr=1e-2, mini_batch_size=4, micro_batch_size=2,
+                                                                freeze_vision_tower=freeze))
+    before = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
+    batch, _ = _rows_batch()
+    # the tiny VL model's vocabulary: the test batch's vision ids (252-255) are plain ids to it; its own are 1020-1023
+    ids = {VL_TOKENS[k]: getattr(arch.vision, k) for k in VL_TOKENS}
+    batch["tokens"] = batch["tokens"].apply_(lambda t: ids.get(t, t))
+    mask = torch.zeros_like(batch["tokens"], dtype=torch.float)
+    mask[:, 50:63] = 1
+    batch.update(loss_mask=mask, old_log_probs=torch.full_like(mask, -6.9), ref_log_probs=torch.full_like(mask, -6.9),
+                 advantages=torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * mask)
+    actor.update(batch)
+    after = dict(actor.model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    return {"tp": parallel_state.get_tensor_model_parallel_rank(), "moved": moved,
+            "vision": {n: p.detach().clone() for n, p in after.items() if n.startswith("vision_model.")},
+            "vision_before": {n: t for n, t in before.items() if n.startswith("vision_model.")}}
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["trained", "frozen"])
+def test_a_fresh_vision_tower_is_the_same_on_every_rank_and_freezing_keeps_it(freeze):
+    """From scratch, both TP ranks draw the same tower (it is replicated, not cut); an update moves it the same
+    on both, or, frozen, not at all while the language model still learns."""
+    from mindrl.launch import run_ranks
+
+    ranks = run_ranks(_vl_update, 2, freeze)
+    first, second = ranks
+    for name, tensor in first["vision_before"].items():
+        assert torch.equal(tensor, second["vision_before"][name]), name
+        assert torch.isfinite(tensor).all() and (name.endswith("bias") or tensor.abs().sum() > 0), name
+    for name, tensor in first["vision"].items():
+        assert torch.equal(tensor, second["vision"][name]), name
+    vision_moved = {n for n in first["moved"] if n.startswith("vision_model.")}
+    assert any(n.startswith("decoder.") for n in first["moved"])
+    assert (not vision_moved) if freeze else "vision_model.patch_embed.proj.weight" in vision_moved

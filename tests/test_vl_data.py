@@ -41,7 +41,9 @@ def test_the_shape_images_show_their_answers():
         if row["kind"] == "length":  # the bar's coloured columns span answer cells of 14 pixels, less 4
             columns = sum(_pixels_of(image, c).any(0).sum() for c in COLOURS.values())
             assert columns == int(row["answer"]) * 14 - 3, row["problem"]
-        if row["kind"] == "compare":  # each shape covers one 20-pixel cell: count shapes by coloured cells
+        if row["kind"] == "count":  # each shape fills one cell of the 4 x 4 grid: count the cells not white
+            assert _cells((np.asarray(image) != 255).any(-1)) == int(row["answer"]), row["problem"]
+        if row["kind"] == "compare":
             words = row["problem"].split()
             more, fewer = words[3], words[6]
             cells = {c: _cells(_pixels_of(image, COLOURS[c])) for c in (more, fewer)}

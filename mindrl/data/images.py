@@ -136,6 +136,33 @@ class PromptImages:
         return self.sizing.pixels(self.decoded())
 
 
+def read_images(path: str | Path) -> list[PromptImages] | None:
+    """Each row's images of a preprocessed parquet (sized as its metadata records); None for text-only data."""
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    if "images" not in schema.names:
+        return None
+    sizing = recorded_sizing(schema.metadata)
+    if sizing is None:
+        raise ConfigError(f"{path} has an images column but no record of how its images were sized; preprocess it "
+                          f"with cli/preprocess_data.py (image_key).")
+    files = pq.read_table(path, columns=["images"]).column("images").to_pylist()
+    return [PromptImages(tuple(row), sizing) for row in files]
+
+
+def check_image_tokens(tokenizer: Any, vision: Any, where: str) -> None:
+    """The tokenizer's vision markers must be the model's: a prompt's placeholders are the ids the model
+    replaces by image features."""
+    ids = vision_token_ids(tokenizer)
+    expected = {VISION_START: vision.vision_start_token_id, VISION_END: vision.vision_end_token_id,
+                IMAGE_PAD: vision.image_token_id}
+    wrong = [token for token, i in expected.items() if ids[token] != i]
+    if wrong:
+        raise ConfigError(f"{where}: the tokenizer gives {wrong[0]} id {ids[wrong[0]]} but the model's vision "
+                          f"config says {expected[wrong[0]]}; use the model's own tokenizer.")
+
+
 def one_pad_per_image(ids: Sequence[int], image_pad: int) -> list[int]:
     """A prompt with each run of image placeholders cut to one (vLLM expands each to its image's grid)."""
     return [t for i, t in enumerate(ids) if t != image_pad or i == 0 or ids[i - 1] != image_pad]

@@ -1,9 +1,10 @@
 """An offline image task: shapes drawn with PIL, with questions a rule can check.
 
 Three kinds, each answered by one small integer, so `The answer is N.` (SFT) and exact-match verifiers grade
-them: how many shapes of one kind an image holds, how many more shapes of one colour than of another, and how
-many cells long a bar on a grid is. The rows have EasyR1's layout: `images` (a list of PNG bytes), `problem`
-with an `<image>` placeholder, `answer`. The same seed gives the same bytes.
+them: how many shapes an image holds, how many more shapes of one colour than of another, and how many cells long
+a bar on a grid is. Every shape sits in one 28-pixel cell, which is one language-model token. The rows have EasyR1's
+layout: `images` (a list of PNG bytes), `problem` with an `<image>` placeholder, `answer`. The same seed gives the
+same bytes.
 """
 
 from __future__ import annotations
@@ -45,13 +46,9 @@ def _scatter(rng: random.Random, items: list[tuple[str, str]]) -> Image.Image:
 
 
 def _count(rng: random.Random) -> dict:
-    target = rng.choice(SHAPES)
-    n = rng.randint(1, 6)
-    others = [(rng.choice([s for s in SHAPES if s != target]), rng.choice(list(COLOURS)))
-              for _ in range(rng.randint(0, 4))]
-    items = [(target, rng.choice(list(COLOURS))) for _ in range(n)] + others
-    rng.shuffle(items)
-    return {"image": _scatter(rng, items), "question": f"How many {target}s are in the image?", "answer": n}
+    n = rng.randint(1, 8)
+    items = [(rng.choice(SHAPES), rng.choice(list(COLOURS))) for _ in range(n)]
+    return {"image": _scatter(rng, items), "question": "How many shapes are in the image?", "answer": n}
 
 
 def _compare(rng: random.Random) -> dict:

@@ -90,6 +90,10 @@ class PositionedGPTModel(GPTModel):
         return (out[0], rotary[:, 0][position_ids.t()], *out[2:])
 
 
+#: the vision tower's initial weights are drawn from this seed on every rank (models trained from scratch only)
+_VISION_INIT_SEED = 20250826
+
+
 class VisionLanguageModel(PositionedGPTModel):
     """Qwen2.5-VL: the first stage also holds the vision tower, whose features replace the embeddings of the
     image placeholder tokens (in row-major order over the batch, as HF's masked_scatter fills them). Every
@@ -100,6 +104,7 @@ class VisionLanguageModel(PositionedGPTModel):
         self.image_token_id = vision.image_token_id
         if self.pre_process:
             self.vision_model = VisionEncoder(vision, config.hidden_size)
+            self.vision_model.initialize(config.init_method_std, seed=_VISION_INIT_SEED)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, decoder_input=None,
                 pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None, **kwargs):

@@ -135,6 +135,20 @@ class VisionEncoder(nn.Module):
         self.register_buffer("inv_freq", 1.0 / vision.rotary_base ** (
             torch.arange(0, quarter, 2, dtype=torch.float) / quarter), persistent=False)
 
+    @torch.no_grad()
+    def initialize(self, std: float, seed: int) -> None:
+        """Fresh weights for training from scratch: N(0, std) matrices, zero biases, unit norms, drawn from a
+        generator of its own, so every rank holding the tower (each TP and DP rank of the first stage) starts from
+        the same weights whatever its global random state."""
+        generator = torch.Generator().manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+            elif param.ndim == 1:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+
     def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         grids = [tuple(int(n) for n in g) for g in grid_thw.tolist()]
         expected = sum(t * h * w for t, h, w in grids)
@@ -231,17 +245,18 @@ def mrope_positions(tokens: torch.Tensor, grid_thw: torch.Tensor | None, vision:
     return out.to(tokens.device)
 
 
-def rows_of_images(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+def rows_of_images(rows: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's (patches [P_r, D], grids [I_r, 3]) as `pixel_values` [B, max P_r, D] and `image_grid_thw`
     [B, max I_r, 3], zero-padded: a batch split by rows (micro-batches, data-parallel shares) then carries its
-    rows' images with it. A row without images has no patches and no grids."""
-    width = max((p.shape[-1] for p, _ in rows if p.shape[0]), default=0)
-    patches = torch.zeros(len(rows), max((p.shape[0] for p, _ in rows), default=0), width)
-    grids = torch.zeros(len(rows), max((g.shape[0] for _, g in rows), default=0), 3, dtype=torch.long)
-    for row, (p, g) in enumerate(rows):
-        if p.shape[0]:
-            patches[row, :p.shape[0]] = p
-            grids[row, :g.shape[0]] = g
+    rows' images with it. A row without images (None) has no patches and no grids."""
+    present = [r for r in rows if r is not None]
+    width = max((p.shape[-1] for p, _ in present), default=0)
+    patches = torch.zeros(len(rows), max((p.shape[0] for p, _ in present), default=0), width)
+    grids = torch.zeros(len(rows), max((g.shape[0] for _, g in present), default=0), 3, dtype=torch.long)
+    for row, images in enumerate(rows):
+        if images is not None:
+            patches[row, :images[0].shape[0]] = images[0]
+            grids[row, :images[1].shape[0]] = images[1]
     return patches, grids
 
 

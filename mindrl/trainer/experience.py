@@ -41,13 +41,9 @@ def rollout_batch(prompts: list[list[int]], result: RolloutResult, n: int, pad_i
     if result.routes is not None:
         batch["routes"] = routes_batch(result.routes, width)
     if images is not None:
-        per_prompt = [i.pixels() if i is not None else _no_images() for i in images]
+        per_prompt = [i.pixels() if i is not None else None for i in images]
         batch["pixel_values"], batch["image_grid_thw"] = rows_of_images([per_prompt[r // n] for r in range(rows)])
     return batch
-
-
-def _no_images() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)
 
 
 def routes_batch(routes: list[torch.Tensor], width: int) -> torch.Tensor:

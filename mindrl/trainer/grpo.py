@@ -20,8 +20,9 @@ import torch
 from mindrl.algorithms.advantages import compute_advantages
 from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_values
 from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
-from mindrl.config import ConfigError
+from mindrl.config import ConfigError, ModelArch
 from mindrl.console import say
+from mindrl.data.images import check_image_tokens
 from mindrl.data.stops import response_text, run_stop_words, stop_token_ids
 from mindrl.rewards.scorer import ScoreResult
 from mindrl.rollout.config import SamplingConfig
@@ -39,7 +40,7 @@ from mindrl.trainer.metrics import (
     rollout_metrics,
     throughput_metrics,
 )
-from mindrl.trainer.prompts import PromptLoader, read_prompts, split_path
+from mindrl.trainer.prompts import PromptLoader, images_of, read_prompts, split_path
 from mindrl.trainer.start import JOB_GRPO, StartPoint, start_point
 
 
@@ -73,6 +74,16 @@ def check_runnable(cfg: TrainerConfig) -> None:
                           "at cli/preprocess_data.py's output and the tokenizer it used.")
 
 
+def check_prompt_images(prompts: list, arch: ModelArch, tokenizer: Any, path: Path) -> None:
+    """Image questions need a vision-language policy whose vision markers are the tokenizer's."""
+    if images_of(prompts) is None:
+        return
+    if arch.vision is None:
+        raise ConfigError(f"{path} holds image questions but actor_config's model {arch.name} has no vision tower; "
+                          f"train a vision-language model (e.g. tiny_qwen25_vl) or use text-only data.")
+    check_image_tokens(tokenizer, arch.vision, f"actor_config's model {arch.name}")
+
+
 class GRPOTrainer:
     #: what this trainer's checkpoints say wrote them: only its own resume (mindrl/trainer/start.py)
     job = JOB_GRPO
@@ -103,8 +114,9 @@ class GRPOTrainer:
         #: where a response ends: the tokenizer's eos and the end of turn of the data's template
         self.stop_ids = stop_token_ids(self.tokenizer, run_stop_words(train_path, actor.prompt_type,
                                                                       actor.prompt_type_path))
-        self.loader = PromptLoader(read_prompts(train_path), actor.global_batch_size, actor.seed,
-                                   shuffle=not actor.no_shuffle)
+        train_prompts = read_prompts(train_path)
+        check_prompt_images(train_prompts, actor.arch, self.tokenizer, train_path)
+        self.loader = PromptLoader(train_prompts, actor.global_batch_size, actor.seed, shuffle=not actor.no_shuffle)
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
         self.group = self.ref_group = self.rewards = self.sink = None
@@ -259,11 +271,12 @@ class GRPOTrainer:
             prompts = self.loader.next_batch()
             with timer("rollout"):
                 result, generated = self.group.call("generate", [p.ids for p in prompts], self.n,
-                                                    sampling_for_step(self.sampling, step, attempt))[0]
+                                                    sampling_for_step(self.sampling, step, attempt),
+                                                    images_of(prompts))[0]
             for phase in RESHARDING_PHASES:
                 timer.seconds[phase] = timer.seconds.get(phase, 0.0) + generated.pop(f"timing/{phase}", 0.0)
             add_round(metrics, generated)
-            batch = rollout_batch([p.ids for p in prompts], result, self.n, self.pad_id)
+            batch = rollout_batch([p.ids for p in prompts], result, self.n, self.pad_id, images_of(prompts))
             labels = [p.label for p in prompts for _ in range(self.n)]
             pending = self.rewards.submit(self.texts(result.responses), labels, batch)
             if accumulator is None:
@@ -317,10 +330,10 @@ class GRPOTrainer:
     def validate(self) -> dict[str, float]:
         """Greedy answers to the test split, scored like training rewards (the reward model's score raw)."""
         greedy = SamplingConfig(max_tokens=self.sampling.max_tokens, top_k=1, logprobs=0, seed=0)
-        prompts = [p.ids for p in self.test_prompts]
-        result, _ = self.group.call("generate", prompts, 1, greedy)[0]
+        prompts, images = [p.ids for p in self.test_prompts], images_of(self.test_prompts)
+        result, _ = self.group.call("generate", prompts, 1, greedy, images)[0]
         pending = self.rewards.submit(self.texts(result.responses), [p.label for p in self.test_prompts],
-                                      rollout_batch(prompts, result, 1, self.pad_id))
+                                      rollout_batch(prompts, result, 1, self.pad_id, images))
         scored = self.rewards.collect(pending, training=False)
         summary = rollout_metrics([len(r) for r in result.responses], self.sampling.max_tokens, scored.rewards,
                                   scored.scores)
@@ -340,8 +353,9 @@ class GRPOTrainer:
 
 def rows_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """What a forward pass over the batch's rows needs: the tokens, the lengths that let a prompt's samples
-    be packed behind one copy of it, and a mixture of experts' routes to replay."""
-    return {key: batch[key] for key in ("tokens", "prompt_lengths", "response_lengths", "routes") if key in batch}
+    be packed behind one copy of it, a mixture of experts' routes to replay, and a vision-language model's images."""
+    keys = ("tokens", "prompt_lengths", "response_lengths", "routes", "pixel_values", "image_grid_thw")
+    return {key: batch[key] for key in keys if key in batch}
 
 
 def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:

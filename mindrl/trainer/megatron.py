@@ -79,6 +79,8 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     #: the experts' TP cut; only TP itself (null) is built
     expert_tensor_parallel_size: int | None = None
+    #: a vision-language model: train the language model only, the vision tower (merger included) kept as loaded
+    freeze_vision_tower: bool = False
     #: the resolved architecture (model yaml entry + this section's architecture keys); not a key
     arch: ModelArch | None = dataclasses.field(default=None, compare=False)
 
@@ -118,6 +120,9 @@ class MegatronConfig:
                 raise ConfigError(f"{section}.{key} must be in [0, 1), got {getattr(self, key)}.")
         if self.num_layer_list is not None:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
+        if self.freeze_vision_tower and self.arch is not None and self.arch.vision is None:
+            raise ConfigError(f"{section}.freeze_vision_tower is set but model {self.arch.name} has no vision tower; "
+                              f"remove it.")
 
     @property
     def parallel(self) -> ParallelConfig:
@@ -138,7 +143,7 @@ class MegatronConfig:
                            clip_grad=self.clip_grad, adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2,
                            mini_batch_size=mini_batch_size * rows_per_example,
                            micro_batch_size=self.micro_batch_size * rows_per_example,
-                           seed=self.seed, **update)
+                           seed=self.seed, freeze_vision_tower=self.freeze_vision_tower, **update)
 
     def check_full_checkpoints(self, section: str) -> None:
         """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""

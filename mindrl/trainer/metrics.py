@@ -39,7 +39,7 @@ ACTOR_NAMES = {"pg_loss": "actor/pg_loss", "kl_loss": "actor/kl_loss", "entropy"
 
 #: verifiers whose score is exactly 1.0 for a correct answer, in the order `accuracy` prefers them
 ACCURACY_VERIFIERS = ("base_acc", "acc", "math_17k_acc", "acc_for_ppo", "acc_for_dapo", "math_verify_reward",
-                      "retool_reward", "gsm8k")
+                      "retool_reward", "gsm8k", "geo3k_acc")
 
 #: the per-step metrics file a run writes under its `save` folder
 METRICS_FILE = "metrics.jsonl"

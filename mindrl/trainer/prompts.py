@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 import torch
 
 from mindrl.config import ConfigError
+from mindrl.data.images import PromptImages, read_images
 from mindrl.data.readers import read_columns
 
 COLUMNS = ("prompt_ids", "answer", "data_source")
@@ -27,6 +28,8 @@ class Prompt:
     ids: list[int]
     label: str
     data_source: str
+    #: an image question's images (its ids hold their placeholders)
+    images: PromptImages | None = None
 
 
 def split_path(data_path: str | Path, split: str) -> Path:
@@ -39,8 +42,15 @@ def split_path(data_path: str | Path, split: str) -> Path:
 
 def read_prompts(path: str | Path) -> list[Prompt]:
     columns = read_columns(path, COLUMNS)
-    rows = zip(columns["prompt_ids"], columns["answer"], columns["data_source"], strict=True)
-    return [Prompt(list(ids), str(label), str(source)) for ids, label, source in rows]
+    images = read_images(path) or [None] * len(columns["prompt_ids"])
+    rows = zip(columns["prompt_ids"], columns["answer"], columns["data_source"], images, strict=True)
+    return [Prompt(list(ids), str(label), str(source), image) for ids, label, source, image in rows]
+
+
+def images_of(prompts: list[Prompt]) -> list[PromptImages | None] | None:
+    """The prompts' images for a rollout engine and the batch, or None when none has any."""
+    images = [p.images for p in prompts]
+    return images if any(i is not None for i in images) else None
 
 
 class PromptLoader(Generic[Row]):

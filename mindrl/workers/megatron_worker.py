@@ -76,6 +76,8 @@ class ActorConfig:
     seed: int = 1234
     #: auto | on | off: pack a prompt's samples behind one copy of it (auto: when that costs fewer FLOPs)
     prompt_packing: str = "auto"
+    #: a vision-language model's tower (merger included) takes no gradient and no optimizer state
+    freeze_vision_tower: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -225,6 +227,9 @@ class MegatronWorker:
             out.append(mb)
         if self.arch.vision is not None:
             out = [self._with_images(mb) for mb in out]
+        elif "pixel_values" in out[0]:
+            raise ConfigError(f"the batch holds images but model {self.arch.name} has no vision tower to see them; "
+                              f"give this role a vision-language model or use text-only data.")
         # replayed routes are per plain row (a packed row would need them re-laid as its tokens are), a
         # sequence-parallel model's rows are padded to a multiple of TP, which the packed index would not follow,
         # and multimodal positions are per plain row too
@@ -350,6 +355,8 @@ class ActorWorker(MegatronWorker):
         super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed,
                          cfg.prompt_packing)
         self.cfg = cfg
+        if cfg.freeze_vision_tower and hasattr(self.model, "vision_model"):
+            self.model.vision_model.requires_grad_(False)  # before the wrap: DDP and the optimizer skip them
         self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, min_lr=cfg.min_lr,
                                                      weight_decay=cfg.weight_decay, clip_grad=cfg.clip_grad,
                                                      adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2)
