@@ -142,3 +142,20 @@ def mcore_to_hf_state(full: dict[str, torch.Tensor], arch) -> dict[str, torch.Te
         layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}
         state.update({hfm.hf_layer_prefix(i) + n: t for n, t in hfm.mcore_to_hf_layer(layer, arch).items()})
     return state
+
+
+def load_converted(root: str):
+    """This rank's stage of the model a converted Megatron checkpoint describes, with its weights: (model, arch)."""
+    from megatron.core import parallel_state
+
+    from mindrl.checkpoint import megatron as mg
+    from mindrl.distributed import init_model_parallel
+    from mindrl.models.gpt import build_gpt_model, load_stage_weights
+
+    args = mg.load_args(root)
+    arch, par = mg.arch_of(args), mg.parallel_of(args)
+    init_model_parallel(par, arch=arch)
+    model = build_gpt_model(arch, par)
+    ranks = (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank())
+    load_stage_weights(model, mg.load_rank(root, *ranks, arch, par)["model"])
+    return model, arch

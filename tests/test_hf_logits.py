@@ -2,15 +2,11 @@
 
 import pytest
 import torch
-from megatron.core import parallel_state
 
-from mindrl.checkpoint import megatron as mg
 from mindrl.ckpt_convert import hf_to_mcore
-from mindrl.distributed import init_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models.forward import gather_logits, run_microbatches
-from mindrl.models.gpt import build_gpt_model, load_stage_weights
-from tests.hf_models import build_hf_model, save_hf_model
+from tests.hf_models import build_hf_model, load_converted, save_hf_model
 
 KINDS = ("qwen2", "llama3", "qwen3")
 # A fractional RoPE base as HF keeps it: Megatron's rotary embedding must not round it (at 2.5 an
@@ -21,13 +17,7 @@ OVERRIDES = {"llama3": {"rope_theta": 2.5}}
 def _megatron_logits(rank: int, checkpoints: list[str], tokens: torch.Tensor) -> list:
     results = []
     for root in checkpoints:
-        args = mg.load_args(root)
-        arch, par = mg.arch_of(args), mg.parallel_of(args)
-        init_model_parallel(par, arch=arch)
-        model = build_gpt_model(arch, par)
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-        load_stage_weights(model, mg.load_rank(root, tp_rank, pp_rank, arch, par)["model"])
+        model, arch = load_converted(root)
         captured = []
 
         def keep(logits, batch, captured=captured):

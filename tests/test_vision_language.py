@@ -78,17 +78,12 @@ def _megatron_logits_and_grads(rank: int, root: str, batch: dict, weights: torch
     from megatron.core import parallel_state
     from torch.nn.functional import pad
 
-    from mindrl.distributed import init_model_parallel
     from mindrl.models.forward import gather_logits, run_microbatches
-    from mindrl.models.gpt import build_gpt_model, load_stage_weights
+    from tests.hf_models import load_converted
 
-    args = mg.load_args(root)
-    arch, par = mg.arch_of(args), mg.parallel_of(args)
-    init_model_parallel(par, arch=arch)
-    model = build_gpt_model(arch, par)
+    model, arch = load_converted(root)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    load_stage_weights(model, mg.load_rank(root, tp_rank, pp_rank, arch, par)["model"])
     captured = []
 
     def weighted_sum(logits, _):
