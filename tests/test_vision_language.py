@@ -241,3 +241,32 @@ def test_a_fresh_vision_tower_is_the_same_on_every_rank_and_freezing_keeps_it(fr
     vision_moved = {n for n in first["moved"] if n.startswith("vision_model.")}
     assert any(n.startswith("decoder.") for n in first["moved"])
     assert (not vision_moved) if freeze else "vision_model.patch_embed.proj.weight" in vision_moved
+
+
+# Qwen2.5-VL-3B-Instruct's published config.json (transformers 4.x layout: the language model's keys at the top
+# level, the sections under rope_scaling typed "mrope", the vision tower's channels as in_chans)
+PUBLISHED_3B = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "hidden_size": 2048,
+    "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "vocab_size": 151936, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": True, "hidden_act": "silu", "use_sliding_window": False, "sliding_window": 32768,
+    "max_window_layers": 70, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+    "image_token_id": 151655, "video_token_id": 151656, "torch_dtype": "bfloat16",
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
+                      "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+                      "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2}}
+
+
+def test_the_published_config_layout_reads_as_the_shipped_architecture():
+    from mindrl.models import arch_fields as af
+
+    read = hfm.arch_from_hf_config(PUBLISHED_3B, "qwen2_5_vl", name="qwen25_vl_3b")
+    shipped = load_model_arch("qwen25_vl_3b")
+    assert af.arch_differences(read, shipped, 1) == [] and read.vision == shipped.vision
+    with pytest.raises(ConfigError, match="has no mrope_section"):
+        hfm.arch_from_hf_config({**PUBLISHED_3B, "rope_scaling": {"type": "mrope"}}, "qwen2_5_vl")
+    wider = {**PUBLISHED_3B, "vision_config": {**PUBLISHED_3B["vision_config"], "out_hidden_size": 3584}}
+    with pytest.raises(ConfigError, match=r"out_hidden_size=3584 differs from the language model's hidden_size"):
+        hfm.arch_from_hf_config(wider, "qwen2_5_vl")
