@@ -159,6 +159,8 @@ def test_vision_language_architectures_load_and_refuse_what_is_not_built():
         type(tiny)(**{**tiny.__dict__, "position_embedding_type": "rope", "mrope_section": None})
     with pytest.raises(ConfigError, match=r"HF qwen2 .* cannot hold"):
         hfm.check_hf_can_hold(tiny, "qwen2")
+    with pytest.raises(ConfigError, match="vision must be a mapping of the vision tower's keys, got True"):
+        type(tiny)(**{**tiny.__dict__, "vision": True})
 
 
 def _rows_batch() -> tuple[dict, list[int]]:

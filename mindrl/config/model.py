@@ -109,8 +109,11 @@ class ModelArch:
     vision: VisionArch | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.vision, Mapping):  # as a checkpoint's args store it
+        if isinstance(self.vision, Mapping):  # as the yaml and a checkpoint's args hold it
             object.__setattr__(self, "vision", VisionArch.from_dict(self.name, self.vision))
+        if self.vision is not None and not isinstance(self.vision, VisionArch):
+            raise ConfigError(f"model {self.name}: vision must be a mapping of the vision tower's keys, got "
+                              f"{self.vision!r}.")
         if self.mrope_section is not None:
             object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
         check_types(f"model {self.name}", self)
@@ -186,10 +189,6 @@ class ModelArch:
                                   f"of {', '.join(map(str, allowed))}.")
 
     @property
-    def is_vision_language(self) -> bool:
-        return self.vision is not None
-
-    @property
     def is_moe(self) -> bool:
         return self.num_experts is not None
 
@@ -237,9 +236,7 @@ class ModelArch:
         fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
-            if key == "vision" and isinstance(value, Mapping):
-                kwargs[key] = VisionArch.from_dict(name, value)
-            elif key in fields:
+            if key in fields:
                 kwargs[key] = value
             elif key in _NO_EFFECT_KEYS:
                 continue

@@ -15,6 +15,7 @@ import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -37,34 +38,29 @@ class BadImage(ValueError):
     """A row's image that cannot be used; the message names the image."""
 
 
-def decode_image(value: Any, folder: Path | None = None) -> Image.Image:
-    """An RGB PIL image from a column value: encoded bytes, {"bytes", "path"}, or a path."""
-    if isinstance(value, dict):
-        value = value.get("bytes") or value.get("path")
-    if isinstance(value, bytes | bytearray | memoryview):
-        source: Any = io.BytesIO(bytes(value))
-    elif isinstance(value, str) and value:
-        path = Path(value)
-        source = path if path.is_absolute() or folder is None else folder / path
-        if not Path(source).is_file():
-            raise BadImage(f"image file {value} does not exist")
-    else:
-        raise BadImage(f"an image must be encoded bytes, {{'bytes': ...}} or a path, got {type(value).__name__}")
-    try:
-        with Image.open(source) as image:
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise BadImage(f"image cannot be decoded ({err})") from None
-
-
-def encoded(value: Any, folder: Path | None = None) -> bytes:
-    """The image's file bytes as stored (a path is read), for the preprocessed parquet."""
+def image_bytes(value: Any, folder: Path | None = None) -> bytes:
+    """The encoded image a column value holds: bytes, {"bytes", "path"}, or a path (relative to `folder`), read
+    once: preprocessing decodes these bytes and stores them as they are."""
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
-    path = Path(value)
-    return (path if path.is_absolute() or folder is None else folder / path).read_bytes()
+    if isinstance(value, str) and value:
+        path = Path(value)
+        path = path if path.is_absolute() or folder is None else folder / path
+        if not path.is_file():
+            raise BadImage(f"image file {value} does not exist")
+        return path.read_bytes()
+    raise BadImage(f"an image must be encoded bytes, {{'bytes': ...}} or a path, got {type(value).__name__}")
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """An RGB PIL image from an encoded image's bytes."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise BadImage(f"image cannot be decoded ({err})") from None
 
 
 @dataclass(frozen=True)
@@ -95,13 +91,18 @@ class ImageSizing:
 
     def pixels(self, images: Sequence[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
         """(pixel_values [patches, 1176], image_grid_thw [images, 3]) of `images`, as HF's processor makes them."""
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-        processor = Qwen2VLImageProcessorPil(min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                                             patch_size=PATCH_SIZE, merge_size=MERGE_SIZE)
-        out = processor(images=list(images), return_tensors="np")
+        out = _processor(self.min_pixels, self.max_pixels)(images=list(images), return_tensors="np")
         return (torch.from_numpy(np.ascontiguousarray(out["pixel_values"], dtype=np.float32)),
                 torch.from_numpy(out["image_grid_thw"].astype(np.int64)))
+
+
+@cache
+def _processor(min_pixels: int, max_pixels: int) -> Any:
+    """HF's PIL Qwen2-VL image processor for one sizing, built once: batches of every step use it."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=PATCH_SIZE,
+                                    merge_size=MERGE_SIZE)
 
 
 #: the parquet schema-metadata key under which preprocessing records how it sized the images

@@ -36,8 +36,8 @@ from mindrl.data.images import (
     BadImage,
     ImageSizing,
     decode_image,
-    encoded,
     expand_image_pads,
+    image_bytes,
     image_prompt,
     sizing_record,
     vision_token_ids,
@@ -200,13 +200,14 @@ class _Images:
         values = list(values) if isinstance(values, list | tuple) else [values]
         if not values:
             raise _BadRow(f"{where}: {self.key!r} (image_key) holds no images")
-        grids = []
+        files, grids = [], []
         for number, value in enumerate(values):
             try:
-                grids.append(list(self.sizing.grid(decode_image(value, self.folder))))
+                files.append(image_bytes(value, self.folder))
+                grids.append(list(self.sizing.grid(decode_image(files[-1]))))
             except BadImage as bad:
                 raise _BadRow(f"{where}: image {number} of {self.key!r}: {bad}") from None
-        return [encoded(value, self.folder) for value in values], grids
+        return files, grids
 
 
 def _prompt_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any,

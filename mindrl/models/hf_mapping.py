@@ -223,7 +223,7 @@ def hf_model_type(model_type_hf: str) -> str:
 def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool, bool]:
     """`arch`'s optional tensors, as _FAMILY_TENSORS lists them."""
     return (arch.add_qkv_bias, arch.qk_layernorm, arch.is_moe,
-            bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate), arch.is_vision_language)
+            bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate), arch.vision is not None)
 
 
 def model_type_hf_of(arch: ModelArch) -> str:
@@ -254,8 +254,8 @@ def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
         ("biases on every linear layer", not arch.disable_bias_linear),
         (f"{arch.normalization} instead of RMSNorm", arch.normalization != "RMSNorm"),
         ("an activation other than SwiGLU", not arch.swiglu),
-        ("a vision tower (only HF qwen2_5_vl has one)", arch.is_vision_language and not vision),
-        ("no vision tower (HF qwen2_5_vl is a vision-language model)", vision and not arch.is_vision_language),
+        ("a vision tower (only HF qwen2_5_vl has one)", arch.vision is not None and not vision),
+        ("no vision tower (HF qwen2_5_vl is a vision-language model)", vision and not arch.vision is not None),
     ) if bad]
     if problems:
         raise ConfigError(f"model {arch.name} has {problems[0]}, which HF {family} (--model-type-hf "

@@ -269,14 +269,14 @@ class GRPOTrainer:
         rounds: list[ScoreResult] = []  # every round's scores: the reward metrics cover all that was generated
         for attempt in itertools.count():
             prompts = self.loader.next_batch()
+            ids, images = [p.ids for p in prompts], images_of(prompts)
             with timer("rollout"):
-                result, generated = self.group.call("generate", [p.ids for p in prompts], self.n,
-                                                    sampling_for_step(self.sampling, step, attempt),
-                                                    images_of(prompts))[0]
+                result, generated = self.group.call("generate", ids, self.n,
+                                                    sampling_for_step(self.sampling, step, attempt), images)[0]
             for phase in RESHARDING_PHASES:
                 timer.seconds[phase] = timer.seconds.get(phase, 0.0) + generated.pop(f"timing/{phase}", 0.0)
             add_round(metrics, generated)
-            batch = rollout_batch([p.ids for p in prompts], result, self.n, self.pad_id, images_of(prompts))
+            batch = rollout_batch(ids, result, self.n, self.pad_id, images)
             labels = [p.label for p in prompts for _ in range(self.n)]
             pending = self.rewards.submit(self.texts(result.responses), labels, batch)
             if accumulator is None:
