@@ -24,6 +24,8 @@ CORE = [
     "safetensors>=0.4",
     "transformers>=5.16.1,<5.20",
     "pyarrow>=14",
+    # image datasets of vision-language models (mindrl/data/images.py, mindrl/data/shapes.py)
+    "pillow>=10",
     # the learning demo's curve (cli/demo.py)
     "matplotlib>=3.8",
     # math-verify's LaTeX parser must use the antlr runtime hydra-core pins (4.9.3).
