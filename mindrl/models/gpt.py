@@ -109,14 +109,20 @@ class VisionLanguageModel(PositionedGPTModel):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, decoder_input=None,
                 pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None, **kwargs):
         if self.pre_process and pixel_values is not None:
-            rows, cols = (input_ids == self.image_token_id).nonzero(as_tuple=True)
-            features = self.vision_model(pixel_values, image_grid_thw)
-            if features.shape[0] != rows.numel():
-                raise ValueError(f"the batch has {rows.numel()} image placeholder tokens but its images make "
-                                 f"{features.shape[0]} features; expand each image's placeholder to its grid.")
-            embedded = self.embedding(input_ids=input_ids, position_ids=None)  # [s, b, h]
-            decoder_input = embedded.index_put((cols, rows), features.to(embedded.dtype))
+            decoder_input = self.embed_with_images(input_ids, pixel_values, image_grid_thw)
         return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input, **kwargs)
+
+    def embed_with_images(self, input_ids: torch.Tensor, pixel_values: torch.Tensor,
+                          image_grid_thw: torch.Tensor) -> torch.Tensor:
+        """The embeddings [s, b, h] of `input_ids` [b, s] with the image features in the placeholders' places: the
+        one way both the training forward and the Megatron rollout engine see images."""
+        rows, cols = (input_ids == self.image_token_id).nonzero(as_tuple=True)
+        features = self.vision_model(pixel_values, image_grid_thw)
+        if features.shape[0] != rows.numel():
+            raise ValueError(f"the batch has {rows.numel()} image placeholder tokens but its images make "
+                             f"{features.shape[0]} features; expand each image's placeholder to its grid.")
+        embedded = self.embedding(input_ids=input_ids, position_ids=None)
+        return embedded.index_put((cols, rows), features.to(embedded.dtype))
 
 
 class RewardGPTModel(PositionedGPTModel):

@@ -21,6 +21,7 @@ from megatron.core.models.gpt import GPTModel
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.data.images import PromptImages
 from mindrl.models.moe import record_routes, recorded_routes
+from mindrl.models.vision import mrope_positions
 from mindrl.platform import get_platform
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import SamplingConfig, check_megatron_rollout
@@ -86,6 +87,7 @@ class MegatronEngine(RolloutEngine):
                            ("max_num_batched_tokens", max_num_batched_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}.")
+        self.vision = arch.vision
         self.vocab_size = arch.padded_vocab_size  # the model's own vocabulary; TP padding rows are never drawn
         eos = list(eos_token_ids)
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in eos):
@@ -104,10 +106,8 @@ class MegatronEngine(RolloutEngine):
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
                  images: list[PromptImages | None] | None = None) -> RolloutResult:
         """Collective over the model-parallel group; the same result on every rank of it."""
-        if images and any(i is not None for i in images):
-            raise ConfigError("the Megatron-native rollout engine does not take image prompts yet; set "
-                              "generate_config.backend: vllm for a vision-language model.")
-        self._check_request(prompts, n)
+        self._check_request(prompts, n, images)
+        images = images or [None] * len(prompts)
         result = RolloutResult([], [], [])
         # Sample i * n + j draws with its own generator seeded seed + i * n + j (the vLLM backend's
         # per-request seeds), so it does not depend on how the rows are batched.
@@ -117,7 +117,8 @@ class MegatronEngine(RolloutEngine):
             result.routes = []
         with generation_mode(self.model), get_platform().rollout_calls(), routes_recorded(self.model, self.recording):
             for start in range(0, len(prompts), per_wave):
-                wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n)
+                wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n,
+                                  images[start:start + per_wave])
                 result.responses += wave.responses
                 result.log_probs += wave.log_probs
                 result.finish_reasons += wave.finish_reasons
@@ -137,9 +138,15 @@ class MegatronEngine(RolloutEngine):
     def close(self) -> None:
         self.model = self.stage = None
 
-    def _check_request(self, prompts: list[list[int]], n: int) -> None:
+    def _check_request(self, prompts: list[list[int]], n: int, images: list[PromptImages | None] | None) -> None:
         if self.model is None:
             raise RuntimeError("this Megatron rollout engine was closed; build a new one.")
+        if images is not None and len(images) != len(prompts):
+            raise ValueError(f"{len(images)} image entries for {len(prompts)} prompts; give one (None: no image) "
+                             f"per prompt.")
+        if images and self.vision is None and any(i is not None for i in images):
+            raise ConfigError("the prompts come with images but the actor has no vision tower to see them; use a "
+                              "vision-language model or text-only prompts.")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}.")
         for index, prompt in enumerate(prompts):
@@ -152,7 +159,8 @@ class MegatronEngine(RolloutEngine):
                 raise ValueError(f"prompt {index} holds a token id outside the model's vocabulary "
                                  f"[0, {self.vocab_size}).")
 
-    def _wave(self, prompts: list[list[int]], sampling: SamplingConfig, n: int, seed: int) -> RolloutResult:
+    def _wave(self, prompts: list[list[int]], sampling: SamplingConfig, n: int, seed: int,
+              images: list[PromptImages | None]) -> RolloutResult:
         """`prompts` × n rows as one batch, left-padded to the longest prompt; row r draws with a
         generator seeded `seed + r`."""
         device, count = self.device, len(prompts) * n
@@ -166,10 +174,13 @@ class MegatronEngine(RolloutEngine):
         valid = slots >= pads
         cache = KVCache(len(self.stage.layers), valid, n, self.stage.kv_heads, max(longest - 1, 1), self.stage.head_dim,
                         self.dtype)
-        rows = DecodeRows(lengths.repeat_interleave(n), budgets,
+        positions, following, pixels = (slots - pads).clamp(min=0), lengths, [None] * len(prompts)
+        if self.vision is not None:
+            positions, following, pixels = self._image_positions(tokens, pads, images)
+        rows = DecodeRows(following.repeat_interleave(n), budgets,
                           [torch.Generator(device=device).manual_seed(seed + row) for row in range(count)])
         responses = Responses(count, longest, self.eos)
-        first, prompt_routes = self._prefill(tokens, (slots - pads).clamp(min=0), valid, cache)
+        first, prompt_routes = self._prefill(tokens, positions, valid, cache, pixels)
         drawn, log_probs = self._draw(None if first is None else first.repeat_interleave(n, dim=0), sampling, rows)
         ids = torch.arange(count, device=device)  # the wave's row of each row still decoding
         response_routes = None
@@ -199,8 +210,24 @@ class MegatronEngine(RolloutEngine):
                              for row, response in enumerate(result.responses)]
         return result
 
-    def _prefill(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                 cache: KVCache) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _image_positions(self, tokens: torch.Tensor, pads: torch.Tensor, images: list[PromptImages | None]
+                         ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor] | None]]:
+        """A vision-language wave's multimodal positions [3, prompts, width] (padding at 0), each prompt's
+        position of the token after it (past its images' grids, so its response continues where HF's rope
+        delta puts it), and each prompt's (pixel_values, image_grid_thw) or None."""
+        positions = torch.zeros(3, *tokens.shape, dtype=torch.long, device=self.device)
+        following = torch.empty(len(tokens), dtype=torch.long, device=self.device)
+        pixels = [None if entry is None else entry.pixels() for entry in images]
+        for row, (ids, pad, entry) in enumerate(zip(tokens, pads[:, 0].tolist(), pixels, strict=True)):
+            grid = None if entry is None else entry[1]
+            mine = mrope_positions(ids[pad:].unsqueeze(0), grid, self.vision)[:, 0]
+            positions[:, row, pad:] = mine
+            following[row] = mine.max() + 1
+        return positions, following, pixels
+
+    def _prefill(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: KVCache,
+                 pixels: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[torch.Tensor | None,
+                                                                                 torch.Tensor | None]:
         """Each prompt once, in chunks of at most max_num_batched_tokens padded tokens, into the prompt
         cache its samples share. The sampler gets the last position's logits; while recording, the prompts'
         routes [prompts, width, layers, top-k] come back too."""
@@ -212,7 +239,9 @@ class MegatronEngine(RolloutEngine):
         for start in range(0, count, per_chunk):
             chunk = slice(start, start + per_chunk)
             mask = (causal & (valid[chunk].unsqueeze(1) | itself)).unsqueeze(1)
-            logits = self._run(tokens[chunk], positions[chunk], PrefillWriter(cache, start, mask))
+            shown = [entry for entry in pixels[chunk] if entry is not None]
+            images = tuple(torch.cat(part).to(self.device) for part in zip(*shown, strict=True)) if shown else None
+            logits = self._run(tokens[chunk], positions[..., chunk, :], PrefillWriter(cache, start, mask), images)
             if logits is not None:
                 firsts.append(logits)
             if self.recording:
@@ -227,17 +256,19 @@ class MegatronEngine(RolloutEngine):
         self._forward(token, token,
                       PrefillWriter(cache, 0, torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)))
 
-    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor | None:
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter,
+             images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         """This stage's share of one forward: full-vocabulary logits [rows, vocab] on the sampler, None elsewhere."""
         self.lockstep.before_forward()
-        return self._forward(tokens, positions, writer)
+        return self._forward(tokens, positions, writer, images)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor | None:
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, writer: KVWriter,
+                 images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         inputs = tokens
         if not self.stage.first:
             inputs = self.links.receive_hidden((tokens.shape[1], tokens.shape[0], self.hidden_size), self.dtype,
                                                self.device)
-        out = self.stage(inputs, positions, writer)
+        out = self.stage(inputs, positions, writer, images if self.stage.first else None)
         if self.recording:
             self._routes = recorded_routes(self.model, tokens.shape[0]).to(torch.int16)
         if not self.stage.last:

@@ -40,17 +40,26 @@ class StageForward:
         # on and multiplies it back in the softmax; the product is the scale attention applies.
         self.softmax_scale = core.softmax_scale * (core.scale_mask_softmax.scale or 1.0)
         self.first, self.last = model.pre_process, model.post_process
+        self.multimodal = getattr(model, "mrope_section", None) is not None
         self._rope = torch.empty(0)
 
-    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, writer: KVWriter) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor, writer: KVWriter,
+                 images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Token ids [b, s] (first stage) or hidden states [s, b, h] in; hidden states [s, b, h]
         out, or on the last stage the vocab-parallel logits of the last position, [b, vocab / TP].
 
-        `positions` [b, s] are each token's position in its own sequence; `writer` caches the keys
-        and values and computes attention over the cache.
+        `positions` [b, s] are each token's position in its own sequence, or a multimodal-RoPE model's
+        [3, b, s] (mindrl.models.vision.mrope_positions; [b, s] then stands for text, the same on every
+        axis); `writer` caches the keys and values and computes attention over the cache. `images`
+        (pixel_values, image_grid_thw) are the rows' images in row order, for a vision-language first stage.
         """
         model = self.model
-        hidden = model.embedding(input_ids=inputs, position_ids=positions) if self.first else inputs
+        if self.first and images is not None:
+            hidden = model.embed_with_images(inputs, *images)
+        elif self.first:
+            hidden = model.embedding(input_ids=inputs, position_ids=positions)
+        else:
+            hidden = inputs
         rope = self._rope_at(positions)
         for index, layer in enumerate(self.layers):
             hidden = self._layer(layer, index, hidden, rope, writer)
@@ -62,8 +71,11 @@ class StageForward:
         return logits[0]
 
     def _rope_at(self, positions: torch.Tensor) -> torch.Tensor:
-        """Megatron's rotary angles at `positions` [b, s], as [s, b, 1, dim] (freshly computed, not
+        """Megatron's rotary angles at `positions`, as [s, b, 1, dim] (freshly computed, not
         through RotaryEmbedding.forward's cache, which the training forward reads)."""
+        if self.multimodal:
+            axes = positions if positions.dim() == 3 else positions.expand(3, *positions.shape)
+            return self.model.rotary_pos_emb(axes, self.model.mrope_section)
         needed = int(positions.max()) + 1
         if self._rope.shape[0] < needed:
             self._rope = self.model.rotary_pos_emb.get_emb(max(needed, 2 * self._rope.shape[0]))

@@ -95,9 +95,6 @@ def check_rollout(cfg: TrainerConfig) -> None:
         raise ConfigError("rl_config.prompt_packing: true packs a prompt's samples into one row, but the routes "
                           "generate_config.rollout_routing_replay replays are per sample; set prompt_packing to auto "
                           "(it then stays off) or false.")
-    if not vllm and actor.arch.vision is not None:
-        raise ConfigError(f"actor_config: model {actor.arch.name} is a vision-language model, whose image prompts "
-                          f"only the vLLM engine takes so far; set generate_config.backend: vllm.")
     if not vllm and gen.enable_expert_parallel:
         raise ConfigError("generate_config.enable_expert_parallel splits experts over vLLM's ranks, but the rollout "
                           "backend is the Megatron engine, which runs the actor's own expert layout; turn it off.")
