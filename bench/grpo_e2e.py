@@ -1,13 +1,14 @@
 """Whole GRPO steps of cli/train_grpo.py against the machine's own matmul rate and against TRL (and PPO steps
 of cli/train_ppo.py on the same shape).
 
-    python bench/grpo_e2e.py [--steps 3] [--models tiny,small,tiny_moe] [--dtypes fp32,bf16] [--no-trl]
+    python bench/grpo_e2e.py [--steps 3] [--models tiny,small,tiny_moe,tiny_vl] [--dtypes fp32,bf16] [--no-trl]
                              [--prompt-packing auto|false] [--prefix-caching true|false]
                              [--rollout-backend vllm|megatron] [--algorithms grpo,ppo]
 
 For grpo_tiny_cpu and grpo_small_cpu (and, with `tiny_moe` in --models, grpo_tiny_moe_cpu: 8 experts, top-2, EP=2,
-FLOPs counting the active parameters only) at 16 prompts × 8 samples, 64 (tiny, tiny_moe) / 128 (small) new
-tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
+FLOPs counting the active parameters only; with `tiny_vl`, grpo_tiny_vl_cpu from random weights on the shape-image
+prompts, 32 new tokens, the vision tower's FLOPs counted) at 16 prompts × 8 samples, 64 (tiny, tiny_moe) / 128
+(small) new tokens, lr 1e-5, KL 0.04 against a reference model, two CPU ranks, in fp32 and in bf16 mixed
 precision (bf16 weights and engine, fp32 main params and gradients): e2e tokens/s (prompt +
 response tokens of every sample over the step's seconds, whole machine), seconds per stage,
 and achieved GFLOP/s, for the step and for each stage that computes — the matmul FLOPs of the
@@ -40,6 +41,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,12 +52,12 @@ from rollout import _matmul, flops_per_request  # noqa: E402  (the sibling bench
 
 from mindrl.config import ModelArch, load_model_arch  # noqa: E402
 from mindrl.launch import run_ranks  # noqa: E402
-from mindrl.models.flops import forward_flops  # noqa: E402
+from mindrl.models.flops import forward_flops, vision_flops  # noqa: E402
 from mindrl.rollout.config import GenerateConfig  # noqa: E402
 
-NEW_TOKENS = {"tiny": 64, "small": 128, "tiny_moe": 64}
+NEW_TOKENS = {"tiny": 64, "small": 128, "tiny_moe": 64, "tiny_vl": 32}
 #: each --models name's architecture (its config is grpo_<name>_cpu)
-ARCHS = {"tiny": "tiny_qwen", "small": "small_qwen", "tiny_moe": "tiny_qwen3_moe"}
+ARCHS = {"tiny": "tiny_qwen", "small": "small_qwen", "tiny_moe": "tiny_qwen3_moe", "tiny_vl": "tiny_qwen25_vl"}
 MICRO_BATCH = 16
 VLLM_CPU_BLOCK = 128  # vLLM-CPU's KV block size: prefix caching shares whole blocks
 TRL_DIR = ROOT / ".bench-trl"
@@ -63,21 +65,34 @@ TRL_PACKAGES = ("trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0", "multipr
                 "pandas==3.1.1", "python-dateutil==4.0.0", "tzdata==2026.6", "xxhash==4.1.0")
 STAGES = ("rollout", "reference_model", "old_log_p", "rule_reward", "adv", "update", "resharding_to_infer",
           "resharding_to_train", "values", "update_critic")
-#: the models bench/trl_grpo.py builds (TRL's side of the tiny MoE is not run)
+#: the models bench/trl_grpo.py builds (TRL's side of the tiny MoE and the vision-language model is not run)
 TRL_MODELS = ("tiny", "small")
 #: what turns a GRPO configuration into PPO with a critic beside the actor
 PPO_OVERRIDES = {"megatron_training.stage": "ray_ppo", "rl_config.adv_estimator": "gae", "critic_config.lr": 5e-4,
                  "critic_config.micro_batch_size": MICRO_BATCH}
 
 
-def _data(folder: Path) -> tuple[Path, Path]:
-    tokenizer, data = folder / "tokenizer", folder / "math"
+def _data(folder: Path, vision: bool = False) -> tuple[Path, Path]:
+    """The tiny tokenizer and the synthetic-math prompts, or for a vision-language model the shape-image task's."""
+    name = "shapes" if vision else "math"
+    tokenizer, data = folder / f"{name}_tokenizer", folder / name
     python = sys.executable
-    subprocess.run([python, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(tokenizer)], check=True,
-                   capture_output=True)
-    subprocess.run([python, str(ROOT / "cli" / "preprocess_data.py"), "--config-name", "synthetic_math",
-                    f"output_dir={data}", f"tokenizer_name_or_path={tokenizer}"], check=True, capture_output=True)
+    task = ["--task", "shapes", "--vision-tokens"] if vision else []
+    subprocess.run([python, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(tokenizer), *task],
+                   check=True, capture_output=True)
+    subprocess.run([python, str(ROOT / "cli" / "preprocess_data.py"), "--config-name",
+                    "shapes" if vision else "synthetic_math", f"output_dir={data}",
+                    f"tokenizer_name_or_path={tokenizer}"], check=True, capture_output=True)
     return tokenizer, data
+
+
+def _image_flops(model: str, data: Path) -> float:
+    """One prompt's images through the vision tower (every shape-task prompt holds one image of the same grid)."""
+    arch = load_model_arch(ARCHS[model])
+    if arch.vision is None:
+        return 0.0
+    grids = pq.read_table(data / "train.parquet", columns=["image_grid_thw"]).column(0)[0].as_py()
+    return sum(vision_flops(arch, tuple(grid)) for grid in grids)
 
 
 def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path,
@@ -99,6 +114,8 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out:
         overrides["generate_config.backend"] = backend
     if algorithm == "ppo":
         overrides.update(PPO_OVERRIDES)
+    if load_model_arch(ARCHS[model]).vision is not None:
+        overrides["actor_config.load"] = "null"  # random weights, like the text models: no SFT stage first
     args = [f"{'' if key in _FILE_KEYS[model] else '+'}{key}={value}" for key, value in overrides.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
     run = subprocess.run([sys.executable, str(ROOT / "cli" / f"train_{algorithm}.py"), "--config-name",
@@ -168,7 +185,9 @@ def _shared_prefill(model: str, args: argparse.Namespace) -> Callable[[int], int
     return lambda prompt: (prompt - 1) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK if caching else 0
 
 
-def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]) -> dict:
+def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int], image_flops: float = 0.0) -> dict:
+    """Means over the timed steps, and the FLOPs of each stage; a prompt's images (`image_flops` through the tower)
+    count once per prompt in the rollout (the least an engine can do) and once per sample in every other pass."""
     arch = load_model_arch(ARCHS[model])
     timed = lines[1:] or lines
     mean = {key: sum(line.get(key) or 0.0 for line in timed) / len(timed) for key in timed[0]}
@@ -181,7 +200,8 @@ def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]
     rollout -= (samples - prompts) * forward_flops(arch, shared, shared * (shared + 1) / 2)
     # one forward over a whole sequence costs what the engine's prefill of it does
     forward = _pass_flops(arch, prompts, n, round(prompt), round(response), packed)
-    stage_flops = {"rollout": rollout, "reference_model": forward,
+    forward += samples * image_flops
+    stage_flops = {"rollout": rollout + prompts * image_flops, "reference_model": forward,
                    "old_log_p": (1 - mean["old_log_p/from_update"]) * forward, "update": 3 * forward}
     if "timing/values" in mean:  # PPO's critic: the trunk and a one-output head, packed where its update packed
         critic = _pass_flops(dataclasses.replace(arch, num_labels=1), prompts, n, round(prompt), round(response),
@@ -226,14 +246,15 @@ def main() -> None:
                     "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped",
                     "rollout_backend": args.rollout_backend or "as shipped"}
     with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
-        tokenizer, data = _data(Path(tmp))
         for model in args.models.split(","):
+            tokenizer, data = _data(Path(tmp), vision=load_model_arch(ARCHS[model]).vision is not None)
+            image_flops = _image_flops(model, data)
             for dtype in args.dtypes.split(","):
                 before = run_ranks(_matmul, 1, dtype, 2)[0]
                 lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}",
                                args.prompt_packing, args.prefix_caching, args.rollout_backend)
                 matmul = max(before, run_ranks(_matmul, 1, dtype, 2)[0])
-                measured = _against(_summary(model, lines, _shared_prefill(model, args)), matmul)
+                measured = _against(_summary(model, lines, _shared_prefill(model, args), image_flops), matmul)
                 if not args.no_trl and model in TRL_MODELS:
                     trl = _trl(model, dtype, 2, tokenizer, data)  # no warm-up to leave out: 2 steps
                     measured["trl"] = trl
@@ -243,7 +264,7 @@ def main() -> None:
                     lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}_ppo",
                                    args.prompt_packing, args.prefix_caching, args.rollout_backend, "ppo")
                     matmul = max(matmul, run_ranks(_matmul, 1, dtype, 2)[0])
-                    ppo = _against(_summary(model, lines, _shared_prefill(model, args)), matmul)
+                    ppo = _against(_summary(model, lines, _shared_prefill(model, args), image_flops), matmul)
                     ppo["vs_grpo"] = round(ppo["e2e_tokens_per_s"] / measured["e2e_tokens_per_s"], 2)
                     result[f"{model}_{dtype}_ppo"] = ppo
     print(json.dumps(result))

@@ -1,7 +1,7 @@
 """The learning demo: SFT warm start, (optionally DPO,) GRPO, and the held-out accuracy after each, on CPU.
 
     python cli/demo.py [--seed 1234] [--sft-steps N] [--dpo [--dpo-steps N]] [--grpo-steps N] [--out runs/facts]
-                       [--png PATH]
+                       [--png PATH] [--vision]
 
 Needs the facts tokenizer and data (scripts/demo.sh makes them, and the preference pairs `--dpo` reads).
 Runs cli/train_sft.py (sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with
@@ -10,7 +10,8 @@ cli/train_grpo.py (grpo_facts_cpu) from the last stage, evaluates the result the
 reward / accuracy curve to `--png` and prints the table, the evaluation commands (run again, they print
 the same figures) and one JSON line (every figure: `<out>/demo.json`). Each stage keeps what its libraries
 print in its own log (`<out>/<stage>/run.log`, `<out>/evaluate.log`); the console shows mindrl's lines.
-Step counts default to the configs'.
+Step counts default to the configs'. `--vision` runs the same chain (without DPO) for the vision-language model on
+the shape images: sft_vl_cpu, then grpo_tiny_vl_cpu (scripts/demo.sh --vision makes its tokenizer and data).
 """
 
 from __future__ import annotations
@@ -90,16 +91,28 @@ def write_curve(metrics_file: Path, before: float, after: float, png: Path, star
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--sft-steps", type=int, default=None, help="default: sft_facts_cpu's train_iters")
-    parser.add_argument("--grpo-steps", type=int, default=None, help="default: grpo_facts_cpu's train_iters")
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: the SFT config's train_iters")
+    parser.add_argument("--grpo-steps", type=int, default=None, help="default: the GRPO config's train_iters")
     parser.add_argument("--dpo", action="store_true", help="a DPO stage between SFT and GRPO (the R1 chain)")
     parser.add_argument("--dpo-steps", type=int, default=None, help="default: dpo_facts_cpu's train_iters")
     parser.add_argument("--dpo-data", default="data/facts_dpo", help="the preference pairs (facts_dpo recipe)")
-    parser.add_argument("--out", default="runs/facts", help="where the checkpoints and metrics go")
-    parser.add_argument("--data", default="data/facts")
-    parser.add_argument("--tokenizer", default="data/facts_tokenizer")
+    parser.add_argument("--vision", action="store_true",
+                        help="the vision-language demo: tiny_qwen25_vl on the shape images (sft_vl_cpu, "
+                             "grpo_tiny_vl_cpu; default data data/shapes, tokenizer data/tiny_vl_tokenizer)")
+    parser.add_argument("--out", default=None, help="where the checkpoints and metrics go (default runs/facts, "
+                                                    "runs/shapes with --vision)")
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--png", default=None, help="the curve (default: <out>/curve.png)")
     args = parser.parse_args(argv)
+    if args.vision and args.dpo:
+        print("error: the vision-language demo has no DPO stage; drop --dpo or --vision.", file=sys.stderr)
+        return 2
+    task, sft_config, grpo_config = ("shapes", "sft_vl_cpu", "grpo_tiny_vl_cpu") if args.vision else (
+        "facts", "sft_facts_cpu", "grpo_facts_cpu")
+    args.out = args.out or f"runs/{task}"
+    args.data = args.data or f"data/{task}"
+    args.tokenizer = args.tokenizer or ("data/tiny_vl_tokenizer" if args.vision else "data/facts_tokenizer")
     out = Path(args.out)
     common = [f"megatron_training.seed={args.seed}", f"megatron_training.data_path={args.data}",
               f"megatron_training.tokenizer_name_or_path={args.tokenizer}"]
@@ -110,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     needed = [Path(args.tokenizer) / "tokenizer.json", Path(args.data) / "train.parquet"]
     for path in needed + ([Path(args.dpo_data) / "train.parquet"] if args.dpo else []):
         if not path.is_file():
-            print(f"error: {path} is missing; make the facts tokenizer and data first (scripts/demo.sh does).",
-                  file=sys.stderr)
+            print(f"error: {path} is missing; make the {task} tokenizer and data first (scripts/demo.sh"
+                  f"{' --vision' if args.vision else ''} does).", file=sys.stderr)
             return 2
     stages = ["sft", "dpo", "grpo"] if args.dpo else ["sft", "grpo"]
     evaluations = [evaluate_command(out / stage, args.data, args.tokenizer) for stage in stages]
     seconds, held_out = {}, {}
-    seconds["sft"], _ = _cli([str(ROOT / "cli" / "train_sft.py"), "--config-name", "sft_facts_cpu", *common,
+    seconds["sft"], _ = _cli([str(ROOT / "cli" / "train_sft.py"), "--config-name", sft_config, *common,
                               *steps(args.sft_steps), f"megatron_training.save={out / 'sft'}"])
     held_out["sft"] = _accuracy(evaluations[0])
     if args.dpo:
@@ -126,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                                   *steps(args.dpo_steps), f"megatron_training.save={out / 'dpo'}",
                                   f"megatron_training.load={out / 'sft'}"])
         held_out["dpo"] = _accuracy(evaluations[1])
-    seconds["grpo"], _ = _cli([str(ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_facts_cpu", *common,
+    seconds["grpo"], _ = _cli([str(ROOT / "cli" / "train_grpo.py"), "--config-name", grpo_config, *common,
                                *steps(args.grpo_steps), f"megatron_training.save={out / 'grpo'}",
                                f"actor_config.load={out / stages[-2]}",
                                f"generate_config.sampling_config.seed={args.seed}"])

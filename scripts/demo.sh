@@ -3,15 +3,20 @@
 # 2.5M-parameter CPU model, offline: facts tokenizer -> times-table prompts (parquet) -> SFT warm start
 # -> held-out evaluation -> (with --dpo: DPO on preference pairs -> evaluation) -> GRPO with vLLM-CPU rollouts
 # -> evaluation again, curve PNG and before/after table (extra arguments go to cli/demo.py: --seed, --sft-steps,
-# --dpo, --dpo-steps, --grpo-steps, --out, --png).
+# --dpo, --dpo-steps, --grpo-steps, --out, --png; --vision: the vision-language model on shape images instead).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 PY="${MINDRL_VENV:-$ROOT/.venv}/bin/python"
-# both are deterministic and take seconds: rebuilt every time, so a changed recipe never meets stale data
-"$PY" cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits
-"$PY" cli/preprocess_data.py --config-name facts
-"$PY" cli/preprocess_data.py --config-name facts_dpo
+# deterministic and quick: rebuilt every time, so a changed recipe never meets stale data
+if [[ " $* " == *" --vision "* ]]; then
+  "$PY" cli/build_tiny_tokenizer.py --out data/tiny_vl_tokenizer --task shapes --vision-tokens
+  "$PY" cli/preprocess_data.py --config-name shapes
+else
+  "$PY" cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits
+  "$PY" cli/preprocess_data.py --config-name facts
+  "$PY" cli/preprocess_data.py --config-name facts_dpo
+fi
 exec "$PY" cli/demo.py "$@"

@@ -329,3 +329,19 @@ def test_megatron_engine_generates_image_prompts_as_hf_and_scores_them_as_the_ac
     diff = next(r["diff"] for r in ranks if "diff" in r)
     print(f"Megatron engine vs actor on image prompts, PP2: max {diff:.2e}")
     assert diff <= 1e-5
+
+
+@pytest.mark.parametrize("grid", [(1, 8, 8), (1, 6, 10), (1, 12, 4)])
+def test_vision_flops_equal_torchs_count_of_the_towers_matmuls(grid):
+    """Whole windows, windows cut short on the right and at the bottom: the benchmark's formula against what
+    torch's FlopCounterMode counts in the tower's forward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mindrl.models.flops import vision_flops
+    from mindrl.models.vision import VisionEncoder
+
+    arch = load_model_arch("tiny_qwen25_vl")
+    tower = VisionEncoder(arch.vision, arch.hidden_size)
+    with FlopCounterMode(display=False) as counter:
+        tower(torch.randn(grid[0] * grid[1] * grid[2], arch.vision.patch_values), torch.tensor([grid]))
+    assert vision_flops(arch, grid) == counter.get_total_flops()

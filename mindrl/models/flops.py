@@ -28,3 +28,20 @@ def attention_flops_per_key(arch: ModelArch) -> float:
 def forward_flops(arch: ModelArch, tokens: float, keys: float) -> float:
     """`tokens` through the weights, and `keys` (query, key) pairs through attention."""
     return weight_flops_per_token(arch) * tokens + attention_flops_per_key(arch) * keys
+
+
+def vision_flops(arch: ModelArch, grid: tuple[int, int, int]) -> float:
+    """One image of patch grid (t, h, w) through a vision-language model's tower: the patch embedding, each
+    block's projections (a gated MLP) and its bidirectional attention — within windows of `window_size` pixels, or
+    over the whole image in the full-attention blocks — and the merger into the language model's width."""
+    vision = arch.vision
+    t, h, w = grid
+    d, patches = vision.hidden_size, t * h * w
+    side = vision.window_size // vision.patch_size  # patches across a window; the last ones may be cut short
+    squares = [sum(min(side, n - start) ** 2 for start in range(0, n, side)) for n in (h, w)]
+    window_pairs, full_pairs = t * squares[0] * squares[1], patches ** 2
+    full_blocks = len(vision.fullatt_block_indexes)
+    blocks = vision.depth * 2.0 * patches * (4 * d * d + 3 * d * vision.intermediate_size) + 4.0 * d * (
+        full_blocks * full_pairs + (vision.depth - full_blocks) * window_pairs)
+    merged, unit = patches // vision.spatial_merge_size ** 2, d * vision.spatial_merge_size ** 2
+    return 2.0 * patches * vision.patch_values * d + blocks + 2.0 * merged * unit * (unit + arch.hidden_size)

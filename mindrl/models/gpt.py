@@ -104,7 +104,7 @@ class VisionLanguageModel(PositionedGPTModel):
         self.image_token_id = vision.image_token_id
         if self.pre_process:
             self.vision_model = VisionEncoder(vision, config.hidden_size)
-            self.vision_model.initialize(config.init_method_std, seed=_VISION_INIT_SEED)
+            self.vision_model.initialize(seed=_VISION_INIT_SEED)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, decoder_input=None,
                 pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None, **kwargs):
