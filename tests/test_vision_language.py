@@ -345,3 +345,33 @@ def test_vision_flops_equal_torchs_count_of_the_towers_matmuls(grid):
     with FlopCounterMode(display=False) as counter:
         tower(torch.randn(grid[0] * grid[1] * grid[2], arch.vision.patch_values), torch.tensor([grid]))
     assert vision_flops(arch, grid) == counter.get_total_flops()
+
+
+def test_image_pad_tokens_a_policy_sampled_are_text(tmp_path, hf_model, hf_dir):
+    """A response holding image-pad tokens (a policy may sample them): the worker embeds and positions them as text,
+    as the engines fed them, not as more image placeholders. The oracle is HF's model on embeddings built by hand:
+    its image features in the prompt's placeholders only, and get_rope_index told which tokens are the image's."""
+    from mindrl.launch import run_ranks
+    from mindrl.models.vision import rows_of_images
+
+    source = image_batch()
+    grid = source["image_grid_thw"][:1]
+    pixels = source["pixel_values"][:int(grid.prod())]
+    prompt = [7, 8, START] + [IMAGE] * 4 + [END, 9]
+    response = [11, IMAGE, IMAGE, 12, START, 13, IMAGE]
+    tokens = torch.tensor([prompt + response])
+    in_prompt = torch.zeros_like(tokens, dtype=torch.int)
+    in_prompt[0, 3:7] = 1
+    with torch.no_grad():
+        features = hf_model.get_image_features(pixels, grid).pooler_output[0]
+        embeds = hf_model.get_input_embeddings()(tokens)
+        embeds[0, 3:7] = features
+        positions, _ = hf_model.model.get_rope_index(tokens, in_prompt, image_grid_thw=grid)
+        logits = hf_model(inputs_embeds=embeds, position_ids=positions).logits
+    expected = torch.log_softmax(logits, -1)[0, :-1].gather(-1, tokens[0, 1:, None]).squeeze(-1)
+    pixel_rows, grid_rows = rows_of_images([(pixels, grid)])
+    batch = {"tokens": tokens, "pixel_values": pixel_rows, "image_grid_thw": grid_rows,
+             "prompt_lengths": torch.tensor([len(prompt)]), "response_lengths": torch.tensor([len(response)])}
+    root = hf_to_mcore(hf_dir, tmp_path / "mg", "qwen2_5_vl", 1, 1, params_dtype=torch.float32, progress=False)
+    got = next(r for r in run_ranks(_worker_log_probs, 1, str(root), batch) if r is not None)["log_probs"]
+    assert (got[0, :-1] - expected).abs().max().item() <= 1e-5

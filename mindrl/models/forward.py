@@ -16,8 +16,9 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mindrl.models.moe import replay_routes
 
-#: a vision-language micro-batch's images: every patch of its rows' images in row order, and each image's grid
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+#: a vision-language micro-batch's images: every patch of its rows' images in row order, each image's grid, and
+#: where their placeholders are
+IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_mask")
 
 LossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict]]
 

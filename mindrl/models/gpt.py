@@ -107,16 +107,20 @@ class VisionLanguageModel(PositionedGPTModel):
             self.vision_model.initialize(seed=_VISION_INIT_SEED)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, decoder_input=None,
-                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None, **kwargs):
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                image_mask: torch.Tensor | None = None, **kwargs):
         if self.pre_process and pixel_values is not None:
-            decoder_input = self.embed_with_images(input_ids, pixel_values, image_grid_thw)
+            decoder_input = self.embed_with_images(input_ids, pixel_values, image_grid_thw, image_mask)
         return super().forward(input_ids, position_ids, attention_mask, decoder_input=decoder_input, **kwargs)
 
-    def embed_with_images(self, input_ids: torch.Tensor, pixel_values: torch.Tensor,
-                          image_grid_thw: torch.Tensor) -> torch.Tensor:
+    def embed_with_images(self, input_ids: torch.Tensor, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor,
+                          image_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The embeddings [s, b, h] of `input_ids` [b, s] with the image features in the placeholders' places: the
-        one way both the training forward and the Megatron rollout engine see images."""
-        rows, cols = (input_ids == self.image_token_id).nonzero(as_tuple=True)
+        one way both the training forward and the Megatron rollout engine see images. `image_mask` [b, s] marks the
+        placeholders (default: every image-pad token); an image-pad token a policy sampled is text, as the engines
+        embed it."""
+        mask = input_ids == self.image_token_id if image_mask is None else image_mask
+        rows, cols = mask.nonzero(as_tuple=True)
         features = self.vision_model(pixel_values, image_grid_thw)
         if features.shape[0] != rows.numel():
             raise ValueError(f"the batch has {rows.numel()} image placeholder tokens but its images make "

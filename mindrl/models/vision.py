@@ -209,23 +209,25 @@ def window_order(grids: list[tuple[int, int, int]], vision: VisionArch) -> tuple
     return torch.cat(order), lengths
 
 
-def mrope_positions(tokens: torch.Tensor, grid_thw: torch.Tensor | None, vision: VisionArch) -> torch.Tensor:
+def mrope_positions(tokens: torch.Tensor, grid_thw: torch.Tensor | None, vision: VisionArch,
+                    image_mask: torch.Tensor | None = None) -> torch.Tensor:
     """[3, b, s] temporal / height / width positions of a token batch for multimodal RoPE.
 
-    Text tokens count up by one on all three axes. Each run of image placeholders is the next image of
-    `grid_thw` (the batch's images in row order): its tokens sit on the merged grid, every axis starting where
-    the text stopped, and the text after it resumes past the grid's larger side."""
+    Text tokens count up by one on all three axes. Each run of image placeholders (`image_mask`; default: every
+    image-pad token) is the next image of `grid_thw` (the batch's images in row order): its tokens sit on the merged
+    grid, every axis starting where the text stopped, and the text after it resumes past the grid's larger side."""
     grids = [] if grid_thw is None else [tuple(int(n) for n in g) for g in grid_thw.tolist()]
     out = torch.empty(3, *tokens.shape, dtype=torch.long)
-    m, image = vision.spatial_merge_size, vision.image_token_id
+    m = vision.spatial_merge_size
+    mask = (tokens == vision.image_token_id) if image_mask is None else image_mask
     next_image = 0
-    for row, ids in enumerate(tokens.tolist()):
+    for row, ids in enumerate(mask.tolist()):
         pos, i, pieces = 0, 0, []
         while i < len(ids):
             j = i
-            while j < len(ids) and (ids[j] == image) == (ids[i] == image):
+            while j < len(ids) and ids[j] == ids[i]:
                 j += 1
-            if ids[i] != image:
+            if not ids[i]:
                 pieces.append(torch.arange(pos, pos + j - i).expand(3, -1))
                 pos += j - i
             else:

@@ -253,14 +253,19 @@ class MegatronWorker:
         return [{k: v.to(device) for k, v in mb.items()} for mb in out]
 
     def _with_images(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A vision-language micro-batch: its rows' images as the tower takes them, and [3, b, s] positions."""
+        """A vision-language micro-batch: its rows' images as the tower takes them, where their placeholders are,
+        and [3, b, s] positions. Where the prompt lengths are known, only a prompt's image-pad tokens are
+        placeholders: one the policy sampled is text, as the rollout engines fed it."""
         grids = None
+        mask = mb["tokens"] == self.arch.vision.image_token_id
+        if "prompt_lengths" in mb:
+            mask &= torch.arange(mask.shape[1]) < mb["prompt_lengths"].unsqueeze(1)
         if "pixel_values" in mb:
             mb["pixel_values"], grids = flat_images(mb["pixel_values"], mb.pop("image_grid_thw"))
-            mb["image_grid_thw"] = grids
+            mb["image_grid_thw"], mb["image_mask"] = grids, mask
             if not len(grids):  # text-only rows: nothing for the tower
-                del mb["pixel_values"], mb["image_grid_thw"]
-        mb["position_ids"] = mrope_positions(mb["tokens"], grids, self.arch.vision)
+                del mb["pixel_values"], mb["image_grid_thw"], mb["image_mask"]
+        mb["position_ids"] = mrope_positions(mb["tokens"], grids, self.arch.vision, mask)
         return mb
 
     def _token_scores(self, logits: torch.Tensor, mb: dict, temperature: float, with_entropy: bool,
