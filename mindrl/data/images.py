@@ -136,6 +136,10 @@ class PromptImages:
         """(pixel_values [patches, 1176], image_grid_thw [images, 3]) of the prompt's images."""
         return self.sizing.pixels(self.decoded())
 
+    def grids(self) -> torch.Tensor:
+        """image_grid_thw [images, 3] alone: what a stage that never sees the pixels needs for the positions."""
+        return torch.tensor([self.sizing.grid(image) for image in self.decoded()], dtype=torch.long)
+
 
 def read_images(path: str | Path) -> list[PromptImages] | None:
     """Each row's images of a preprocessed parquet (sized as its metadata records); None for text-only data."""

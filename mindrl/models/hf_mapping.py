@@ -255,7 +255,7 @@ def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
         (f"{arch.normalization} instead of RMSNorm", arch.normalization != "RMSNorm"),
         ("an activation other than SwiGLU", not arch.swiglu),
         ("a vision tower (only HF qwen2_5_vl has one)", arch.vision is not None and not vision),
-        ("no vision tower (HF qwen2_5_vl is a vision-language model)", vision and not arch.vision is not None),
+        ("no vision tower (HF qwen2_5_vl is a vision-language model)", vision and arch.vision is None),
     ) if bad]
     if problems:
         raise ConfigError(f"model {arch.name} has {problems[0]}, which HF {family} (--model-type-hf "

@@ -214,12 +214,16 @@ class MegatronEngine(RolloutEngine):
                          ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor] | None]]:
         """A vision-language wave's multimodal positions [3, prompts, width] (padding at 0), each prompt's
         position of the token after it (past its images' grids, so its response continues where HF's rope
-        delta puts it), and each prompt's (pixel_values, image_grid_thw) or None."""
+        delta puts it), and each prompt's (pixel_values, image_grid_thw) or None; only the first stage, which
+        embeds the images, has their pixels made (every stage needs the grids)."""
         positions = torch.zeros(3, *tokens.shape, dtype=torch.long, device=self.device)
         following = torch.empty(len(tokens), dtype=torch.long, device=self.device)
-        pixels = [None if entry is None else entry.pixels() for entry in images]
-        for row, (ids, pad, entry) in enumerate(zip(tokens, pads[:, 0].tolist(), pixels, strict=True)):
-            grid = None if entry is None else entry[1]
+        pixels = [entry.pixels() if entry is not None and self.stage.first else None for entry in images]
+        for row, (ids, pad, entry, made) in enumerate(zip(tokens, pads[:, 0].tolist(), images, pixels, strict=True)):
+            if made is not None:
+                grid = made[1]
+            else:
+                grid = None if entry is None else entry.grids()
             mine = mrope_positions(ids[pad:].unsqueeze(0), grid, self.vision)[:, 0]
             positions[:, row, pad:] = mine
             following[row] = mine.max() + 1
