@@ -54,7 +54,13 @@ def _accuracy(command: list[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])["by_source"]["all"]
 
 
-def write_curve(metrics_file: Path, before: float, after: float, png: Path, start: str = "SFT") -> None:
+#: each demo's curve title: the task and the model
+TITLES = {"facts": "GRPO on the times table (2.5M-param Qwen2, 2 CPU cores)",
+          "shapes": "GRPO on the shape images (tiny Qwen2.5-VL, 2 CPU cores)"}
+
+
+def write_curve(metrics_file: Path, before: float, after: float, png: Path, start: str = "SFT",
+                title: str = TITLES["facts"]) -> None:
     """Mean reward and training accuracy per GRPO step (and their 10-step means), the held-out greedy
     accuracy at each validation, and after the stage GRPO started from (`start`) and after GRPO as the
     dashed lines."""
@@ -81,7 +87,7 @@ def write_curve(metrics_file: Path, before: float, after: float, png: Path, star
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, 1.15)
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("GRPO on the times table (2.5M-param Qwen2, 2 CPU cores)")
+    ax.set_title(title)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png)
@@ -146,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     held_out["grpo"] = _accuracy(evaluations[-1])
     before, after = held_out[stages[-2]], held_out["grpo"]
     png = Path(args.png) if args.png else out / "curve.png"
-    write_curve(out / "grpo" / "metrics.jsonl", before["pass@1"], after["pass@1"], png, stages[-2].upper())
+    write_curve(out / "grpo" / "metrics.jsonl", before["pass@1"], after["pass@1"], png, stages[-2].upper(),
+                TITLES[task])
     print(f"\n{'held-out (greedy)':<20}" + "".join(f"{'after ' + stage.upper():>12}" for stage in stages))
     for key, label in (("pass@1", "accuracy"), ("score/answer_sentence_mean", "answer layout"),
                        ("response_length_mean", "response tokens")):
