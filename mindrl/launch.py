@@ -1,25 +1,116 @@
 """Run a function on N local ranks that share one process group.
 
-Used by the tests, the benchmarks and the CPU demo: each rank is a fresh process
-(spawn, so nothing of the parent's threads or CUDA state is inherited) that joins a
+Used by the tests, the benchmarks and cli/evaluate.py: each rank is a new process that joins a
 loopback process group, runs `fn(rank, *args)` and sends back what it returns.
+
+Ranks fork from a server process of their own that has imported torch, megatron-core, transformers
+and vLLM once (multiprocessing's forkserver, with its own preload): a spawned rank spent 3–6 s
+importing them before it ran a line, on every launch. The server itself never runs rank code, so
+a rank still starts with nothing of an earlier one: no process group, no Megatron state, fresh
+random generators (each forked rank reseeds them, as a spawned one starts), the parent's
+environment of the moment, and no CUDA context to inherit. The server is restarted when the
+parent's environment differs from the one it imported under, since libraries read some variables
+at import (OpenMP's thread count, vLLM's settings).
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import io
 import multiprocessing as mp
 import os
 import queue
+import sys
+import threading
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing import forkserver, popen_forkserver, spawn
+from multiprocessing.context import ForkServerProcess, reduction, set_spawning_popen
+from multiprocessing.util import Finalize, close_fds
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from mindrl.distributed import destroy, init_distributed
+
+#: what the rank server imports before it forks anyone: the heavy libraries every rank needs
+#: (a name not installed, such as vllm on NPU machines, is skipped)
+PRELOAD = ("torch", "torch.distributed", "transformers", "megatron.core", "megatron.core.models.gpt",
+           "megatron.core.optimizer", "megatron.core.distributed", "megatron.core.pipeline_parallel", "vllm")
+
+
+#: variables that change between launches and that no library reads at import: pytest names the running test
+_VOLATILE = ("PYTEST_CURRENT_TEST",)
+
+
+def _import_environment() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key not in _VOLATILE}
+
+
+class _RankServer(forkserver.ForkServer):
+    """A forkserver of the ranks' own, apart from the stdlib's shared one (the verifiers' pool preloads
+    other modules into that one, and whichever starts first would decide for both)."""
+
+    def __init__(self, environment: dict[str, str]) -> None:
+        super().__init__()
+        self.environment = environment
+        self.set_forkserver_preload(list(PRELOAD))
+
+
+_server: _RankServer | None = None
+_server_lock = threading.Lock()
+
+
+def _rank_server() -> _RankServer:
+    global _server
+    with _server_lock:
+        environment = _import_environment()
+        if _server is None or _server.environment != environment:
+            if _server is not None:
+                _server._stop()
+            _server = _RankServer(environment)
+        return _server
+
+
+class _RankPopen(popen_forkserver.Popen):
+    """The stdlib's forkserver start, asking the rank server for the fork."""
+
+    def _launch(self, process_obj: Any) -> None:
+        server = _rank_server()
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = server.connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)
+        self.finalizer = Finalize(self, close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _RankProcess(ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _RankPopen:
+        return _RankPopen(process_obj)
+
+
+def _fresh_process_state(environment: dict[str, str]) -> None:
+    """What a spawned process would start with, in a process forked from the rank server."""
+    os.environ.clear()
+    os.environ.update(environment)
+    # a new process draws its own seeds; a fork would share the server's (Python's `random` reseeds itself)
+    torch.seed()
+    import numpy as np
+
+    np.random.seed()
 
 
 def rendezvous_store(world_size: int, timeout_s: float = 600.0, host: str = "127.0.0.1") -> dist.TCPStore:
@@ -33,8 +124,9 @@ def rendezvous_store(world_size: int, timeout_s: float = 600.0, host: str = "127
 
 
 def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str | None,
-               args: tuple, results: mp.Queue) -> None:
+               args: tuple, results: mp.Queue, environment: dict[str, str]) -> None:
     try:
+        _fresh_process_state(environment)
         from mindrl.platform import get_platform
 
         if device is not None:
@@ -52,6 +144,19 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str 
         results.put((rank, False, traceback.format_exc()))
     finally:
         destroy()
+        _exit_as_a_spawned_process(results)
+
+
+def _exit_as_a_spawned_process(results: mp.Queue) -> None:
+    """End the way an interpreter of its own ends. A forked rank leaves by os._exit, which skips Python's atexit
+    handlers and the C++ libraries' exit code: vLLM unlinks its CPU engines' shared-memory segments there, and a
+    segment left behind makes the next engine of the same name fail ('create shm in SHMManager failed')."""
+    results.close()
+    results.join_thread()  # the result is in the pipe before anything else ends
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ctypes.CDLL(None).exit(0)
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str | None = None,
@@ -61,11 +166,11 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str |
     `fn` must be importable by name (a module-level function). If any rank fails, the
     others are stopped and a RuntimeError carries the failing rank's traceback.
     """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results = mp.get_context("forkserver").Queue()
     store = rendezvous_store(world_size, timeout_s)
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, store.port, device, args, results),
-                         daemon=True) for rank in range(world_size)]
+    environment = dict(os.environ)
+    procs = [_RankProcess(target=_rank_main, args=(fn, rank, world_size, store.port, device, args, results,
+                                                   environment), daemon=True) for rank in range(world_size)]
     for proc in procs:
         proc.start()
     outputs: dict[int, Any] = {}

@@ -6,8 +6,18 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MINDRL_DEVICE", "cpu")
 
+import time
+from collections import defaultdict
+
 import pytest
 import torch
+
+#: seconds per test file (set-up, call and tear-down of its tests, session fixtures counted where first used)
+_FILE_SECONDS: dict[str, float] = defaultdict(float)
+_FILE_TESTS: dict[str, int] = defaultdict(int)
+_STARTED = time.monotonic()
+#: how many of the slowest files the end-of-run table shows
+SLOWEST_FILES = 25
 
 
 def _has_npu() -> bool:
@@ -51,3 +61,23 @@ def tiny_math_data(tmp_path_factory):
     (root / "eight").mkdir()
     pq.write_table(pq.read_table(root / "math" / "train.parquet").slice(0, 8), root / "eight" / "train.parquet")
     return tokenizer, root
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.outcome == "skipped"):
+        _FILE_TESTS[path] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the run's time went, by file: the table docs/testing.md keeps for each CPU kind."""
+    if not _FILE_SECONDS:
+        return
+    wall = time.monotonic() - _STARTED
+    ranked = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])
+    write = terminalreporter.write_line
+    terminalreporter.section(f"time by file (slowest {min(SLOWEST_FILES, len(ranked))} of {len(ranked)})")
+    for path, seconds in ranked[:SLOWEST_FILES]:
+        write(f"{seconds:8.1f} s  {_FILE_TESTS[path]:4d} tests  {path}")
+    write(f"{sum(_FILE_SECONDS.values()):8.1f} s in tests, {wall:.1f} s wall since the session started")

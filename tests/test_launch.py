@@ -34,3 +34,55 @@ def test_the_rendezvous_port_stays_bound_until_the_store_is_dropped():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, pytest.raises(OSError, match="in use"):
         sock.bind(("127.0.0.1", store.port))
     del store
+
+
+def _leave_state_behind(rank: int, exits: str) -> dict:
+    """Everything a rank could leave for a later one: Megatron groups, seeded generators, the environment; and an
+    exit handler, which a process ending as its own interpreter would runs (vLLM's shared memory is freed so)."""
+    import atexit
+    import random
+
+    import numpy as np
+    from megatron.core import parallel_state
+
+    from mindrl.config import ParallelConfig
+    from mindrl.distributed import init_model_parallel
+
+    init_model_parallel(ParallelConfig(2, 1))  # seeds torch and Megatron's tracker; makes the TP / DP groups
+    random.seed(1)
+    np.random.seed(1)
+    os.environ["MINDRL_LEFT_BY_A_RANK"] = "1"
+    atexit.register(lambda: open(os.path.join(exits, f"rank{rank}"), "w").close())
+    assert parallel_state.model_parallel_is_initialized()
+    return _what_a_rank_finds(rank)
+
+
+def _what_a_rank_finds(rank: int) -> dict:
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core import parallel_state
+
+    return {"megatron": parallel_state.model_parallel_is_initialized(),
+            "groups": len(dist.distributed_c10d._world.pg_map), "world": dist.get_world_size(),
+            "left": os.environ.get("MINDRL_LEFT_BY_A_RANK"), "given": os.environ.get("MINDRL_GIVEN_TO_RANKS"),
+            "draws": (random.random(), float(np.random.rand()), torch.rand(1).item()), "pid": os.getpid()}
+
+
+def test_a_rank_starts_with_nothing_an_earlier_launch_left_and_ends_as_its_own_interpreter(monkeypatch, tmp_path):
+    """Ranks fork from a server that has imported the heavy libraries; each must still be a fresh process: no
+    process group but its own, no Megatron state, its own random draws, the environment of its launch."""
+    first = run_ranks(_leave_state_behind, 2, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["rank0", "rank1"]
+    assert [r["megatron"] for r in first] == [True, True] and first[0]["groups"] > 1
+    monkeypatch.setenv("MINDRL_GIVEN_TO_RANKS", "yes")  # a change the already-running server never saw
+    second = run_ranks(_what_a_rank_finds, 3)
+    for found in second:
+        assert found["megatron"] is False and found["groups"] == 1 and found["world"] == 3
+        assert found["left"] is None and found["given"] == "yes"
+    draws = [r["draws"] for r in first + second]
+    for kind in range(3):  # Python, numpy and torch: no two ranks draw alike (seeded ranks of `first` neither)
+        assert len({d[kind] for d in draws[2:]}) == 3, draws
+        assert not {d[kind] for d in draws[2:]} & {d[kind] for d in draws[:2]}
+    assert len({r["pid"] for r in first + second}) == 5
