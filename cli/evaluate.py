@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindrl.config.errors import ConfigError
-from mindrl.console import error, run_log
+from mindrl.console import error, exit_now, run_log
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

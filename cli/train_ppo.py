@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mindrl.console import exit_now
 from mindrl.trainer.config import TRAINER_CONFIGS_DIR, check_resources, trainer_loader
 from mindrl.trainer.entry import run_trainer
 
@@ -29,4 +30,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mindrl.console import exit_now
 from mindrl.trainer.entry import run_trainer
 from mindrl.trainer.sft_config import SFT_CONFIGS_DIR, load_sft_config
 from mindrl.trainer.stage import check_resources
@@ -32,4 +33,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -11,12 +11,13 @@ the log so that it reads as the whole story.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 #: environment variable naming the log every process of a run appends to (set for Ray's workers too)
 RUN_LOG_ENV = "MINDRL_RUN_LOG"
@@ -108,3 +109,13 @@ def worker_setup() -> None:
             _redirect(path)
         except OSError:
             pass
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a command that has closed its files: the exit handlers run (Ray's shutdown, logging's flush) and
+    the streams are flushed, but the interpreter is not unwound module by module, which took 1.5 s of every
+    trainer run here once megatron-core and vLLM were loaded."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

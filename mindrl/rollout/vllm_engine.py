@@ -47,6 +47,26 @@ class EngineBroken(RuntimeError):
 VLLM_RELEASE = "0.32."
 
 
+def _eager_token_ranks() -> None:
+    """`enforce_eager` all the way: vLLM 0.32's sampler still compiles the count behind each sampled token's rank
+    on its first call (1.5 s of every engine's first rollout on CPU). It counts, so eager gives the same ranks;
+    compiled it spares a token × vocabulary mask on GPUs, where enforce_eager is for debugging anyway."""
+    from vllm.v1.sample import sampler
+
+    sampler.batched_count_greater_than = getattr(sampler.batched_count_greater_than, "_torchdynamo_orig_callable",
+                                                 sampler.batched_count_greater_than)
+
+
+def _freeze_heap() -> None:
+    """What vLLM's engine does once it has started (freeze_gc_heap), done before it starts: its start-up runs the
+    collector over the whole heap five times, 1.2 s in a rank that has imported megatron-core and vLLM. Garbage
+    is collected first; the engine's shutdown unfreezes."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def check_vllm_release(version: str) -> None:
     """The in-place weight reload goes through vLLM internals that change between releases: another release
     fails at the first sync, after the cluster is up; this says so before the engine starts."""
@@ -108,6 +128,9 @@ class VllmEngine(RolloutEngine):
         if self.cfg.infer_tensor_parallel_size > 1:
             # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
             kwargs["distributed_executor_backend"] = "external_launcher"
+        if self.cfg.enforce_eager:
+            _eager_token_ranks()
+        _freeze_heap()
         try:
             with self.platform.rollout_calls():
                 self._llm: LLM | None = LLM(**kwargs)
