@@ -3,14 +3,16 @@
 Used by the tests, the benchmarks and cli/evaluate.py: each rank is a new process that joins a
 loopback process group, runs `fn(rank, *args)` and sends back what it returns.
 
-Ranks fork from a server process of their own that has imported torch, megatron-core, transformers
-and vLLM once (multiprocessing's forkserver, with its own preload): a spawned rank spent 3–6 s
-importing them before it ran a line, on every launch. The server itself never runs rank code, so
-a rank still starts with nothing of an earlier one: no process group, no Megatron state, fresh
-random generators (each forked rank reseeds them, as a spawned one starts), the parent's
-environment of the moment, and no CUDA context to inherit. The server is restarted when the
-parent's environment differs from the one it imported under, since libraries read some variables
-at import (OpenMP's thread count, vLLM's settings).
+CPU ranks fork from a server process of their own that has imported torch, megatron-core,
+transformers and vLLM's engine once (multiprocessing's forkserver, with its own preload): a spawned
+rank spent 3–6 s importing them, and an engine's first start 2.5 s more, on every launch. The server
+itself never runs rank code, so a rank still starts with nothing of an earlier one: no process group,
+no Megatron state, fresh random generators (each forked rank reseeds them, as a spawned one starts)
+and the parent's environment of the moment; and it ends as its own interpreter would. The server is
+restarted when the parent's environment differs from the one it imported under, since libraries read
+some variables at import (OpenMP's thread count, vLLM's settings). GPU and NPU ranks are spawned:
+their runtimes are not fork-safe once initialised, and a library that probes the device at import
+would initialise it in the server.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ import torch.distributed as dist
 
 from mindrl.distributed import destroy, init_distributed
 
-#: what the rank server imports before it forks anyone: the heavy libraries every rank needs
-#: (a name not installed, such as vllm on NPU machines, is skipped)
+#: what the rank server imports before it forks anyone: the heavy libraries the ranks need, vLLM's engine
+#: and its model for the tiny Qwen2 models included (a name that is not installed is skipped)
 PRELOAD = ("torch", "torch.distributed", "transformers", "megatron.core", "megatron.core.models.gpt",
-           "megatron.core.optimizer", "megatron.core.distributed", "megatron.core.pipeline_parallel", "vllm")
+           "megatron.core.optimizer", "megatron.core.distributed", "megatron.core.pipeline_parallel",
+           "vllm.entrypoints.llm", "vllm.v1.engine.core", "vllm.v1.worker.cpu_worker",
+           "vllm.v1.worker.cpu_model_runner", "vllm.model_executor.models.qwen2")
 
 
 #: variables that change between launches and that no library reads at import: pytest names the running test
@@ -124,9 +128,11 @@ def rendezvous_store(world_size: int, timeout_s: float = 600.0, host: str = "127
 
 
 def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str | None,
-               args: tuple, results: mp.Queue, environment: dict[str, str]) -> None:
+               args: tuple, results: mp.Queue, environment: dict[str, str] | None) -> None:
+    """One rank; `environment` is its launch's, for a rank forked from the rank server (None: spawned)."""
     try:
-        _fresh_process_state(environment)
+        if environment is not None:
+            _fresh_process_state(environment)
         from mindrl.platform import get_platform
 
         if device is not None:
@@ -144,7 +150,8 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str 
         results.put((rank, False, traceback.format_exc()))
     finally:
         destroy()
-        _exit_as_a_spawned_process(results)
+        if environment is not None:
+            _exit_as_a_spawned_process(results)
 
 
 def _exit_as_a_spawned_process(results: mp.Queue) -> None:
@@ -166,11 +173,16 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str |
     `fn` must be importable by name (a module-level function). If any rank fails, the
     others are stopped and a RuntimeError carries the failing rank's traceback.
     """
-    results = mp.get_context("forkserver").Queue()
+    from mindrl.platform import detect
+
+    forked = (device or os.environ.get("MINDRL_DEVICE") or detect()) == "cpu"
+    ctx = mp.get_context("forkserver" if forked else "spawn")
+    process = _RankProcess if forked else ctx.Process
+    results = ctx.Queue()
     store = rendezvous_store(world_size, timeout_s)
-    environment = dict(os.environ)
-    procs = [_RankProcess(target=_rank_main, args=(fn, rank, world_size, store.port, device, args, results,
-                                                   environment), daemon=True) for rank in range(world_size)]
+    environment = dict(os.environ) if forked else None
+    procs = [process(target=_rank_main, args=(fn, rank, world_size, store.port, device, args, results, environment),
+                     daemon=True) for rank in range(world_size)]
     for proc in procs:
         proc.start()
     outputs: dict[int, Any] = {}
