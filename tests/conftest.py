@@ -40,7 +40,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_math_data(tmp_path_factory):
-    """The tiny tokenizer and 200 synthetic problems (180 train / 20 test), plus an 8-prompt train split."""
+    """The tiny tokenizer and 200 synthetic problems (180 train / 20 test), plus `eight`: 8 of the training
+    prompts beside the same 20 test prompts."""
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
@@ -60,6 +62,7 @@ def tiny_math_data(tmp_path_factory):
                                 test_fraction=0.1))
     (root / "eight").mkdir()
     pq.write_table(pq.read_table(root / "math" / "train.parquet").slice(0, 8), root / "eight" / "train.parquet")
+    shutil.copyfile(root / "math" / "test.parquet", root / "eight" / "test.parquet")
     return tokenizer, root
 
 

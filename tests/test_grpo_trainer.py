@@ -29,14 +29,25 @@ def _run(overrides: list[str], log: Path) -> None:
     jobs.run("train_grpo.py", "grpo_tiny_cpu", overrides, log)
 
 
-def test_grpo_tiny_cpu_trains_end_to_end_with_vllm(tiny_math_data, tmp_path):
+#: the uninterrupted run every test of the module that trains the default model compares with: PP=2 on 8 prompts
+#: (2 steps an epoch), a checkpoint every step, the held-out prompts scored greedily at the last step
+REFERENCE = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1,
+             "actor_config.pipeline_model_parallel_size": 2, "rl_config.test_interval": 4}
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_math_data, tmp_path_factory) -> Path:
     tokenizer, root = tiny_math_data
-    save = tmp_path / "run"
-    _run(_overrides(tokenizer, root / "math", save, **{"megatron_training.train_iters": 3,
-                                                        "megatron_training.save_interval": 2,
-                                                        "rl_config.test_interval": 3}), tmp_path / "log")
+    folder = tmp_path_factory.mktemp("grpo_reference")
+    _run(_overrides(tokenizer, root / "eight", folder / "run", **REFERENCE), folder / "log")
+    return folder / "run"
+
+
+def test_grpo_tiny_cpu_trains_end_to_end_with_vllm(tiny_math_data, reference_run):
+    tokenizer, root = tiny_math_data
+    save = reference_run
     lines = jobs.metrics(save / "metrics.jsonl")
-    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
     names = ("timing/all", "timing/rollout", "timing/old_log_p", "timing/reference_model", "timing/rule_reward",
              "timing/adv", "timing/update", "timing/resharding_to_infer", "timing/resharding_to_train",
              "e2e_tps", "update_tps", "vllm_tps", "actor/pg_loss", "actor/kl_loss", "actor/pg_clipfrac",
@@ -50,45 +61,42 @@ def test_grpo_tiny_cpu_trains_end_to_end_with_vllm(tiny_math_data, tmp_path):
         assert line["response_length/max"] <= 32
         assert line["rollout_is/abs_log_prob_diff_mean"] < 1e-4  # fp32 engine and actor agree
         assert line["timing/all"] >= line["timing/rollout"] + line["timing/update"]
-    assert "validation/grpo/score/mean" in lines[2] and "validation/grpo/score/mean" not in lines[1]
-    assert mg.read_tracker(save) == 3 and (save / mg.iteration_dir_name(2)).is_dir()
+    assert "validation/grpo/score/mean" in lines[3] and "validation/grpo/score/mean" not in lines[2]
+    assert mg.read_tracker(save) == 4 and (save / mg.iteration_dir_name(2)).is_dir()
     assert list((save / "tb").glob("events.out.tfevents.*"))
     from safetensors.torch import load_file
 
     exported = load_file(save / "hf" / "model-00001-of-00001.safetensors")
-    final = torch.load(save / mg.iteration_dir_name(3) / "mp_rank_00" / mg.RANK_FILE, weights_only=False)["model"]
-    assert torch.equal(exported["model.norm.weight"], final["decoder.final_layernorm.weight"])
+    last_stage = torch.load(save / mg.iteration_dir_name(4) / "mp_rank_00_001" / mg.RANK_FILE, weights_only=False)
+    assert torch.equal(exported["model.norm.weight"], last_stage["model"]["decoder.final_layernorm.weight"])
     assert (save / "hf" / "tokenizer.json").is_file()
-    # cli/evaluate.py on the final checkpoint reproduces the run's own greedy validation of step 3
-    overall = jobs.evaluate("--load", save, "--data", root / "math", "--tokenizer", tokenizer,
+    # cli/evaluate.py on the final checkpoint reproduces the run's own greedy validation of step 4
+    overall = jobs.evaluate("--load", save, "--data", root / "eight", "--tokenizer", tokenizer,
                             "--max-tokens", 32)["by_source"]["all"]
-    validation = {key.removeprefix("validation/"): v for key, v in lines[2].items() if key.startswith("validation/")}
+    validation = {key.removeprefix("validation/"): v for key, v in lines[3].items() if key.startswith("validation/")}
     assert overall["pass@1"] == pytest.approx(validation["accuracy"], abs=1e-12)
     for mine, theirs in (("response_length_mean", "response_length/mean"), ("score/acc_mean", "acc_rewards/mean"),
                          ("score/format_mean", "format_rewards/mean")):
         assert overall[mine] == pytest.approx(validation[theirs], abs=1e-12), mine
 
 
-def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted_run(tiny_math_data, tmp_path):
-    """PP=2, 8 prompts = 2 steps per epoch. First one rank's process is killed in step 3, after the
-    checkpoint at the end of epoch 0: the job must stop by itself, naming the rank, with exit status 1;
-    then the whole resumed job is killed while checkpoint 3 is being written. Every step's metrics must
-    equal those of a run never interrupted, and the resumed run must go on into epoch 1."""
+def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted_run(tiny_math_data, reference_run,
+                                                                                      tmp_path):
+    """One rank's process is killed in step 3, after the checkpoint at the end of epoch 0: the job must stop by
+    itself, naming the rank, with exit status 1; then the whole resumed job is killed while checkpoint 3 is being
+    written. Every step's metrics must equal those of the reference run, never interrupted, and the resumed run
+    must go on into epoch 1."""
     tokenizer, root = tiny_math_data
-    common = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1,
-              "actor_config.pipeline_model_parallel_size": 2, "rl_config.test_interval": 0}
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    _run(_overrides(tokenizer, root / "eight", whole, **common), tmp_path / "whole.log")
-
+    cut = tmp_path / "cut"
     log = tmp_path / "cut.log"
-    job = _start(_overrides(tokenizer, root / "eight", cut, **common), log)
+    job = _start(_overrides(tokenizer, root / "eight", cut, **REFERENCE), log)
     code, seconds = jobs.kill_rank_when(job, lambda: (cut / mg.TRACKER).is_file() and mg.read_tracker(cut) == 2,
                                         "ray::PolicyRank", log, delay_s=0.2)
     assert code == 1 and seconds < 60, log.read_text()[-3000:]
     assert re.search(r"error: actor rank [01] of 2 on node \S+ \(\w+\) died .*resume it from its last checkpoint",
                      log.read_text())
     assert mg.read_tracker(cut) == 2
-    resumed = _overrides(tokenizer, root / "eight", cut, **common, **{"actor_config.load": cut})
+    resumed = _overrides(tokenizer, root / "eight", cut, **REFERENCE, **{"actor_config.load": cut})
     job = _start(resumed, log)
     tmp = cut / f".tmp-{mg.iteration_dir_name(3)}"
     jobs.kill_when(job, tmp.exists, log)
@@ -97,7 +105,7 @@ def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted
 
     text = log.read_text()
     assert "at iteration 2 (epoch 0, prompt 8)" in text  # the end of epoch 0: steps 3 and 4 are epoch 1's
-    expected, got = jobs.metrics(whole / "metrics.jsonl"), jobs.metrics(cut / "metrics.jsonl")
+    expected, got = jobs.metrics(reference_run / "metrics.jsonl"), jobs.metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3, 4]
     assert jobs.run_values(got) == jobs.run_values(expected)
 
