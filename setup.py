@@ -39,7 +39,8 @@ EXTRAS = {
     # torch-npu pins torch exactly; vllm-ascend is left out: its releases pin another torch, transformers and
     # vLLM than mindrl's (docs/platforms.md), so NPU runs roll out with the Megatron-native engine
     "npu": ["torch-npu==2.13.0"],
-    "dev": ["pytest>=8", "ruff>=0.6", "import-linter==2.17"],
+    # xdist: two workers share the suite (scripts/test.sh); timeout: a hung test fails with its stacks, not CI's limit
+    "dev": ["pytest>=8", "pytest-xdist==3.8.0", "pytest-timeout==2.4.0", "ruff>=0.6", "import-linter==2.17"],
 }
 
 setup(

@@ -1,4 +1,5 @@
-"""Test-wide settings (one OpenMP thread on 2-core machines, no Ray auth, CPU device) and the shared tiny data."""
+"""Test-wide settings (one OpenMP thread on 2-core machines, no Ray auth, CPU device), the shared tiny data, the
+quick tier (`--quick`: every test not marked `job`) and the time-by-file table every run ends with."""
 
 import os
 
@@ -6,6 +7,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MINDRL_DEVICE", "cpu")
 
+import sys
 import time
 from collections import defaultdict
 
@@ -28,6 +30,23 @@ def _has_npu() -> bool:
     return torch.npu.is_available()
 
 
+#: programs whose start from the test process makes a test a `job` test: a Ray cluster's, a namespace of Ray nodes
+_JOB_PROGRAMS = ("gcs_server", "unshare")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="run only the tests that start no Ray job and no vLLM engine (not marked `job`)")
+
+
+def _refuse_ray(event: str, args: tuple) -> None:
+    """In the quick tier, a test that starts a Ray cluster lacks its `job` mark: say so (tests.jobs refuses its
+    trainer jobs and evaluations there too)."""
+    if event == "subprocess.Popen" and any(name in str(args[1]) for name in _JOB_PROGRAMS):
+        raise RuntimeError(f"the quick tier starts no Ray cluster, but this test runs {args[1]}; mark it "
+                           f"@pytest.mark.job")
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_npu = pytest.mark.skip(reason="needs an Ascend NPU with torch_npu")
@@ -36,6 +55,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "npu" in item.keywords and not _has_npu():
             item.add_marker(skip_npu)
+    # modules that start jobs first: with two workers, the long modules start early and the short ones fill the end
+    heavy = {item.module.__name__ for item in items if "job" in item.keywords}
+    items.sort(key=lambda item: item.module.__name__ not in heavy)
+    if config.getoption("--quick"):
+        jobs = [item for item in items if "job" in item.keywords]
+        items[:] = [item for item in items if "job" not in item.keywords]
+        config.hook.pytest_deselected(items=jobs)
+        from tests import jobs as job_helpers
+
+        job_helpers.refuse("the quick tier runs no job")
+        sys.addaudithook(_refuse_ray)
 
 
 @pytest.fixture(scope="session")

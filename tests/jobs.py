@@ -22,8 +22,24 @@ JOB_LIMIT_S = 600
 _MACHINE = ("timing/", "_tps", "seconds", "gb_per_s", "tokens_per_s")
 
 
+#: why jobs may not start in this session (the quick tier), or None
+_refused: str | None = None
+
+
+def refuse(reason: str) -> None:
+    """From now on, starting a job or an evaluation fails, naming the mark the test lacks."""
+    global _refused
+    _refused = reason
+
+
+def _check_allowed(what: str) -> None:
+    if _refused is not None:
+        raise RuntimeError(f"{_refused}, but this test starts {what}; mark it @pytest.mark.job")
+
+
 def start(script: str, config_name: str, overrides: list[str], log: Path) -> subprocess.Popen:
     """`python cli/<script> --config-name <config_name> <overrides>`, output appended to `log`."""
+    _check_allowed(f"cli/{script}")
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
     with open(log, "a") as out:
         return subprocess.Popen([sys.executable, str(ROOT / "cli" / script), "--config-name", config_name,
@@ -138,6 +154,7 @@ def evaluate(*args: str | Path) -> dict:
     command's. The demo's test runs the command itself as a process."""
     from cli.evaluate import main
 
+    _check_allowed("cli/evaluate.py")
     printed = io.StringIO()
     with contextlib.chdir(ROOT), contextlib.redirect_stdout(printed):
         code = main([str(arg) for arg in args])

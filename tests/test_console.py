@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from mindrl.trainer import metrics
 from tests import jobs
 
@@ -81,6 +83,7 @@ with run_log(sys.argv[1]):
 """
 
 
+@pytest.mark.job
 def test_a_rank_that_raises_is_one_message_with_its_role_rank_node_and_traceback_tail(tmp_path):
     log = tmp_path / "run.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}

@@ -6,8 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mindrl.data.preprocess import PreprocessConfig, preprocess
 from tests import jobs
+
+pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engine
 
 
 def test_the_demo_chain_runs_each_stage_from_the_last_and_its_figures_reproduce(tmp_path):

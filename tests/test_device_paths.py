@@ -265,6 +265,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("kind, threads", [("GPU", "4"), ("CPU", "1")])
 def test_a_device_rank_gets_its_share_of_the_nodes_cores_and_keeps_the_runs_environment(tmp_path, kind, threads):
     """Ray gives an actor that claims no CPU OMP_NUM_THREADS=1; a device rank gets the node's CPUs over its devices

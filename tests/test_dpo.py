@@ -267,6 +267,7 @@ def _dpo_overrides(tokenizer, data, save, **extra) -> list[str]:
     return [f"{key}={value}" for key, value in values.items()]
 
 
+@pytest.mark.job
 def test_train_dpo_learns_resumes_exactly_after_sigkill_and_is_where_grpo_starts(facts_pairs, tmp_path):
     """The whole job is SIGKILLed once step 3 is logged (the checkpoint is at step 2); resumed, it redoes step 3
     and every step's metrics, held-out ones included, equal those of a run never interrupted."""

@@ -32,6 +32,7 @@ def test_evaluation_mistakes_are_one_sentence(kwargs, message):
         EvalConfig(load="x", data="y", tokenizer="z", **kwargs)
 
 
+@pytest.mark.job
 def test_an_hf_model_and_its_tp2_megatron_conversion_evaluate_the_same(tiny_math_data, tmp_path):
     tokenizer, root = tiny_math_data
     model = build_hf_model("qwen2", seed=3, vocab_size=1024, hidden_size=128, intermediate_size=352,

@@ -4,8 +4,12 @@ job SIGKILLed mid-run resumes to the metrics of an uninterrupted one."""
 
 from pathlib import Path
 
+import pytest
+
 from mindrl.checkpoint import megatron as mg
 from tests import jobs
+
+pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engine
 
 CONFIG = "grpo_tiny_moe_cpu"
 

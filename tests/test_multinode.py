@@ -29,7 +29,8 @@ def _namespaces_work() -> bool:
     return probe.returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _namespaces_work(), reason="needs unshare and ip with namespace rights")
+pytestmark = [pytest.mark.job,
+              pytest.mark.skipif(not _namespaces_work(), reason="needs unshare and ip with namespace rights")]
 
 
 def test_two_nodes_from_the_example_scripts_train_and_refuse_what_they_cannot_run(tiny_math_data, tmp_path):
@@ -70,8 +71,8 @@ echo "a=$?"
 RAY_ADDRESS=127.0.0.1:6381 "$PYTHON" cli/train_grpo.py --config-name grpo_tiny_cpu {overrides} > {tmp_path}/b.log 2>&1
 echo "b=$?"
 "$RAY" stop > /dev/null 2>&1
-JOIN_TIMEOUT_S=120 bash examples/r1/qwen25/r1_zero_qwen25_7b_worker.sh > {tmp_path}/worker.log 2>&1 &
-sleep 6
+RETRY_S=1 JOIN_TIMEOUT_S=120 bash examples/r1/qwen25/r1_zero_qwen25_7b_worker.sh > {tmp_path}/worker.log 2>&1 &
+sleep 1.5
 JOIN_TIMEOUT_S=120 bash examples/r1/qwen25/r1_zero_qwen25_7b_master.sh {overrides} > {tmp_path}/c.log 2>&1
 echo "c=$?"
 wait
@@ -93,7 +94,7 @@ wait
     assert "the roles need 1 (actor) + 1 (reference) = 2 CPU but the cluster offers 1 CPU on 1 node" in logs["b"]
     assert "after waiting 3 s for nodes to join" in logs["b"]
     assert "c=0" in out, logs["c"][-5000:] + logs["worker"][-2000:]
-    assert "retrying in 5 s" in logs["worker"] and "joined the cluster at 127.0.0.1:6380" in logs["worker"]
+    assert "retrying in 1 s" in logs["worker"] and "joined the cluster at 127.0.0.1:6380" in logs["worker"]
     assert "2 nodes joined" in logs["c"]
     actor = next(line for line in logs["c"].splitlines() if line.startswith("[mindrl] actor ranks on"))
     reference = next(line for line in logs["c"].splitlines() if line.startswith("[mindrl] reference ranks on"))

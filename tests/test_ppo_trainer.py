@@ -8,6 +8,8 @@ from mindrl.checkpoint import megatron as mg
 from tests import jobs
 from tests.test_grpo_trainer import _overrides
 
+pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engine
+
 
 def _run(overrides: list[str], log) -> None:
     jobs.run("train_ppo.py", "ppo_tiny_cpu", overrides, log)

@@ -100,6 +100,7 @@ def _sft(tokenizer, data, save, bf16: str) -> str:
     return done.stdout
 
 
+@pytest.mark.job
 def test_on_an_avx2_cpu_auto_trains_in_fp32_and_true_in_bf16_with_one_warning(tiny_math_data, tmp_path):
     tokenizer, root = tiny_math_data
     auto = _sft(tokenizer, root / "eight", tmp_path / "auto", "auto")

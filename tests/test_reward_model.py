@@ -169,6 +169,7 @@ def test_running_normalisation_uses_the_statistics_of_every_score_so_far():
     assert torch.allclose(grouped, torch.tensor([-1.0, 1.0, 0.0, 0.0], dtype=torch.float64), atol=1e-5)
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("placement", [_OWN, _COLOCATED])
 def test_grpo_with_a_reward_model(tiny_math_data, reward_checkpoints, tmp_path, placement):
     """The driver's own path, in this process: the reward model — on a CPU of its own, or hosted by the

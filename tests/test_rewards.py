@@ -630,6 +630,7 @@ def test_overlong_penalty_is_added_and_reported():
             scorer.score(["x"], ["1"])
 
 
+@pytest.mark.job
 def test_the_limit_holds_inside_the_trainers_ray_scorers(custom_file):
     """The driver scores on Ray actors (RuleRewards): there too a verifier that hangs or ignores the alarm
     scores its worst within the limit, counted, and one that kills its process once has the process replaced

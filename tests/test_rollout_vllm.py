@@ -17,6 +17,8 @@ from mindrl.trainer.experience import rollout_batch
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 from tests.hf_models import mcore_to_hf_state
 
+pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engine
+
 pytest.importorskip("vllm")
 
 PROMPTS = [[3, 17, 250, 9], [44, 2, 812], [5, 6, 7, 8, 9, 10], [900, 1, 77]]

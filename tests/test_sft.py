@@ -121,6 +121,7 @@ def _sft_overrides(tokenizer, data_path, save, **extra) -> list[str]:
     return [f"{key}={value}" for key, value in values.items()]
 
 
+@pytest.mark.job
 def test_train_sft_learns_resumes_exactly_and_is_where_grpo_starts(tiny_math_data, tmp_path):
     tokenizer, root = tiny_math_data
     whole, cut = tmp_path / "whole", tmp_path / "cut"

@@ -130,6 +130,7 @@ else:
 """
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("asked", [False, True])
 def test_a_local_cluster_serves_a_dashboard_only_when_the_config_asks(asked):
     import json

@@ -12,6 +12,8 @@ from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.trainer.experience import rollout_batch
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
+pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engine
+
 pytest.importorskip("vllm")
 
 SIZING = ImageSizing(112 * 112, 112 * 112)  # one 112-pixel image: 8 x 8 patches, 16 tokens

@@ -28,6 +28,7 @@ def shapes_data(tmp_path_factory) -> tuple[Path, Path]:
     return tokenizer, root / "shapes"
 
 
+@pytest.mark.job
 def test_grpo_on_image_questions(shapes_data, tmp_path):
     tokenizer, data = shapes_data
     grpo = tmp_path / "grpo"

@@ -20,8 +20,9 @@ from mindrl import console
 from mindrl.config.errors import ConfigError
 from mindrl.config.resources import Cluster
 
-#: seconds between looks at a running cluster that does not yet offer what the run needs
-POLL_S = 5.0
+#: seconds between looks at a running cluster that does not yet offer what the run needs (a look is one call to
+#: the cluster's control store; a node that joins is seen within this)
+POLL_S = 1.0
 
 
 def connect_when_ready(check: Callable[[Cluster], None], wait_s: float, dashboard: bool = False) -> Cluster:
@@ -88,6 +89,7 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float) -> list[str]:
     ray.init(address=address, log_to_driver=False)
     try:
         deadline = time.monotonic() + timeout_s
+        said = None
         while True:
             alive = sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
             if len(alive) >= nodes:
@@ -96,7 +98,9 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float) -> list[str]:
                 raise ConfigError(f"only {len(alive)} of {nodes} nodes joined the cluster at {address} within "
                                   f"{timeout_s:.0f} s (joined: {', '.join(alive) or 'none'}); start the worker "
                                   f"script on the missing nodes, check they reach {address}, or lower NNODES.")
-            console.say(f"{len(alive)} of {nodes} nodes joined; waiting")
+            if len(alive) != said:  # once per change, not once per look
+                console.say(f"{len(alive)} of {nodes} nodes joined; waiting")
+                said = len(alive)
             time.sleep(POLL_S)
     finally:
         ray.shutdown()
