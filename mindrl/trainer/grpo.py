@@ -150,6 +150,11 @@ class GRPOTrainer:
         resource = rl.resources["actor_resource"]
         connect_when_ready(lambda cluster: check_resources(cfg, cluster), rl.resource_wait_timeout,
                            rl.include_dashboard)
+        cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
+        # the scorers' processes start (and import the verifiers) while the ranks build their models: 1.7 s of
+        # a tiny run's first step before; a reward model joins once the ranks it may share exist
+        self.rewards = Rewards(RuleRewards(rl.reward, cpus) if rl.rule_reward else None, None,
+                               rl.reward_model_weight, rl.reward_model_normalize, self.n)
         say(f"starting {resource.count} actor ranks ({resource}); "
             f"old log-probs: {'the update’s own forward (on-policy)' if self.on_policy else 'a separate pass'}")
         self.group = WorkerGroup("actor", PolicyRank, resource)
@@ -159,14 +164,10 @@ class GRPOTrainer:
         say(f"{ranks[0]['precision'].line}; rollout engine in {ranks[0]['engine_dtype']}")
         if self.ref_weights is not None:
             self.ref_group = self._reference_group()
-        cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
-        model = None
         if self.reward_colocated:
-            model = RewardModelGroup(self.group, self.dp_size, owned=False)
+            self.rewards.model = RewardModelGroup(self.group, self.dp_size, owned=False)
         elif cfg.reward_config is not None:
-            model = RewardModelGroup.on_own_devices(cfg)
-        self.rewards = Rewards(RuleRewards(rl.reward, cpus) if rl.rule_reward else None, model,
-                               rl.reward_model_weight, rl.reward_model_normalize, self.n)
+            self.rewards.model = RewardModelGroup.on_own_devices(cfg)
         if self.start.resume:
             extra = ranks[0]["extra"]
             self.loader.load_state_dict(extra["data"])
