@@ -47,6 +47,25 @@ class EngineBroken(RuntimeError):
 VLLM_RELEASE = "0.32."
 
 
+def _unlink_shared_memory() -> None:
+    """vLLM-CPU's engine over several ranks talks through shared-memory segments named after its group alone, so
+    every run on a machine uses the same names. vLLM unlinks them at a clean interpreter exit, which a rank ended
+    by ray.kill or SIGKILL never reaches, and the next such engine then failed to start ('create shm in
+    SHMManager failed. errno: 17'). Every rank has joined the segments once the engine is up (vLLM waits for
+    all at a barrier), so their names go now; the memory lives until the last rank using it exits."""
+    from _posixshmem import shm_unlink
+
+    from vllm.distributed import parallel_state
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    for group in (parallel_state.get_tp_group(), parallel_state.get_pp_group()):
+        communicator = group.device_communicator
+        if isinstance(getattr(communicator, "dist_module", None), _CPUSHMDistributed):
+            for rank in range(communicator.world_size):
+                with contextlib.suppress(FileNotFoundError):  # another rank of the group unlinked it first
+                    shm_unlink(f"{communicator.dist_module.group_name}_{rank}")
+
+
 def _eager_token_ranks() -> None:
     """`enforce_eager` all the way: vLLM 0.32's sampler still compiles the count behind each sampled token's rank
     on its first call (1.5 s of every engine's first rollout on CPU). It counts, so eager gives the same ranks;
@@ -138,6 +157,8 @@ class VllmEngine(RolloutEngine):
             # vLLM reads the config once, at start (generate always passes SamplingParams, so vLLM never
             # looks for a generation config there later): gone now, it is not left behind by a killed job
             shutil.rmtree(model_dir, ignore_errors=True)
+        if self.cfg.infer_tensor_parallel_size > 1:
+            _unlink_shared_memory()
 
     @property
     def holds_weights(self) -> bool:
