@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from mindrl.distributed import destroy, init_distributed
+from mindrl.platform import detect
 
 #: what the rank server imports before it forks anyone: the heavy libraries the ranks need, vLLM's engine
 #: and its model for the tiny Qwen2 models included (a name that is not installed is skipped)
@@ -173,8 +174,6 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str |
     `fn` must be importable by name (a module-level function). If any rank fails, the
     others are stopped and a RuntimeError carries the failing rank's traceback.
     """
-    from mindrl.platform import detect
-
     forked = (device or os.environ.get("MINDRL_DEVICE") or detect()) == "cpu"
     ctx = mp.get_context("forkserver" if forked else "spawn")
     process = _RankProcess if forked else ctx.Process
