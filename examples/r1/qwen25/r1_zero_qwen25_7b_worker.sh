@@ -2,8 +2,8 @@
 # Multi-node R1-Zero GRPO on Qwen2.5-7B — each worker node: joins the master's Ray cluster.
 #   MASTER_ADDR=10.0.0.1 NODE_ADDR=10.0.0.2 SOCKET_IFNAME=eth0 bash examples/r1/qwen25/r1_zero_qwen25_7b_worker.sh
 # Retries every RETRY_S seconds (default 5) until the head answers and `ray start --address` succeeds
-# (JOIN_TIMEOUT_S, default 600), so the nodes may be started in any order; the node then serves until the master's run ends (stop
-# it with `ray stop`).
+# (JOIN_TIMEOUT_S, default 600), so the nodes may be started in any order; the node then serves until the
+# master's run ends (stop it with `ray stop`).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source examples/cluster_env.sh
