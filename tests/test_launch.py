@@ -76,7 +76,7 @@ def test_a_rank_starts_with_nothing_an_earlier_launch_left_and_ends_as_its_own_i
     first = run_ranks(_leave_state_behind, 2, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["rank0", "rank1"]
     assert [r["megatron"] for r in first] == [True, True] and first[0]["groups"] > 1
-    monkeypatch.setenv("MINDRL_GIVEN_TO_RANKS", "yes")  # a change the already-running server never saw
+    monkeypatch.setenv("MINDRL_GIVEN_TO_RANKS", "yes")  # set after the server imported its libraries
     second = run_ranks(_what_a_rank_finds, 3)
     for found in second:
         assert found["megatron"] is False and found["groups"] == 1 and found["world"] == 3
