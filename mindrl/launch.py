@@ -18,17 +18,19 @@ would initialise it in the server.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import io
 import multiprocessing as mp
 import os
 import queue
+import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from multiprocessing import forkserver, popen_forkserver, spawn
+from multiprocessing import forkserver, popen_forkserver, resource_tracker, spawn
 from multiprocessing.context import ForkServerProcess, reduction, set_spawning_popen
 from multiprocessing.util import Finalize, close_fds
 from typing import Any
@@ -37,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from mindrl.distributed import destroy, init_distributed
-from mindrl.platform import detect
+from mindrl.platform import detect, requested
 
 #: what the rank server imports before it forks anyone: the heavy libraries the ranks need, vLLM's engine
 #: and its model for the tiny Qwen2 models included (a name that is not installed is skipped)
@@ -47,11 +49,13 @@ PRELOAD = ("torch", "torch.distributed", "transformers", "megatron.core", "megat
            "vllm.v1.worker.cpu_model_runner", "vllm.model_executor.models.qwen2")
 
 
-#: variables that change between launches and that no library reads at import: pytest names the running test
-_VOLATILE = ("PYTEST_CURRENT_TEST",)
+#: variables that change between launches and that no library reads at import: pytest names the running test,
+#: a run's log is named for its processes (a rank's output follows the launcher's file descriptors anyway)
+_VOLATILE = ("PYTEST_CURRENT_TEST", "MINDRL_RUN_LOG")
 
 
 def _import_environment() -> dict[str, str]:
+    """The environment the server's imports could have read: a launch under another one restarts it."""
     return {key: value for key, value in os.environ.items() if key not in _VOLATILE}
 
 
@@ -64,12 +68,21 @@ class _RankServer(forkserver.ForkServer):
         self.environment = environment
         self.set_forkserver_preload(list(PRELOAD))
 
+    def _stop(self) -> None:
+        """The server ends once every holder of its 'alive' pipe has closed it; a process some rank started and
+        left running could hold it, and the stdlib's stop would then wait for that process forever."""
+        if self._forkserver_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._forkserver_pid, signal.SIGTERM)
+        super()._stop()
+
 
 _server: _RankServer | None = None
 _server_lock = threading.Lock()
 
 
 def _rank_server() -> _RankServer:
+    """The running server, restarted first if the environment has changed since it imported its libraries."""
     global _server
     with _server_lock:
         environment = _import_environment()
@@ -81,10 +94,12 @@ def _rank_server() -> _RankServer:
 
 
 class _RankPopen(popen_forkserver.Popen):
-    """The stdlib's forkserver start, asking the rank server for the fork."""
+    """The stdlib's forkserver start (CPython 3.11's `popen_forkserver.Popen._launch`), asking the rank server
+    for the fork and handing the rank this process's stdout and stderr: the server's are those of whenever it
+    started, and a spawned rank would write where its launcher's descriptors point now (a run's log)."""
 
     def _launch(self, process_obj: Any) -> None:
-        server = _rank_server()
+        assert _server is not None, "run_ranks starts the rank server before its ranks"
         prep_data = spawn.get_preparation_data(process_obj._name)
         buf = io.BytesIO()
         set_spawning_popen(self)
@@ -93,7 +108,8 @@ class _RankPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
-        self.sentinel, w = server.connect_to_new_process(self._fds)
+        self._fds.extend((1, 2))  # the last two the rank inherits, whatever Python's streams are in this process
+        self.sentinel, w = _server.connect_to_new_process(self._fds)
         _parent_w = os.dup(w)
         self.finalizer = Finalize(self, close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
@@ -102,6 +118,8 @@ class _RankPopen(popen_forkserver.Popen):
 
 
 class _RankProcess(ForkServerProcess):
+    """A process started by `_RankPopen`."""
+
     @staticmethod
     def _Popen(process_obj: Any) -> _RankPopen:
         return _RankPopen(process_obj)
@@ -109,6 +127,13 @@ class _RankProcess(ForkServerProcess):
 
 def _fresh_process_state(environment: dict[str, str]) -> None:
     """What a spawned process would start with, in a process forked from the rank server."""
+    inherited = forkserver.get_inherited_fds()
+    for target, fd in ((1, inherited[-2]), (2, inherited[-1])):
+        os.dup2(fd, target)
+        os.close(fd)
+    # a program the rank starts must not hold the server's liveness pipe or the resource tracker's
+    os.set_inheritable(forkserver._forkserver._forkserver_alive_fd, False)
+    os.set_inheritable(resource_tracker._resource_tracker._fd, False)
     os.environ.clear()
     os.environ.update(environment)
     # a new process draws its own seeds; a fork would share the server's (Python's `random` reseeds itself)
@@ -161,10 +186,11 @@ def _exit_as_a_spawned_process(results: mp.Queue) -> None:
     segment left behind makes the next engine of the same name fail ('create shm in SHMManager failed')."""
     results.close()
     results.join_thread()  # the result is in the pipe before anything else ends
+    threading._shutdown()  # as an interpreter's exit: its other threads are joined, then the exit handlers run
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    ctypes.CDLL(None).exit(0)
+    ctypes.PyDLL(None).exit(0)  # holding the GIL: no Python thread runs while the C++ libraries tear down
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str | None = None,
@@ -174,7 +200,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str |
     `fn` must be importable by name (a module-level function). If any rank fails, the
     others are stopped and a RuntimeError carries the failing rank's traceback.
     """
-    forked = (device or os.environ.get("MINDRL_DEVICE") or detect()) == "cpu"
+    name = requested(device)
+    forked = (detect() if name == "auto" else name) == "cpu"
+    if forked:
+        _rank_server()  # once for the launch: all its ranks fork from one server
     ctx = mp.get_context("forkserver" if forked else "spawn")
     process = _RankProcess if forked else ctx.Process
     results = ctx.Queue()

@@ -66,7 +66,7 @@ def _what_a_rank_finds(rank: int) -> dict:
 
     return {"megatron": parallel_state.model_parallel_is_initialized(),
             "groups": len(dist.distributed_c10d._world.pg_map), "world": dist.get_world_size(),
-            "left": os.environ.get("MINDRL_LEFT_BY_A_RANK"), "given": os.environ.get("MINDRL_GIVEN_TO_RANKS"),
+            "left": os.environ.get("MINDRL_LEFT_BY_A_RANK"), "test": os.environ.get("PYTEST_CURRENT_TEST"),
             "draws": (random.random(), float(np.random.rand()), torch.rand(1).item()), "pid": os.getpid()}
 
 
@@ -76,13 +76,35 @@ def test_a_rank_starts_with_nothing_an_earlier_launch_left_and_ends_as_its_own_i
     first = run_ranks(_leave_state_behind, 2, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["rank0", "rank1"]
     assert [r["megatron"] for r in first] == [True, True] and first[0]["groups"] > 1
-    monkeypatch.setenv("MINDRL_GIVEN_TO_RANKS", "yes")  # set after the server imported its libraries
+    # a variable no library reads at import: the running server is kept, and the ranks must still see the new value
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "a later test (call)")
     second = run_ranks(_what_a_rank_finds, 3)
     for found in second:
         assert found["megatron"] is False and found["groups"] == 1 and found["world"] == 3
-        assert found["left"] is None and found["given"] == "yes"
+        assert found["left"] is None and found["test"] == "a later test (call)"
     draws = [r["draws"] for r in first + second]
     for kind in range(3):  # Python, numpy and torch: no two ranks draw alike (seeded ranks of `first` neither)
         assert len({d[kind] for d in draws[2:]}) == 3, draws
         assert not {d[kind] for d in draws[2:]} & {d[kind] for d in draws[:2]}
     assert len({r["pid"] for r in first + second}) == 5
+
+
+def _say(rank: int) -> None:
+    print(f"rank {rank} says hello", flush=True)
+
+
+def test_a_rank_writes_where_its_launchers_stdout_points_at_the_launch(tmp_path):
+    """A spawned rank inherits its launcher's file descriptors of the moment (a run's log redirects them); a rank
+    forked from a server started earlier must write there too, not where the server's pointed."""
+    run_ranks(_what_a_rank_finds, 1)  # the server is running before the redirect
+    out = tmp_path / "out"
+    saved = os.dup(1)
+    target = os.open(out, os.O_WRONLY | os.O_CREAT)
+    try:
+        os.dup2(target, 1)
+        run_ranks(_say, 2)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(target)
+    assert sorted(out.read_text().splitlines()) == ["rank 0 says hello", "rank 1 says hello"]

@@ -28,10 +28,15 @@ def detect() -> str:
     return "cpu"
 
 
+def requested(device: str | None = None) -> str:
+    """The device asked for: `device`, else MINDRL_DEVICE, else "auto" (lower case, not yet checked)."""
+    return (device or os.environ.get("MINDRL_DEVICE") or "auto").lower()
+
+
 def get_platform(device: str | None = None) -> Platform:
     """The platform for `device` (or MINDRL_DEVICE, or auto), set up and cached per process."""
     global _current
-    name = (device or os.environ.get("MINDRL_DEVICE") or "auto").lower()
+    name = requested(device)
     if name == "auto":
         name = _current.name if _current else detect()
     if name not in PLATFORMS:
@@ -46,4 +51,4 @@ def get_platform(device: str | None = None) -> Platform:
     return _current
 
 
-__all__ = ["PLATFORMS", "RESOURCE_PLATFORMS", "Platform", "detect", "get_platform"]
+__all__ = ["PLATFORMS", "RESOURCE_PLATFORMS", "Platform", "detect", "get_platform", "requested"]
