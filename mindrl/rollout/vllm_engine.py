@@ -16,6 +16,7 @@ in colocated mode is the actor's.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -69,7 +70,8 @@ def _unlink_shared_memory() -> None:
 def _eager_token_ranks() -> None:
     """`enforce_eager` all the way: vLLM 0.32's sampler still compiles the count behind each sampled token's rank
     on its first call (1.5 s of every engine's first rollout on CPU). It counts, so eager gives the same ranks;
-    compiled it spares a token × vocabulary mask on GPUs, where enforce_eager is for debugging anyway."""
+    compiled it spares a token × vocabulary mask on GPUs, where enforce_eager is for debugging anyway. The patch
+    holds for the rest of the process: a later engine there that compiles counts eagerly too, with the same ranks."""
     from vllm.v1.sample import sampler
 
     sampler.batched_count_greater_than = getattr(sampler.batched_count_greater_than, "_torchdynamo_orig_callable",
@@ -80,8 +82,6 @@ def _freeze_heap() -> None:
     """What vLLM's engine does once it has started (freeze_gc_heap), done before it starts: its start-up runs the
     collector over the whole heap five times, 1.2 s in a rank that has imported megatron-core and vLLM. Garbage
     is collected first; the engine's shutdown unfreezes."""
-    import gc
-
     gc.collect()
     gc.freeze()
 
@@ -153,12 +153,19 @@ class VllmEngine(RolloutEngine):
         try:
             with self.platform.rollout_calls():
                 self._llm: LLM | None = LLM(**kwargs)
+        except BaseException:
+            gc.unfreeze()  # the engine that would have unfrozen it at shutdown never started
+            raise
         finally:
             # vLLM reads the config once, at start (generate always passes SamplingParams, so vLLM never
             # looks for a generation config there later): gone now, it is not left behind by a killed job
             shutil.rmtree(model_dir, ignore_errors=True)
         if self.cfg.infer_tensor_parallel_size > 1:
-            _unlink_shared_memory()
+            try:
+                _unlink_shared_memory()
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def holds_weights(self) -> bool:
