@@ -85,6 +85,17 @@ def finish(proc: subprocess.Popen, log: Path) -> None:
     assert not left, f"processes {left} of the job outlived it"
 
 
+def grpo_overrides(tokenizer: Path, data_path: Path, save: Path, **extra: object) -> list[str]:
+    """grpo_tiny_cpu's overrides for short runs in fp32 on every CPU (bf16: auto would pick bf16 on some): the
+    engine and the actor then agree to fp32 rounding, which the GRPO tests check."""
+    values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data_path,
+              "megatron_training.bf16": "false",
+              "megatron_training.save": save, "rl_config.tensorboard_dir": save / "tb",
+              "generate_config.sampling_config.max_tokens": 32, "rl_config.rollout_max_tokens": 32,
+              "rl_config.overlong_buffer": 16, "generate_config.max_num_seqs": 32, **extra}
+    return [f"{key}={value}" for key, value in values.items()]
+
+
 def run(script: str, config_name: str, overrides: list[str], log: Path) -> None:
     finish(start(script, config_name, overrides, log), log)
 

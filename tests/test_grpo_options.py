@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from tests import jobs
-from tests.test_grpo_trainer import _overrides
 
 pytestmark = pytest.mark.job  # every test here starts a Ray job
 
@@ -31,7 +30,7 @@ def test_a_reference_on_its_own_devices_starts_from_the_converted_weights(tiny_m
     release = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", "qwen2", 1, 1,
                           params_dtype=torch.float32, progress=False)
     save, log = tmp_path / "run", tmp_path / "log"
-    _run(_overrides(tokenizer, root / "math", save, **{
+    _run(jobs.grpo_overrides(tokenizer, root / "math", save, **{
         "megatron_training.train_iters": 2, "megatron_training.save_interval": 0, "rl_config.test_interval": 0,
         "actor_config.load": release, "actor_config.lr": 1e-3, "rl_config.init_kl_coef": 0.5,
         "rl_config.mini_batch_size": 4,  # one optimizer step per batch: step 1 updates from the start weights
@@ -87,7 +86,7 @@ def test_responses_end_at_the_templates_stop_word_not_only_the_tokenizers_eos(ti
     recorder, texts = tmp_path / "recorder.py", tmp_path / "texts.jsonl"
     recorder.write_text(RECORDER.format(out=str(texts)))
     save = tmp_path / "run"
-    _run(_overrides(tmp_path / "base", tmp_path / "data", save, **{
+    _run(jobs.grpo_overrides(tmp_path / "base", tmp_path / "data", save, **{
         "megatron_training.train_iters": 2, "rl_config.test_interval": 0, "rl_config.use_tensorboard": False,
         "generate_config.backend": backend, "rl_config.overlong_buffer_enable": False,
         "rl_config.verifier_function": f"[acc,'{recorder}:record']", "rl_config.verifier_weight": "[1.0,0.0]"}),
@@ -104,7 +103,7 @@ def test_dapo_dynamic_sampling_drops_flat_groups_and_generates_until_the_batch_i
     groups are flat; the driver keeps generating on fresh prompts until 4 informative groups are in."""
     tokenizer, root = tiny_math_data
     save = tmp_path / "run"
-    _run(_overrides(tokenizer, root / "math", save, **{
+    _run(jobs.grpo_overrides(tokenizer, root / "math", save, **{
         "megatron_training.train_iters": 1, "rl_config.test_interval": 0, "rl_config.use_tensorboard": False,
         "generate_config.sampling_config.max_tokens": 16, "rl_config.rollout_max_tokens": 16,
         "rl_config.overlong_buffer": 8, "+rl_config.filter_groups_enable": True,

@@ -12,17 +12,6 @@ from tests import jobs
 pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engine
 
 
-def _overrides(tokenizer: Path, data_path: Path, save: Path, **extra: object) -> list[str]:
-    """Short runs in fp32 on every CPU (bf16: auto would pick bf16 on some): the engine and the actor then agree to
-    fp32 rounding, which the tests below check."""
-    values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data_path,
-              "megatron_training.bf16": "false",
-              "megatron_training.save": save, "rl_config.tensorboard_dir": save / "tb",
-              "generate_config.sampling_config.max_tokens": 32, "rl_config.rollout_max_tokens": 32,
-              "rl_config.overlong_buffer": 16, "generate_config.max_num_seqs": 32, **extra}
-    return [f"{key}={value}" for key, value in values.items()]
-
-
 def _start(overrides: list[str], log: Path):
     return jobs.start("train_grpo.py", "grpo_tiny_cpu", overrides, log)
 
@@ -41,7 +30,7 @@ REFERENCE = {"megatron_training.train_iters": 4, "megatron_training.save_interva
 def reference_run(tiny_math_data, tmp_path_factory) -> Path:
     tokenizer, root = tiny_math_data
     folder = tmp_path_factory.mktemp("grpo_reference")
-    _run(_overrides(tokenizer, root / "eight", folder / "run", **REFERENCE), folder / "log")
+    _run(jobs.grpo_overrides(tokenizer, root / "eight", folder / "run", **REFERENCE), folder / "log")
     return folder / "run"
 
 
@@ -91,14 +80,14 @@ def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted
     tokenizer, root = tiny_math_data
     cut = tmp_path / "cut"
     log = tmp_path / "cut.log"
-    job = _start(_overrides(tokenizer, root / "eight", cut, **REFERENCE), log)
+    job = _start(jobs.grpo_overrides(tokenizer, root / "eight", cut, **REFERENCE), log)
     code, seconds = jobs.kill_rank_when(job, lambda: (cut / mg.TRACKER).is_file() and mg.read_tracker(cut) == 2,
                                         "ray::PolicyRank", log, delay_s=0.2)
     assert code == 1 and seconds < 60, log.read_text()[-3000:]
     assert re.search(r"error: actor rank [01] of 2 on node \S+ \(\w+\) died .*resume it from its last checkpoint",
                      log.read_text())
     assert mg.read_tracker(cut) == 2
-    resumed = _overrides(tokenizer, root / "eight", cut, **REFERENCE, **{"actor_config.load": cut})
+    resumed = jobs.grpo_overrides(tokenizer, root / "eight", cut, **REFERENCE, **{"actor_config.load": cut})
     job = _start(resumed, log)
     tmp = cut / f".tmp-{mg.iteration_dir_name(3)}"
     jobs.kill_when(job, tmp.exists, log)

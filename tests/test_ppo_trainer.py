@@ -6,7 +6,6 @@ import torch
 
 from mindrl.checkpoint import megatron as mg
 from tests import jobs
-from tests.test_grpo_trainer import _overrides
 
 pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engine
 
@@ -31,7 +30,7 @@ def test_critic_warmup_then_sigkill_and_resume_of_actor_and_critic_equals_an_uni
     common = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1, "rl_config.test_interval": 0,
               "rl_config.critic_warmup": 2}
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    _run(_overrides(tokenizer, root / "eight", whole, **common), tmp_path / "whole.log")
+    _run(jobs.grpo_overrides(tokenizer, root / "eight", whole, **common), tmp_path / "whole.log")
     lines = jobs.metrics(whole / "metrics.jsonl")
     names = ("timing/values", "timing/update_critic", "timing/adv", "critic/vf_loss", "critic/vpred_mean",
              "critic/vf_clipfrac", "critic/vf_explained_var", "critic/grad_norm", "critic/lr", "critic/values_mean",
@@ -51,11 +50,11 @@ def test_critic_warmup_then_sigkill_and_resume_of_actor_and_critic_equals_an_uni
     assert mg.read_tracker(whole / "critic") == 4 == mg.read_tracker(whole)
 
     log = tmp_path / "cut.log"
-    job = jobs.start("train_ppo.py", "ppo_tiny_cpu", _overrides(tokenizer, root / "eight", cut, **common), log)
+    job = jobs.start("train_ppo.py", "ppo_tiny_cpu", jobs.grpo_overrides(tokenizer, root / "eight", cut, **common), log)
     jobs.kill_when(job, (cut / "critic" / mg.iteration_dir_name(3)).exists, log)
     resumed_at = mg.read_tracker(cut)  # 2 unless the actor's checkpoint 3 was finished before the kill landed
     assert resumed_at in (2, 3)
-    _run(_overrides(tokenizer, root / "eight", cut, **common, **{"actor_config.load": cut}), log)
+    _run(jobs.grpo_overrides(tokenizer, root / "eight", cut, **common, **{"actor_config.load": cut}), log)
     assert f"critic on the actor's ranks, in its layout, from iteration {resumed_at}" in log.read_text()
     got = jobs.metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3, 4]
@@ -75,7 +74,7 @@ def test_a_critic_on_its_own_devices_with_the_adaptive_kl_penalty_in_the_reward(
     so the coefficient shrinks by 1 − 0.2 · 16 samples / kl_horizon, and no KL loss term is trained."""
     tokenizer, root = tiny_math_data
     save, log = tmp_path / "run", tmp_path / "log"
-    _run(_overrides(tokenizer, root / "math", save, **{
+    _run(jobs.grpo_overrides(tokenizer, root / "math", save, **{
         "megatron_training.train_iters": 2, "megatron_training.save_interval": 0, "rl_config.test_interval": 0,
         "rl_config.actor_resource": "{num_cpus: 1}", "+rl_config.critic_resource": "{num_cpus: 1}",
         "rl_config.mini_batch_size": 4, "rl_config.kl_penalty": "kl", "rl_config.init_kl_coef": 0.05,

@@ -16,6 +16,7 @@ from mindrl.trainer.config import (
     load_trainer_config,
     trainer_loader,
 )
+from mindrl.trainer.megatron import MegatronConfig
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -403,3 +404,11 @@ def test_mindspeed_rls_ppo_file_loads_as_ppo_and_names_its_unsupported_keys(tmp_
     assert (critic.parallel.tp, cfg.critic_update_config().mini_batch_size) == (8, 64 * 16)
     assert [group for group, _ in cfg.device_groups()] == ["actor", "critic"]  # init_kl_coef 0: no reference
     check_resources(cfg, Cluster({"NPU": 32, "CPU": 64}, nodes=2))
+
+
+@pytest.mark.parametrize("interval, save, steps", [(2, "run", [2, 4, 5]), (5, "run", [5]), (0, "run", [5]),
+                                                   (2, None, [])])
+def test_checkpoints_are_written_every_save_interval_steps_and_after_the_last_step(interval, save, steps):
+    """The trainers ask saves_at after each step; the last step is saved though the interval does not divide it."""
+    cfg = MegatronConfig(train_iters=5, save_interval=interval, save=save)
+    assert [step for step in range(1, 6) if cfg.saves_at(step)] == steps
