@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,9 @@ class WorkerFailed(RunError):
 
 #: lines of a failed rank's traceback its message carries
 TRACEBACK_TAIL = 8
+#: seconds a rank's error waits for news of another rank's death, which it may only follow from: a peer's closed
+#: connection fails a collective at once, and Ray reports the dead process a moment later
+DEATH_GRACE_S = 3.0
 
 
 def actor_options(resource: RoleResource) -> tuple[dict[str, float], dict[str, Any]]:
@@ -107,7 +111,9 @@ class WorkerGroup:
         """The results of one call on every rank, by rank. The first rank to fail ends the wait at once, with
         WorkerLost (its process died) or WorkerFailed (it raised; a ConfigError it raised stays one) naming the
         role, rank and node: the other ranks may be blocked in a collective with it, and would otherwise hold
-        the run until the collective timeout. Their own errors, which follow from it, go to the log only."""
+        the run until the collective timeout. Their own errors, which follow from it, go to the log only. A rank
+        that raised may itself be the consequence: a peer's death fails its collective at once, before Ray reports
+        the death, so a death heard of within DEATH_GRACE_S is the failure reported."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -120,8 +126,30 @@ class WorkerGroup:
                 results[rank_of[done[0]]] = ray.get(done[0])
             except (RayActorError, RayTaskError) as err:
                 self.lost = True  # the other ranks may be waiting for this one in a collective
-                raise self._failure(rank_of[done[0]], err) from None
+                rank, cause = rank_of[done[0]], err
+                if not isinstance(err, RayActorError):
+                    rank, cause = self._death_among(pending, rank_of) or (rank, err)
+                raise self._failure(rank, cause) from None
         return [results[rank] for rank in range(len(refs))]
+
+    @staticmethod
+    def _death_among(pending: list[Any], rank_of: dict[Any, int]) -> tuple[int, Exception] | None:
+        """A rank among `pending` whose process died within DEATH_GRACE_S, and how: the cause to report when
+        another rank's error may only be its consequence. The other ranks' results and errors are dropped."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as err:
+                    return rank_of[ref], err
+                except RayTaskError:  # a consequence, like the error being reported
+                    continue
+        return None
 
     def _failure(self, rank: int, err: Exception) -> Exception:
         """The one error the driver reports for `rank`'s failure; its whole traceback goes to the log."""
