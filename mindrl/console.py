@@ -113,14 +113,20 @@ def worker_setup() -> None:
             pass
 
 
-def exit_now(code: int) -> NoReturn:
-    """End a command that has closed its files as an interpreter's exit would, less the unwinding of every
-    module, which took 1.5 s of every trainer run here once megatron-core and vLLM were loaded: its other
-    threads are joined, the exit handlers run (Ray's shutdown, logging's flush), and Python's and the C
-    library's buffered output is written."""
+def run_exit_handlers() -> None:
+    """What an interpreter's exit does before it unwinds its modules: its other threads are joined, the exit
+    handlers run (Ray's shutdown, logging's flush), and Python's streams are flushed. For processes that then
+    end without the unwinding (`exit_now`, the ranks forked in mindrl.launch)."""
     threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a command that has closed its files as an interpreter's exit would, less the unwinding of every
+    module, which took 1.5 s of every trainer run here once megatron-core and vLLM were loaded; the C library's
+    buffered output is written too."""
+    run_exit_handlers()
     ctypes.CDLL(None).fflush(None)
     os._exit(code)

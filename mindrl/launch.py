@@ -17,7 +17,6 @@ would initialise it in the server.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import io
@@ -25,7 +24,6 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mindrl.console import run_exit_handlers
 from mindrl.distributed import destroy, init_distributed
 from mindrl.platform import detect, requested
 
@@ -186,10 +185,7 @@ def _exit_as_a_spawned_process(results: mp.Queue) -> None:
     segment left behind makes the next engine of the same name fail ('create shm in SHMManager failed')."""
     results.close()
     results.join_thread()  # the result is in the pipe before anything else ends
-    threading._shutdown()  # as an interpreter's exit: its other threads are joined, then the exit handlers run
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    run_exit_handlers()
     ctypes.PyDLL(None).exit(0)  # holding the GIL: no Python thread runs while the C++ libraries tear down
 
 
