@@ -1,6 +1,8 @@
 """PPO's estimator and critic loss against hand-computed numbers: GAE (masks, lengths, the last token,
 Monte-Carlo and one-step TD), the clipped value loss, the adaptive KL controller, explained variance."""
 
+from itertools import pairwise
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from mindrl.algorithms.gae import explained_variance, gae_advantages
 from mindrl.algorithms.kl import KLController, kl_penalized_rewards
 from mindrl.algorithms.value_loss import ValueLossConfig, value_loss
 from mindrl.config import ConfigError
+from mindrl.trainer.rl import RLConfig
 
 # row 0: prompt at 0-1, response at 2-4, padding at 5; row 1: prompt at 0, response at 1-2, padding after.
 # The values on prompt and padding positions are junk the estimate must not read.
@@ -126,12 +129,28 @@ def test_adaptive_kl_controller_moves_towards_the_target_and_fixed_does_not():
     assert adaptive.value == pytest.approx(0.108)
     adaptive.update(0.9, n_steps=4)  # error −0.1: × (1 − 0.1 · 4 / 10)
     assert adaptive.value == pytest.approx(0.108 * 0.96)
-    restored = KLController("adaptive", 0.1)
+    restored = KLController("adaptive", 0.1, target=1.0, horizon=10)
     restored.load_state_dict(adaptive.state_dict())
     assert restored.value == adaptive.value
-    fixed = KLController("fixed", 0.1)
+    fixed = KLController("fixed", 0.1, target=1.0, horizon=10)
     fixed.update(3.0, n_steps=4)
     assert fixed.value == 0.1
+
+
+def test_the_adaptive_kl_coefficient_follows_the_kl_with_the_default_target():
+    """With rl_config's defaults the coefficient rises while the mean per-token KL is above the target and falls
+    while it is below: the quantity it is fed (low_var_kl, at most 10) can reach the default target."""
+    rl = RLConfig()
+    ctrl = KLController("adaptive", rl.init_kl_coef, rl.kl_target, rl.kl_horizon)
+    series = [0.5, 0.3, 0.15, rl.kl_target, 0.05, 0.0]  # a run drifting away from the reference, then back
+    values = [ctrl.value]
+    for kl in series:
+        ctrl.update(kl, n_steps=512)
+        values.append(ctrl.value)
+    moves = [after - before for before, after in pairwise(values)]
+    assert all(m > 0 for m in moves[:3]) and moves[3] == 0 and all(m < 0 for m in moves[4:]), values
+    # the first step by hand: error clip(0.5 / 0.1 − 1, ±0.2) = 0.2, × (1 + 0.2 · 512 / 10000)
+    assert values[1] == pytest.approx(rl.init_kl_coef * (1 + 0.2 * 512 / rl.kl_horizon))
 
 
 def test_explained_variance():

@@ -119,6 +119,9 @@ MISTAKES = {
     "critic micro batch": ([*PPO, "+critic_config.micro_batch_size=3"], ["critic mini-batch", "micro_batch_size=3"]),
     "critic mini batch": ([*PPO, "+rl_config.critic_mini_batch_size=3"], ["critic's mini-batch of 3"]),
     "adaptive kl without the reward penalty": (["+rl_config.kl_ctrl_type=adaptive"], ["adaptive", "use_kl_in_reward"]),
+    "adaptive kl target out of reach": (
+        [*PPO, "+rl_config.use_kl_in_reward=true", "+rl_config.kl_ctrl_type=adaptive", "+rl_config.kl_target=100"],
+        ["kl_target=100", "never reached", "at most 10"]),
     "kl in the reward without gae": (["+rl_config.use_kl_in_reward=true"], ["use_kl_in_reward", "gae"]),
     "gamma range": (["+rl_config.gamma=1.5"], ["gamma", "[0, 1]"]),
     "value clip": ([*PPO, "+rl_config.cliprange_value=0"], ["cliprange_value", "positive"]),

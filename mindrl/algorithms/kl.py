@@ -11,6 +11,8 @@ With d = log π(a) − log π_ref(a) for sampled a ~ π:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mindrl.algorithms.registry import Registry
@@ -33,10 +35,19 @@ def k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     return 0.5 * (log_prob - ref_log_prob).square()
 
 
+#: the most a KL estimator's per-token value can be (k3's clamp); an adaptive target at or above it is never reached
+K3_CEILING = 10.0
+
+
 @KL_ESTIMATORS.register("k3", "low_var_kl")
 def k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     log_ratio = (ref_log_prob - log_prob).clamp(-20.0, 20.0)
-    return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
+    return (log_ratio.exp() - log_ratio - 1.0).clamp(-K3_CEILING, K3_CEILING)
+
+
+def kl_ceiling(kind: str) -> float:
+    """The largest mean per-token KL estimator `kind` can report."""
+    return K3_CEILING if KL_ESTIMATORS.get(kind) is k3 else math.inf
 
 
 def kl_divergence(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
@@ -53,9 +64,10 @@ def kl_penalized_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Ten
 class KLController:
     """The coefficient of the KL penalty in the reward (`kl_ctrl_type`): fixed, or adaptive as Ziegler et al.
     (and verl, MindSpeed-RL) adapt it — after each batch, coef ·= 1 + clip(KL / kl_target − 1, ±0.2) ·
-    n_steps / kl_horizon, so the measured KL is pulled towards the target."""
+    n_steps / kl_horizon, so the measured KL is pulled towards the target. KL is what verl and MindSpeed-RL
+    feed theirs: each response's mean per-token KL, averaged over the batch."""
 
-    def __init__(self, kind: str, coef: float, target: float = 100.0, horizon: int = 1000) -> None:
+    def __init__(self, kind: str, coef: float, target: float, horizon: int) -> None:
         self.kind, self.value, self.target, self.horizon = kind, coef, target, horizon
 
     def update(self, current_kl: float, n_steps: int) -> None:

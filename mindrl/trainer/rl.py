@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindrl.algorithms.advantages import CRITIC_ESTIMATORS, check_estimator
-from mindrl.algorithms.kl import KL_ESTIMATORS
+from mindrl.algorithms.kl import KL_ESTIMATORS, kl_ceiling
 from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
 from mindrl.algorithms.value_loss import ValueLossConfig
@@ -77,8 +77,10 @@ class RLConfig:
     #: PPO: the KL to the reference is a per-token penalty in the reward (coefficient init_kl_coef, moved by the
     #: adaptive controller) instead of a loss term
     use_kl_in_reward: bool = False
-    kl_target: float = 100.0
-    kl_horizon: int = 1000
+    #: the adaptive controller's target for the mean per-token KL, and its horizon in samples (verl's numbers:
+    #: MindSpeed-RL's 100 / 1000 feed the same mean per-token KL, which low_var_kl never lets above 10)
+    kl_target: float = 0.1
+    kl_horizon: int = 10000
     actor_forward_micro_batch_size: int | None = None
     ref_forward_micro_batch_size: int | None = None
     #: auto | true | false: the actor and reference see a prompt's samples packed behind one copy of it
@@ -150,6 +152,11 @@ class RLConfig:
         for key in ("cliprange_value", "kl_target"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"rl_config.{key} must be positive, got {getattr(self, key)}.")
+        if self.kl_ctrl_type == "adaptive" and self.kl_target >= kl_ceiling(self.kl_penalty):
+            raise ConfigError(f"rl_config.kl_target={self.kl_target} is never reached: the adaptive controller "
+                              f"compares it with the mean per-token {self.kl_penalty} KL, which is at most "
+                              f"{kl_ceiling(self.kl_penalty):g}, so the coefficient would only shrink; set a "
+                              f"kl_target below that (verl's default is 0.1).")
         if self.init_kl_coef < 0:
             raise ConfigError(f"rl_config.init_kl_coef must be >= 0 (0 turns the KL loss off), got "
                               f"{self.init_kl_coef}.")
