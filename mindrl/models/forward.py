@@ -35,7 +35,8 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
     Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s] ([3, b, s] for a
     vision-language model, with its rows' images as `pixel_values` and `image_grid_thw`), for
     rows packed behind shared prompts an `attention_mask` PackedLayout (mindrl/models/attention.py;
-    default causal), and for a mixture of experts `routes` [b, s, layers, top-k] to replay; all must share
+    default causal), and for a mixture of experts `routes` [b, s, layers, top-k] to replay and `padding_mask`
+    [b, s] (True: a padding token, which the routers' load-balancing and z-losses leave out); all must share
     b and s (the pipeline exchanges fixed-shape activations).
     Gradients accumulate in the parameters; the loss of each micro-batch is divided by their
     number, as Megatron does.
@@ -49,9 +50,9 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
         batch = next(data_iterator)
         tokens = batch["tokens"]
         replay_routes(model, batch.get("routes"))
-        images = {key: batch[key] for key in IMAGE_KEYS if batch.get(key) is not None}
+        extra = {key: batch[key] for key in (*IMAGE_KEYS, "padding_mask") if batch.get(key) is not None}
         output = model(tokens, batch.get("position_ids", position_ids_for(tokens)), batch.get("attention_mask"),
-                       **images)
+                       **extra)
 
         def loss_func(logits: torch.Tensor):
             return loss_fn(logits, batch)

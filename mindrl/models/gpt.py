@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 
 import torch
-from megatron.core import parallel_state
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import ModuleSpec, TransformerConfig
@@ -80,14 +80,25 @@ class PositionedGPTModel(GPTModel):
     responses behind one shared prompt (mindrl/models/prompt_packing.py) needs each response's positions
     to restart after the prompt. With position ids 0…s−1 the result is the plain model's, bit for bit."""
 
-    def _preprocess(self, input_ids, position_ids, decoder_input=None, inference_context=None, **kwargs):
-        out = super()._preprocess(input_ids, position_ids, decoder_input=decoder_input,
-                                  inference_context=inference_context, **kwargs)
+    def _preprocess(self, input_ids, position_ids, decoder_input=None, inference_context=None, padding_mask=None,
+                    **kwargs):
+        out = list(super()._preprocess(input_ids, position_ids, decoder_input=decoder_input,
+                                       inference_context=inference_context, **kwargs))
+        out[5] = self._sequence_shard(padding_mask)
         rotary = out[1]
         if rotary is None or position_ids is None or inference_context is not None or position_ids.ndim == 3:
-            return out  # multimodal RoPE rotates each row by its own [3, b, s] positions already
+            return tuple(out)  # multimodal RoPE rotates each row by its own [3, b, s] positions already
         # [s, 1, 1, dim] for the positions 0…s−1 → [s, b, 1, dim] for each row's own positions
-        return (out[0], rotary[:, 0][position_ids.t()], *out[2:])
+        out[1] = rotary[:, 0][position_ids.t()]
+        return tuple(out)
+
+    def _sequence_shard(self, padding_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The [b, s] padding mask (True: padding) of the tokens this rank's MoE routers see. megatron-core cuts
+        it for sequence parallelism only on a first stage that embeds the tokens itself, so a later pipeline
+        stage or a vision-language model (embeddings given) would hand its routers the whole sequence's."""
+        if padding_mask is None or not self.config.sequence_parallel:
+            return padding_mask
+        return tensor_parallel.scatter_to_sequence_parallel_region(padding_mask.t().contiguous()).t().contiguous()
 
 
 #: the vision tower's initial weights are drawn from this seed on every rank (models trained from scratch only)

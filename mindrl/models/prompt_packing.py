@@ -33,6 +33,8 @@ class Packed:
     layout: PackedLayout  # the attention core's map of the rows' prompts and responses
     #: [rows, S] flat index into the packed logits ([G·W]) that score tokens[row, t + 1]; −1 off the responses
     source: torch.Tensor
+    #: [G] tokens of each packed row before its padding (its prompt and responses)
+    lengths: torch.Tensor
 
 
 def prompt_groups(tokens: torch.Tensor, prompt_lengths: torch.Tensor) -> list[range]:
@@ -92,7 +94,8 @@ def pack(tokens: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: t
                 source[row, prompt:prompt + length - 1] = g * w + torch.arange(offset, offset + length - 1)
             offset += length
     layout = _layout(prompt_index, prompt_lengths_of, response_index, slot_lengths, slots)
-    return Packed(packed, positions, layout.to(tokens.device), source)
+    lengths = prompt_lengths_of + slot_lengths.view(g_count, slots).sum(dim=1)
+    return Packed(packed, positions, layout.to(tokens.device), source, lengths)
 
 
 def _layout(prompt_index: torch.Tensor, prompt_lengths: torch.Tensor, response_index: torch.Tensor,

@@ -217,13 +217,14 @@ class MegatronWorker:
         costs fewer FLOPs); the model then sees the packed rows, the loss still the plain ones."""
         selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
         self.packed = False
-        out = []
+        out, lengths = [], real_lengths(selected)
         for start in range(0, selected["tokens"].shape[0], size):
             mb = {k: v[start:start + size] for k, v in selected.items()}
             short = size - mb["tokens"].shape[0]
             if short:
                 mb = {k: torch.cat([v, v.new_zeros((short, *v.shape[1:]))]) for k, v in mb.items()}
             mb["labels"] = shifted_labels(mb["tokens"])
+            mb["real_lengths"] = torch.cat([lengths[start:start + size], lengths.new_zeros(short)])
             out.append(mb)
         if self.arch.vision is not None:
             out = [self._with_images(mb) for mb in out]
@@ -246,9 +247,14 @@ class MegatronWorker:
                                                                       packed)
             if self.packed:
                 for mb, p in zip(out, packed, strict=True):
-                    mb.update(tokens=p.tokens, position_ids=p.position_ids, attention_mask=p.layout, source=p.source)
+                    mb.update(tokens=p.tokens, position_ids=p.position_ids, attention_mask=p.layout, source=p.source,
+                              real_lengths=p.lengths)
         if self.model.config.sequence_parallel:
             out = [_padded_to(mb, self.par.tp) for mb in out]
+        for mb in out:
+            real = mb.pop("real_lengths")
+            if self.arch.is_moe:  # the routers' load-balancing and z-losses count the real tokens only
+                mb["padding_mask"] = torch.arange(mb["tokens"].shape[1]) >= real.unsqueeze(1)
         device = self.platform.device()
         return [{k: v.to(device) for k, v in mb.items()} for mb in out]
 
@@ -308,6 +314,19 @@ class MegatronWorker:
         count, width = rows.stop - rows.start, batch["tokens"].shape[1]
         # [rows, width] results lose the columns a sequence-parallel pass padded
         return {key: _cut(torch.cat([o[key] for o in outputs])[:count], width).cpu() for key in outputs[0]}
+
+
+def real_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each right-padded row's tokens before its padding: its prompt and response where their lengths are
+    given, else up to the token after its last scored position (an SFT row's EOS), else the whole row."""
+    rows, width = batch["tokens"].shape
+    if "prompt_lengths" in batch and "response_lengths" in batch:
+        return (batch["prompt_lengths"] + batch["response_lengths"]).long()
+    if "loss_mask" in batch:
+        scored = batch["loss_mask"] != 0
+        last = torch.where(scored, torch.arange(width), -1).max(dim=1).values
+        return torch.where(scored.any(dim=1), last + 2, width).clamp(max=width)
+    return torch.full((rows,), width, dtype=torch.long)
 
 
 def _cut(values: torch.Tensor, width: int) -> torch.Tensor:
