@@ -102,6 +102,9 @@ LINKS: dict[str, Link] = {
                            structural=False, moe=True),
     "moe_router_load_balancing_type": Link(("moe_router_load_balancing_type",), "moe_router_load_balancing_type",
                                            megatron_default="aux_loss", structural=False, moe=True),
+    # Copied as is, in Megatron's meaning (MindSpeed-RL users set it so): a load-balancing loss per layer, each
+    # 1 / top-k of HF's formula on that layer; HF pools one over all layers (only with output_router_logits), so
+    # the same number pulls ≈ layers / top-k times harder on each layer here (docs/moe.md)
     "moe_aux_loss_coeff": Link(("moe_aux_loss_coeff",), "moe_aux_loss_coeff", "router_aux_loss_coef",
                                megatron_default=0.0, hf_default=0.0, structural=False, cast=float, moe=True),
     "moe_z_loss_coeff": Link(("moe_z_loss_coeff",), "moe_z_loss_coeff", megatron_default=None, structural=False,
