@@ -18,7 +18,8 @@ def _run(overrides: list[str], log: Path) -> None:
 def test_a_reference_on_its_own_devices_starts_from_the_converted_weights(tiny_math_data, tmp_path):
     """Actor and reference on one CPU each (use_integrated_worker: false), both from a converted HF
     model: the first step's KL is zero (the reference is the actor's start, not a random model), the
-    second's is not, and the exported actor is the converted model moved by two small updates."""
+    second's is not, the throughputs divide by both devices (e2e_tps_per_actor_device by the actor's one), and
+    the exported actor is the converted model moved by two small updates."""
     from safetensors.torch import load_file
 
     from mindrl.ckpt_convert import hf_to_mcore
@@ -40,6 +41,8 @@ def test_a_reference_on_its_own_devices_starts_from_the_converted_weights(tiny_m
     first, second = jobs.metrics(save / "metrics.jsonl")
     assert abs(first["actor/kl_loss"]) < 1e-9 < second["actor/kl_loss"]
     assert first["rollout_is/abs_log_prob_diff_mean"] < 1e-4 and "timing/reference_model" in first
+    for line in (first, second):  # the throughputs count the reference's device too: 2 held, 1 the actor's
+        assert line["e2e_tps"] * 2 == pytest.approx(line["e2e_tps_per_actor_device"] * 1, rel=1e-9)
     start = model.state_dict()["model.embed_tokens.weight"]
     end = load_file(save / "hf" / "model-00001-of-00001.safetensors")["model.embed_tokens.weight"]
     assert 0 < (end - start).norm() < 0.05 * start.norm()

@@ -27,9 +27,13 @@ def test_throughput_by_hand():
     # max lengths: (12 + 40) × 4 / 2 / 4 = 26
     assert throughput(prompts, responses, world_size=2, seconds=4.0, use_max=True) == pytest.approx(26.0)
     assert math.isnan(throughput(prompts, responses, 2, 0.0))
-    tps = throughput_metrics(prompts, responses, 1, {"all": 8.0, "update": 2.0, "rollout": 4.0, "adv": 1.0})
-    assert tps == pytest.approx({"e2e_tps": 20.0, "update_tps": 80.0, "vllm_tps": 40.0})
-    assert throughput_metrics(prompts, responses, 1, {"update": 2.0}) == pytest.approx({"update_tps": 80.0})
+    tps = throughput_metrics(prompts, responses, 1, 1, {"all": 8.0, "update": 2.0, "rollout": 4.0, "adv": 1.0})
+    assert tps == pytest.approx({"e2e_tps": 20.0, "update_tps": 80.0, "vllm_tps": 40.0,
+                                 "e2e_tps_per_actor_device": 20.0})
+    assert throughput_metrics(prompts, responses, 1, 1, {"update": 2.0}) == pytest.approx({"update_tps": 80.0})
+    # the run holds 4 devices, the actor 1 of them: the throughputs divide by all 4, the per-actor one by 1
+    tps = throughput_metrics(prompts, responses, 4, 1, {"all": 8.0, "update": 2.0})
+    assert tps == pytest.approx({"e2e_tps": 5.0, "update_tps": 20.0, "e2e_tps_per_actor_device": 20.0})
     with pytest.raises(ValueError, match="3 prompt lengths for 4 responses"):
         throughput(prompts[:3], responses, 1, 1.0)
 

@@ -125,9 +125,9 @@ def test_the_reward_role_takes_its_checkpoints_architecture(reward_checkpoints):
     own = _config(_OWN, f"+reward_config.load={reward_checkpoints['reward']}")
     arch = own.reward_config.arch
     assert (arch.num_labels, arch.hidden_size, arch.num_layers) == (1, 64, 2)
-    assert [group for group, _ in own.device_groups()] == ["actor", "reward"]
+    assert [group for group, _ in own.device_groups()] == ["actor", "reward"] and own.devices_held() == 2
     colocated = _config(_COLOCATED, f"+reward_config.load={reward_checkpoints['reward']}")
-    assert [group for group, _ in colocated.device_groups()] == ["actor+reward"]
+    assert [group for group, _ in colocated.device_groups()] == ["actor+reward"] and colocated.devices_held() == 1
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -265,12 +265,12 @@ def test_integrated_reference_shares_the_actor_layout():
 def test_separate_reference_counts_its_own_devices():
     cfg = load_trainer_config("grpo_tiny_cpu", ["rl_config.use_integrated_worker=false",
                                                 "+rl_config.reference_resource={num_cpus: 2}"])
-    assert [g for g, _ in cfg.device_groups()] == ["actor", "reference"]
+    assert [g for g, _ in cfg.device_groups()] == ["actor", "reference"] and cfg.devices_held() == 4
     with pytest.raises(ConfigError, match="2 \\(actor\\) \\+ 2 \\(reference\\) = 4 CPU"):
         check_resources(cfg, Cluster({"CPU": 2}))
     colocated = load_trainer_config("grpo_tiny_cpu", ["rl_config.use_integrated_worker=false",
                                                       "+rl_config.colocate_actor_ref=true"])
-    assert [g for g, _ in colocated.device_groups()] == ["actor+reference"]
+    assert [g for g, _ in colocated.device_groups()] == ["actor+reference"] and colocated.devices_held() == 2
     check_resources(colocated, Cluster({"CPU": 2}))
 
 
@@ -406,6 +406,8 @@ def test_mindspeed_rls_ppo_file_loads_as_ppo_and_names_its_unsupported_keys(tmp_
     assert cfg.critic_on_own_devices and critic.lr == 5e-6 and critic.arch.num_labels == 1
     assert (critic.parallel.tp, cfg.critic_update_config().mini_batch_size) == (8, 64 * 16)
     assert [group for group, _ in cfg.device_groups()] == ["actor", "critic"]  # init_kl_coef 0: no reference
+    assert cfg.devices_held() == sum(resource.count for _, resource in cfg.device_groups()) > \
+        cfg.rl_config.resources["actor_resource"].count
     check_resources(cfg, Cluster({"NPU": 32, "CPU": 64}, nodes=2))
 
 

@@ -245,7 +245,7 @@ class GRPOTrainer:
         metrics.update(rollout_metrics(batch["response_lengths"], self.sampling.max_tokens, exp.scores,
                                        exp.verifier_scores))
         metrics.update(throughput_metrics(batch["prompt_lengths"], batch["response_lengths"],
-                                          self.group.world_size, timer.seconds))
+                                          self.cfg.devices_held(), self.group.world_size, timer.seconds))
         return metrics
 
     def advantages(self, exp: Experience, timer: StepTimer) -> dict[str, float]:

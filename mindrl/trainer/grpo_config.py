@@ -89,6 +89,11 @@ class TrainerConfig:
                 groups.append((names[section], resource))
         return groups
 
+    def devices_held(self) -> int:
+        """Every device the run holds: each disjoint group of device_groups() once (the rollout engine and
+        colocated roles run on the actor's devices); the throughputs divide by it."""
+        return sum(resource.count for _, resource in self.device_groups())
+
     @property
     def train_batch_size(self) -> int:
         """Prompts per update: DAPO fills its batch to filter_groups_train_batch_size informative groups."""

@@ -118,11 +118,17 @@ def throughput(prompt_lengths: torch.Tensor | Sequence[int], response_lengths: t
 
 
 def throughput_metrics(prompt_lengths: torch.Tensor | Sequence[int], response_lengths: torch.Tensor | Sequence[int],
-                       world_size: int, seconds: Mapping[str, float], use_max: bool = False) -> dict[str, float]:
-    """e2e_tps, update_tps and vllm_tps from a step's phase times (StepTimer.seconds); a
+                       devices: int, actor_devices: int, seconds: Mapping[str, float],
+                       use_max: bool = False) -> dict[str, float]:
+    """e2e_tps, update_tps and vllm_tps from a step's phase times (StepTimer.seconds), per device of all
+    `devices` the run holds, and e2e_tps_per_actor_device, per device of the actor's `actor_devices`; a
     throughput whose phase was not timed is left out."""
-    return {name: throughput(prompt_lengths, response_lengths, world_size, seconds[phase], use_max)
-            for name, phase in THROUGHPUT_TIMINGS.items() if phase in seconds}
+    metrics = {name: throughput(prompt_lengths, response_lengths, devices, seconds[phase], use_max)
+               for name, phase in THROUGHPUT_TIMINGS.items() if phase in seconds}
+    if "all" in seconds:
+        metrics["e2e_tps_per_actor_device"] = throughput(prompt_lengths, response_lengths, actor_devices,
+                                                         seconds["all"], use_max)
+    return metrics
 
 
 def rollout_metrics(response_lengths: torch.Tensor | Sequence[int], max_response_length: int,
