@@ -349,6 +349,18 @@ def _load_optimizer(state: TrainState, contents: dict[str, Any], optim_file: Pat
                 states[param]["step"] = step.clone()
     state.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
     state.scheduler.load_state_dict(contents["opt_param_scheduler"])
+    if state.scheduler.override_opt_param_scheduler:
+        _override_group_lr_bounds(state.scheduler)
+
+
+def _override_group_lr_bounds(scheduler: Any) -> None:
+    """override_opt_param_scheduler: megatron-core's load gives the scheduler the config's lr and min_lr, but each
+    param group carries its own `max_lr` / `min_lr`, loaded with the optimizer's state (the checkpoint's), and the
+    scheduler's get_lr prefers those (Megatron-LM issue 1138: the override then mixes the checkpoint's bounds with
+    the config's warm-up and decay). The groups take the config's and the rates are set again at the loaded step."""
+    for group in scheduler.optimizer.param_groups:
+        group["max_lr"], group["min_lr"] = scheduler.max_lr, scheduler.min_lr
+    scheduler.step(increment=0)
 
 
 @torch.no_grad()

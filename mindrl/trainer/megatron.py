@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 STAGES = {"ray_grpo": "cli/train_grpo.py", "ray_ppo": "cli/train_ppo.py", "sft": "cli/train_sft.py",
           "dpo": "cli/train_dpo.py"}
 # ActorConfig checks these too, but importing it loads megatron-core (seconds on a small box);
-# a config must be judged before that, so the two value rules are repeated here.
+# a config must be judged before that, so its value rules (decay style, warm-up, the scheduler switches) are
+# repeated here.
 LR_DECAY_STYLES = ("constant", "cosine", "linear")
 _ARCH_KEYS = frozenset(f.name for f in dataclasses.fields(ModelArch)) - {"name"}
 
@@ -81,6 +82,10 @@ class MegatronConfig:
     expert_tensor_parallel_size: int | None = None
     #: a vision-language model: train the language model only, the vision tower (merger included) kept as loaded
     freeze_vision_tower: bool = False
+    #: on resume, the config's LR / weight-decay schedule replaces the checkpoint's from its step on (Megatron's key)
+    override_opt_param_scheduler: bool = False
+    #: on resume, the checkpoint's schedule goes on without the warning given where it differs (Megatron's key)
+    use_checkpoint_opt_param_scheduler: bool = False
     #: the resolved architecture (model yaml entry + this section's architecture keys); not a key
     arch: ModelArch | None = dataclasses.field(default=None, compare=False)
 
@@ -109,6 +114,10 @@ class MegatronConfig:
                               f"{self.lr_decay_style!r}.")
         if not 0.0 <= self.lr_warmup_fraction < 1.0:
             raise ConfigError(f"{section}.lr_warmup_fraction must be in [0, 1), got {self.lr_warmup_fraction}.")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            raise ConfigError(f"{section}.override_opt_param_scheduler and {section}."
+                              f"use_checkpoint_opt_param_scheduler are both true, but a resume takes either the "
+                              f"config's LR schedule or the checkpoint's; set one of them to false.")
         for key in ("lr", "min_lr", "weight_decay", "clip_grad"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{section}.{key} must be >= 0, got {getattr(self, key)}.")
@@ -143,7 +152,9 @@ class MegatronConfig:
                            clip_grad=self.clip_grad, adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2,
                            mini_batch_size=mini_batch_size * rows_per_example,
                            micro_batch_size=self.micro_batch_size * rows_per_example,
-                           seed=self.seed, freeze_vision_tower=self.freeze_vision_tower, **update)
+                           seed=self.seed, freeze_vision_tower=self.freeze_vision_tower,
+                           override_opt_param_scheduler=self.override_opt_param_scheduler,
+                           use_checkpoint_opt_param_scheduler=self.use_checkpoint_opt_param_scheduler, **update)
 
     def check_full_checkpoints(self, section: str) -> None:
         """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""

@@ -78,6 +78,11 @@ class ActorConfig:
     prompt_packing: str = "auto"
     #: a vision-language model's tower (merger included) takes no gradient and no optimizer state
     freeze_vision_tower: bool = False
+    #: on resume, this config's LR / weight-decay schedule replaces the checkpoint's from the checkpoint's step on
+    #: (Megatron's override_opt_param_scheduler); by default the checkpoint's goes on, with a warning where it differs
+    override_opt_param_scheduler: bool = False
+    #: on resume, the checkpoint's schedule goes on without that warning (Megatron's use_checkpoint_opt_param_scheduler)
+    use_checkpoint_opt_param_scheduler: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -95,6 +100,10 @@ class ActorConfig:
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be positive, got {self.temperature}.")
         check_prompt_packing(self.prompt_packing)
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            raise ConfigError("override_opt_param_scheduler and use_checkpoint_opt_param_scheduler are both true, but "
+                              "a resume takes either the config's LR schedule or the checkpoint's; set one of them "
+                              "to false.")
 
 
 PROMPT_PACKING = ("auto", "on", "off")
@@ -103,6 +112,17 @@ PROMPT_PACKING = ("auto", "on", "off")
 def check_prompt_packing(value: str) -> None:
     if value not in PROMPT_PACKING:
         raise ConfigError(f"prompt_packing must be one of {', '.join(PROMPT_PACKING)}, got {value!r}.")
+
+
+def _schedule(warmup: float, decay: float, lr: float, min_lr: float, style: str, wd: float) -> tuple:
+    """What sets the rates of an OptimizerParamScheduler (mindrl's weight decay is constant; a constant
+    schedule never reaches its min_lr)."""
+    return (warmup, decay, lr, None if style == "constant" else min_lr, style, wd)
+
+
+def _schedule_text(warmup: float, decay: float, lr: float, min_lr: float | None, style: str, wd: float) -> str:
+    rate = f"lr {lr:g} constant" if min_lr is None else f"lr {lr:g} to {min_lr:g} {style}"
+    return f"{decay:g} optimizer steps, {warmup:g} of warm-up, {rate}, weight decay {wd:g}"
 
 
 #: (log-probs of the labels, their entropies if asked for, micro-batch, whole-batch normalisers)
@@ -393,7 +413,12 @@ class ActorWorker(MegatronWorker):
             self.optimizer, init_lr=0.0 if cfg.lr_warmup_fraction else cfg.lr, max_lr=cfg.lr, min_lr=cfg.min_lr,
             lr_warmup_steps=cfg.lr_warmup_fraction * decay_steps, lr_decay_steps=decay_steps,
             lr_decay_style=cfg.lr_decay_style, start_wd=cfg.weight_decay, end_wd=cfg.weight_decay,
-            wd_incr_steps=decay_steps, wd_incr_style="constant")
+            wd_incr_steps=decay_steps, wd_incr_style="constant",
+            # a load keeps the checkpoint's step count either way; override takes the config's schedule values,
+            # otherwise the checkpoint's are used (megatron-core's default, where Megatron-LM's with neither
+            # switch would assert that they match)
+            override_opt_param_scheduler=cfg.override_opt_param_scheduler,
+            use_checkpoint_opt_param_scheduler=not cfg.override_opt_param_scheduler)
         self.updates = 0
         self.expert_load = (ExpertLoad(self.model, arch.num_layers, arch.num_experts, self.platform.device())
                             if arch.is_moe else None)
@@ -572,16 +597,25 @@ class ActorWorker(MegatronWorker):
         return training.save(self._train_state("save_checkpoint"), root, iteration, extra)
 
     def kept_schedule(self) -> str | None:
-        """After a resume, a sentence where the LR schedule the checkpoint carried spans other optimizer steps than
-        this config's: Megatron keeps the checkpoint's (a changed train_iters or lr_decay_iters, or a checkpoint
-        written before the schedule counted iterations, would otherwise change the schedule unannounced)."""
-        kept = (self.scheduler.lr_warmup_steps, self.scheduler.lr_decay_steps)
-        if kept == self.schedule_steps:
+        """After a resume, a sentence where the LR schedule the checkpoint carried differs from this config's (its
+        optimizer steps, warm-up, lr, decay or weight decay): by default the checkpoint's goes on, as megatron-core's
+        scheduler keeps a loaded schedule (a changed train_iters, lr_decay_iters or lr, or a checkpoint written
+        before the schedule counted iterations, would otherwise change the schedule unannounced). None when they
+        agree, with override_opt_param_scheduler (the config's went on) and with use_checkpoint_opt_param_scheduler
+        (the checkpoint's was asked for)."""
+        cfg, s = self.cfg, self.scheduler
+        if cfg.override_opt_param_scheduler or cfg.use_checkpoint_opt_param_scheduler:
             return None
-        return (f"the checkpoint's LR schedule ({kept[1]:g} optimizer steps, {kept[0]:g} of warm-up) goes on, as "
-                f"Megatron keeps a loaded schedule, though this config's spans {self.schedule_steps[1]:g} "
-                f"({self.schedule_steps[0]:g} of warm-up); no_load_optim: true starts it over (with fresh Adam "
-                f"moments).")
+        warmup, decay = self.schedule_steps
+        kept = _schedule(s.lr_warmup_steps, s.lr_decay_steps, s.max_lr, s.min_lr, s.lr_decay_style, s.start_wd)
+        mine = _schedule(warmup, decay, cfg.lr, cfg.min_lr, cfg.lr_decay_style, cfg.weight_decay)
+        if kept == mine:
+            return None
+        return (f"the checkpoint's LR schedule ({_schedule_text(*kept)}) goes on, as Megatron keeps a loaded "
+                f"schedule, though this config's is {_schedule_text(*mine)}; override_opt_param_scheduler: true "
+                f"takes this config's from the checkpoint's step on, use_checkpoint_opt_param_scheduler: true keeps "
+                f"the checkpoint's without this warning, and no_load_optim: true starts this config's over (with "
+                f"fresh Adam moments).")
 
     def load_checkpoint(self, root: str | Path, iteration: int | None = None, load_optim: bool = True,
                         load_rng: bool = True) -> training.Resumed:
