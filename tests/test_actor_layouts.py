@@ -57,7 +57,8 @@ def _layouts(rank: int, layouts: list[tuple[ParallelConfig, int]]) -> list[dict]
 
 LAYOUTS = {  # world size → (layout, micro-batch size) run on it
     1: [(ParallelConfig(1, 1), ROWS), (ParallelConfig(1, 1), 2)],  # 1 and 4 micro-batches
-    2: [(ParallelConfig(2, 1), 2), (ParallelConfig(1, 2), 2), (ParallelConfig(1, 1), 2)],  # TP=2, PP=2, DP=2
+    2: [(ParallelConfig(2, 1), 2), (ParallelConfig(1, 2), 2), (ParallelConfig(1, 1), 2),  # TP=2, PP=2, DP=2
+        (ParallelConfig(2, 1, sequence_parallel=True), 2)],
     4: [(ParallelConfig(1, 1), 2), (ParallelConfig(2, 2), 1)],  # DP=4; TP=2×PP=2 with 8 micro-batches
 }
 
@@ -69,7 +70,8 @@ def by_layout() -> dict[str, dict]:
     for world, layouts in LAYOUTS.items():
         per_rank = run_ranks(_layouts, world, layouts)
         for i, (par, micro) in enumerate(layouts):
-            name = f"TP={par.tp} PP={par.pp} DP={world // (par.tp * par.pp)} micro={micro}"
+            name = f"TP={par.tp}{' SP' if par.sequence_parallel else ''} PP={par.pp} DP={world // (par.tp * par.pp)} " \
+                   f"micro={micro}"
             ranks = [r[i] for r in per_rank]
             joined[name] = {}
             for mode in MODES:

@@ -1,5 +1,6 @@
 """Architecture files and parallel-layout validation."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,37 @@ def test_layout_mistakes_get_one_sentence_before_any_process_group(par, world, m
 def test_bad_layer_list_text():
     with pytest.raises(ConfigError, match="comma-separated integers"):
         ParallelConfig(1, 2, num_layer_list="ten,14")
+
+
+def test_sequence_parallel_has_megatrons_meaning_and_is_refused_where_it_cannot_run():
+    dense, moe = load_model_arch("tiny_qwen"), load_model_arch("tiny_qwen3_moe")
+    tp2 = [ParallelConfig(2, 1, sequence_parallel=sp) for sp in (None, False, True)]
+    assert [par.sequence_parallel_for(dense) for par in tp2] == [False, False, True]
+    assert [par.sequence_parallel_for(moe) for par in (tp2[0], tp2[2])] == [True, True]
+    # at TP=1 it is off whatever it says, as Megatron turns it off there
+    assert not any(ParallelConfig(1, 1, sequence_parallel=True).sequence_parallel_for(a) for a in (dense, moe))
+    validate_parallel(moe, ParallelConfig(1, 1, sequence_parallel=False))
+    validate_parallel(dense, ParallelConfig(1, 1, sequence_parallel=True))
+    refused = {
+        (moe, ParallelConfig(2, 1, sequence_parallel=False)):
+            "sequence_parallel is false, but model tiny_qwen3_moe is a mixture of experts at "
+            "tensor_model_parallel_size=2, which megatron-core trains only sequence-parallel; set sequence_parallel "
+            "true (or leave it unset), or tensor_model_parallel_size 1.",
+        (dataclasses.replace(dense, normalization="LayerNorm"), ParallelConfig(2, 1, sequence_parallel=True)):
+            "sequence_parallel needs RMSNorm, but model tiny_qwen uses LayerNorm (torch's module, which megatron-core "
+            "does not run sequence-parallel); set sequence_parallel false.",
+        (dataclasses.replace(moe, normalization="LayerNorm"), ParallelConfig(2, 1)):
+            "model tiny_qwen3_moe is a mixture of experts with LayerNorm: at tensor_model_parallel_size=2 it must run "
+            "sequence-parallel, which torch's LayerNorm module does not in megatron-core; use "
+            "tensor_model_parallel_size 1.",
+        (load_model_arch("tiny_qwen25_vl"), ParallelConfig(2, 1, sequence_parallel=True)):
+            "sequence_parallel is not built for vision-language models (model tiny_qwen25_vl: its image features are "
+            "placed in the whole sequence's embeddings); set it false.",
+    }
+    for (arch, par), message in refused.items():
+        with pytest.raises(ConfigError) as err:
+            validate_parallel(arch, par)
+        assert str(err.value) == message
+    validate_parallel(load_model_arch("tiny_qwen25_vl"), ParallelConfig(2, 1))
+    with pytest.raises(ConfigError, match=r"^sequence_parallel must be true or false, got 'yes'\.$"):
+        ParallelConfig(2, 1, sequence_parallel="yes")

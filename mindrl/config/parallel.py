@@ -24,12 +24,19 @@ class ParallelConfig:
     #: the tensor-parallel cut of each expert; null: tensor_model_parallel_size, megatron-core's default and
     #: the only one mindrl builds (MindSpeed-LLM's and Megatron-LM's expert checkpoints are cut so)
     expert_tensor_parallel_size: int | None = None
+    #: Megatron's sequence parallelism: with TP > 1 the activations outside the tensor-parallel matmuls (norms,
+    #: residual adds) are cut along the sequence over the TP ranks. null: on exactly for a mixture of experts at
+    #: TP > 1 (megatron-core trains MoE layers under TP only so); at TP = 1 it is off whatever it says, as in
+    #: Megatron. See `sequence_parallel_for`.
+    sequence_parallel: bool | None = None
 
     def __post_init__(self) -> None:
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
+        if self.sequence_parallel is not None and not isinstance(self.sequence_parallel, bool):
+            raise ConfigError(f"sequence_parallel must be true or false, got {self.sequence_parallel!r}.")
         if isinstance(self.num_layer_list, str):
             object.__setattr__(self, "num_layer_list", parse_layer_list(self.num_layer_list))
 
@@ -50,6 +57,12 @@ class ParallelConfig:
         """Ranks that hold one whole copy of the model: TP×PP, times EP (experts are cut across the data-
         parallel ranks of a TP×PP model, so a model of EP=e needs e of those)."""
         return self.tp * self.pp * self.ep
+
+    def sequence_parallel_for(self, arch: ModelArch) -> bool:
+        """Whether `arch`'s model runs sequence-parallel under this layout (the TransformerConfig's value)."""
+        if self.tp == 1:
+            return False
+        return arch.is_moe if self.sequence_parallel is None else self.sequence_parallel
 
     def layers_per_stage(self, arch: ModelArch) -> list[int]:
         """Decoder layers on each pipeline stage (validated)."""
@@ -108,7 +121,30 @@ def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | No
         raise ConfigError(
             f"world size {world_size} is not divisible by tensor_model_parallel_size × "
             f"pipeline_model_parallel_size = {tp}×{pp}; use a device count that is a multiple of {tp * pp}.")
+    validate_sequence_parallel(arch, par)
     validate_expert_parallel(arch, par, world_size)
+
+
+def validate_sequence_parallel(arch: ModelArch, par: ParallelConfig) -> None:
+    """The models that cannot run (or cannot run without) sequence parallelism under TP."""
+    if par.tp == 1:
+        return
+    if arch.is_moe and par.sequence_parallel is False:
+        raise ConfigError(f"sequence_parallel is false, but model {arch.name} is a mixture of experts at "
+                          f"tensor_model_parallel_size={par.tp}, which megatron-core trains only sequence-parallel; "
+                          f"set sequence_parallel true (or leave it unset), or tensor_model_parallel_size 1.")
+    if not par.sequence_parallel_for(arch):
+        return
+    if arch.normalization != "RMSNorm" and arch.is_moe:
+        raise ConfigError(f"model {arch.name} is a mixture of experts with {arch.normalization}: at "
+                          f"tensor_model_parallel_size={par.tp} it must run sequence-parallel, which torch's "
+                          f"{arch.normalization} module does not in megatron-core; use tensor_model_parallel_size 1.")
+    if arch.normalization != "RMSNorm":
+        raise ConfigError(f"sequence_parallel needs RMSNorm, but model {arch.name} uses {arch.normalization} (torch's "
+                          f"module, which megatron-core does not run sequence-parallel); set sequence_parallel false.")
+    if arch.vision is not None:
+        raise ConfigError(f"sequence_parallel is not built for vision-language models (model {arch.name}: its image "
+                          f"features are placed in the whole sequence's embeddings); set it false.")
 
 
 def validate_expert_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | None = None) -> None:

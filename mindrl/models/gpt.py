@@ -51,6 +51,7 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=par.tp,
+        sequence_parallel=par.sequence_parallel_for(arch),
         pipeline_model_parallel_size=par.pp,
         pipeline_model_parallel_layout=_stage_layout(arch, par),
         params_dtype=params_dtype,

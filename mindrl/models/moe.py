@@ -31,10 +31,10 @@ def moe_config_kwargs(par: ParallelConfig) -> dict[str, Any]:
     """TransformerConfig keywords of an MoE model under `par`.
 
     megatron-core refuses to train an MoE layer under TP without sequence parallelism (its tokens are
-    routed per sequence shard), so TP > 1 turns it on; sequences must then divide by TP.
+    routed per sequence shard), so at TP > 1 `par.sequence_parallel_for` is always true for it (transformer_config
+    sets it); sequences must then divide by TP.
     """
-    return dict(expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp,
-                sequence_parallel=par.tp > 1, moe_grouped_gemm=False,
+    return dict(expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp, moe_grouped_gemm=False,
                 # each router gets a RouterReplay, idle (routing as usual) until told to record or replay
                 moe_enable_routing_replay=True)
 

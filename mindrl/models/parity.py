@@ -64,6 +64,10 @@ def run_layouts(rank: int, arch: ModelArch, layouts: list[ParallelConfig], seed:
         micro = [{"tokens": tokens[i:i + micro_batch_size], "labels": labels[i:i + micro_batch_size]}
                  for i in range(0, tokens.shape[0], micro_batch_size)]
         outputs = run_microbatches(model, micro, loss_fn)
+        if model.config.sequence_parallel:  # Megatron's finalize step: each TP rank's norms saw its tokens only
+            for param in model.parameters():
+                if param.grad is not None and getattr(param, "sequence_parallel", False):
+                    torch.distributed.all_reduce(param.grad, group=parallel_state.get_tensor_model_parallel_group())
         results.append(StageResult(
             tp_rank=tp_rank, pp_rank=pp_rank, dp_rank=parallel_state.get_data_parallel_rank(),
             logits=torch.cat(captured).cpu() if captured else None,
