@@ -1,6 +1,6 @@
-"""PPO's critic worker: its value-loss gradients at TP=2, PP=2 and DP=2 (plain and prompt-packed rows) against HF
-transformers' model with the loss written out, its values at TP=2×PP=2, and a critic started from a causal LM's
-converted checkpoint."""
+"""PPO's critic worker: its value-loss gradients at TP=2 (also sequence-parallel), PP=2 and DP=2 (plain and
+prompt-packed rows) against HF transformers' model with the loss written out, its values at TP=2×PP=2, and a critic
+started from a causal LM's converted checkpoint."""
 
 import pytest
 import torch
@@ -18,7 +18,8 @@ from tests.grads import assert_gradients_equal, reduced_grads
 from tests.hf_models import mcore_to_hf_state
 
 # (layout, micro-batch, prompt packing): TP=2, PP=2 and DP=2 on two ranks, each in several micro-batches
-LAYOUTS = [(ParallelConfig(2, 1), 4, "on"), (ParallelConfig(1, 2), 2, "off"), (ParallelConfig(1, 1), 2, "on")]
+LAYOUTS = [(ParallelConfig(2, 1), 4, "on"), (ParallelConfig(1, 2), 2, "off"), (ParallelConfig(1, 1), 2, "on"),
+           (ParallelConfig(2, 1, sequence_parallel=True), 4, "off")]  # the score head sees every TP rank's shard
 CLIP = 0.2
 
 
@@ -93,7 +94,7 @@ def test_critic_gradients_equal_hf_transformers_with_the_clipped_value_loss_at_t
     ranks = run_ranks(_critic_grads, 2, full)
     for index, (par, micro, packing) in enumerate(LAYOUTS):
         runs = [r[index] for r in ranks]
-        where = f"TP={par.tp} PP={par.pp} micro={micro} packing={packing}"
+        where = f"TP={par.tp} PP={par.pp} SP={par.sequence_parallel} micro={micro} packing={packing}"
         assert all(run["packed"] == (packing == "on",) * 2 for run in runs), where
         assert_gradients_equal(runs, expected, arch, par, where)
         for run in runs:

@@ -1,6 +1,7 @@
 """Reward models: HF *ForSequenceClassification ⇄ Megatron (rm_head) exactly, and the Megatron reward
 worker's scores at TP=2×PP=2 against HF transformers' own."""
 
+import dataclasses
 import json
 
 import pytest
@@ -61,14 +62,16 @@ def _megatron_scores(rank: int, roots: list[str], tokens: torch.Tensor, position
     out = []
     for root in roots:
         args = mg.load_args(root)
-        worker = RewardModelWorker(mg.arch_of(args), mg.parallel_of(args), root, torch.float32, micro_batch_size=2)
-        out.append(worker.score({"tokens": tokens, "score_positions": positions}))
+        for sequence_parallel in (False, True):  # its score head sees every TP rank's shard of the sequence
+            par = dataclasses.replace(mg.parallel_of(args), sequence_parallel=sequence_parallel)
+            worker = RewardModelWorker(mg.arch_of(args), par, root, torch.float32, micro_batch_size=2)
+            out.append(worker.score({"tokens": tokens, "score_positions": positions}))
     return out
 
 
 def test_reward_worker_tp2_pp2_scores_equal_hf_sequence_classification(tmp_path):
     """Five right-padded rows of mixed lengths (micro-batches of 2, so the last is padded too), for a
-    Qwen2 (QKV biases, GQA) and a Llama reward model."""
+    Qwen2 (QKV biases, GQA) and a Llama reward model, in plain and sequence-parallel TP."""
     lengths = torch.tensor([24, 9, 17, 3, 20])
     gen = torch.Generator().manual_seed(1)
     tokens = torch.zeros(5, 24, dtype=torch.long)  # pad_token_id 0, never a real token below
@@ -86,8 +89,9 @@ def test_reward_worker_tp2_pp2_scores_equal_hf_sequence_classification(tmp_path)
     assert len(held) == 2  # the two TP ranks of the last stage
     for i, hf in enumerate(expected):
         assert hf.abs().max() > 0.1 and hf.std() > 0.01  # real scores that differ by row
-        assert (held[0][i] - hf).abs().max().item() < 1e-4
-        assert torch.equal(held[0][i], held[1][i])
+        for scores in held[0][2 * i:2 * i + 2]:
+            assert (scores - hf).abs().max().item() < 1e-4
+        assert torch.equal(held[0][2 * i], held[1][2 * i]) and torch.equal(held[0][2 * i + 1], held[1][2 * i + 1])
 
 
 @pytest.fixture(scope="module")
