@@ -38,19 +38,23 @@ def _engine(worker, eos: list[int]):
     return MegatronEngine(worker.model, worker.arch, worker.par, eos, max_model_len=MAX_MODEL_LEN)
 
 
-def _actor(checkpoint: str):
+def _actor(checkpoint: str, sequence_parallel: bool = False):
     from mindrl.checkpoint import megatron as mg
     from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
     args = mg.load_args(checkpoint)
     cfg = ActorConfig(lr=1e-3, temperature=TEMPERATURE, mini_batch_size=8, micro_batch_size=2)
-    return ActorWorker(mg.arch_of(args), mg.parallel_of(args), cfg, weights=checkpoint)
+    par = replace(mg.parallel_of(args), sequence_parallel=sequence_parallel)
+    return ActorWorker(mg.arch_of(args), par, cfg, weights=checkpoint)
 
 
-def _rollouts(rank: int, checkpoint: str, others: dict[str, str], state_checks: bool) -> dict:
+def _rollouts(rank: int, checkpoint: str, others: dict[str, str], state_checks: bool,
+              sequence_parallel: bool = False) -> dict:
     """Greedy and sampled rollouts of one layout and the actor's log-probs of the sampled ones; the greedy
     rollouts of `others` (name: checkpoint) in the same layout; optionally the seed / state / input checks."""
-    actor = _actor(checkpoint)
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    actor = _actor(checkpoint, sequence_parallel)
     engine = _engine(actor, eos=[])
     greedy = SamplingConfig(top_k=1, max_tokens=NEW_TOKENS)
     out = {"greedy": engine.generate(PROMPTS, greedy, n=2),
@@ -63,7 +67,10 @@ def _rollouts(rank: int, checkpoint: str, others: dict[str, str], state_checks: 
     out.update(eos=eos, sampled=sampled, actor_log_probs=None if scored is None else scored["log_probs"],
                actor_rows=actor.local_rows(len(sampled.responses)))
     for name, other in others.items():
-        out[f"{name}_greedy"] = _engine(_actor(other), eos=[]).generate(PROMPTS, greedy)
+        out[f"{name}_greedy"] = _engine(_actor(other, sequence_parallel), eos=[]).generate(PROMPTS, greedy)
+    # the engine runs a sequence-parallel model in plain TP and hands it back as it was
+    out["sequence_parallel"] = {actor.model.config.sequence_parallel} | {
+        m.sequence_parallel for m in actor.model.modules() if isinstance(m, ColumnParallelLinear | RowParallelLinear)}
     if state_checks:
         out.update(_seeds_and_state(actor, engine, checkpoint))
     return out
@@ -120,7 +127,7 @@ def models(tmp_path_factory):
                                params_dtype=torch.float32, progress=False))
 
     checkpoints = {layout: convert("qwen2", *layout) for layout in ((1, 1), (2, 1), (1, 2))}
-    checkpoints.update(llama3=convert("llama3", 2, 1), qwen3=convert("qwen3", 1, 1))
+    checkpoints.update(llama3=convert("llama3", 2, 1), qwen3=convert("qwen3", 1, 1), qwen3_tp2=convert("qwen3", 2, 1))
     return hf, checkpoints
 
 
@@ -136,12 +143,15 @@ def _in_turn(rank: int, jobs: list[tuple]) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(models):
     """Both ranks' results at TP=1 (two data-parallel replicas; with Qwen3 and the state checks), TP=2 (with
-    the untied Llama) and PP=2, one layout after the other in one launch."""
+    the untied Llama), PP=2 and sequence-parallel TP=2 (with Qwen3's QK norms), one layout after the other in one
+    launch."""
     checkpoints = models[1]
     ranks = run_ranks(_in_turn, 2, [(checkpoints[(1, 1)], {"qwen3": checkpoints["qwen3"]}, True),
                                     (checkpoints[(2, 1)], {"llama3": checkpoints["llama3"]}, False),
-                                    (checkpoints[(1, 2)], {}, False)])
-    return {layout: [results[i] for results in ranks] for i, layout in enumerate(("tp1", "tp2", "pp2"))}
+                                    (checkpoints[(1, 2)], {}, False),
+                                    (checkpoints[(2, 1)], {"qwen3": checkpoints["qwen3_tp2"]}, False, True)])
+    return {layout: [results[i] for results in ranks]
+            for i, layout in enumerate(("tp1", "tp2", "pp2", "tp2_sequence_parallel"))}
 
 
 def _actor_log_probs(ranks: list[dict]) -> torch.Tensor:
@@ -169,8 +179,17 @@ def test_untied_llama3_greedy_equals_hf_generate_at_tp2(models, runs):
 
 
 def test_qwen3_greedy_equals_hf_generate(models, runs):
-    """Per-head QK norm, and a head size (32) other than hidden / heads (16)."""
-    assert runs["tp1"][0]["qwen3_greedy"].responses == _hf_greedy(models[0]["qwen3"], PROMPTS, NEW_TOKENS)
+    """Per-head QK norm, and a head size (32) other than hidden / heads (16); also sequence-parallel at TP=2."""
+    expected = _hf_greedy(models[0]["qwen3"], PROMPTS, NEW_TOKENS)
+    assert runs["tp1"][0]["qwen3_greedy"].responses == expected
+    assert [rank["qwen3_greedy"].responses for rank in runs["tp2_sequence_parallel"]] == [expected, expected]
+
+
+def test_a_sequence_parallel_actor_generates_in_plain_tp_and_is_handed_back_sequence_parallel(runs):
+    """Its greedy and sampled rows are checked with the other layouts' above (HF's tokens, the actor's log-probs,
+    which its sequence-parallel forward computes after the engine ran)."""
+    assert [rank["sequence_parallel"] for rank in runs["tp2_sequence_parallel"]] == [{True}, {True}]
+    assert [rank["sequence_parallel"] for rank in runs["tp2"]] == [{False}, {False}]
 
 
 def test_a_response_stops_at_max_model_len(models, runs):

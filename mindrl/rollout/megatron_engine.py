@@ -16,7 +16,10 @@ from contextlib import contextmanager
 
 import torch
 from megatron.core import parallel_state as ps
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.models.gpt import GPTModel
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from megatron.core.transformer import TransformerConfig
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.data.images import PromptImages
@@ -59,6 +62,33 @@ def generation_mode(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for module, training in flags:
             module.training = training
+
+
+@contextmanager
+def plain_tensor_parallel(model: torch.nn.Module) -> Iterator[None]:
+    """A sequence-parallel model's modules in plain tensor parallelism for the duration, then back.
+
+    A decode step feeds one token per row, which no sequence cut over the TP ranks can split. The weights and the
+    arithmetic are the same either way: only which collective joins the tensor-parallel partial sums (all-reduce,
+    not reduce-scatter) and where the norms run (on every rank, not on a shard) differ. megatron-core's GPTModel
+    switches its output layer so for multi-token prediction; here the switch covers every module that reads it."""
+    if not model.config.sequence_parallel:
+        yield
+        return
+    switched = [(m, "sequence_parallel") for m in model.modules()
+                if isinstance(m, ColumnParallelLinear | RowParallelLinear)]
+    switched += [(m, "reduce_scatter_embeddings") for m in model.modules()
+                 if isinstance(m, LanguageModelEmbedding | VocabParallelEmbedding)]
+    configs = {id(c): c for m in model.modules() if isinstance(c := getattr(m, "config", None), TransformerConfig)}
+    switched += [(c, "sequence_parallel") for c in configs.values()]
+    before = [getattr(obj, name) for obj, name in switched]
+    for obj, name in switched:
+        setattr(obj, name, False)
+    try:
+        yield
+    finally:
+        for (obj, name), value in zip(switched, before, strict=True):
+            setattr(obj, name, value)
 
 
 class MegatronEngine(RolloutEngine):
@@ -115,7 +145,8 @@ class MegatronEngine(RolloutEngine):
         per_wave = max(1, self.max_num_seqs // n)
         if self.recording:
             result.routes = []
-        with generation_mode(self.model), get_platform().rollout_calls(), routes_recorded(self.model, self.recording):
+        with generation_mode(self.model), plain_tensor_parallel(self.model), get_platform().rollout_calls(), \
+                routes_recorded(self.model, self.recording):
             for start in range(0, len(prompts), per_wave):
                 wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n,
                                   images[start:start + per_wave])
