@@ -165,6 +165,15 @@ MISTAKES = {
     "adv estimator": (["rl_config.adv_estimator=gea"], ["gea", "adv_estimator", "gae"]),
     "rollout_is": (["+rl_config.rollout_is=batch"], ["rollout_is"]),
     "policy loss": (["+rl_config.policy_loss=gpg"], ["gpg", "policy_loss", "gspo"]),
+    "sequence parallelism off for an MoE under TP": (
+        [*MOE, "actor_config.tensor_model_parallel_size=2", "+actor_config.sequence_parallel=false"],
+        ["actor_config", "sequence_parallel is false", "mixture of experts", "leave it unset",
+         "tensor_model_parallel_size 1"]),
+    "prompt packing under sequence parallelism": (
+        ["actor_config.tensor_model_parallel_size=2", "+actor_config.sequence_parallel=true",
+         "+rl_config.prompt_packing=true"], ["prompt_packing: true", "actor_config runs sequence-parallel", "auto"]),
+    "sequence parallel type": (["+actor_config.sequence_parallel=3"],
+                               ["actor_config.sequence_parallel", "true or false"]),
     "EP on a dense model": (["+actor_config.expert_model_parallel_size=2"], ["expert_model_parallel_size=2",
                                                                            "mixture-of-experts"]),
     "routing replay with vLLM": ([*MOE, "+generate_config.rollout_routing_replay=true",
@@ -319,11 +328,37 @@ def test_mindspeed_reference_configs_load_and_name_unsupported_keys(name):
     for note in notes:
         _one_sentence(note)
     named = " ".join(notes)
-    for key in ("use_flash_attn", "use_fused_rmsnorm", "sequence_parallel", "tokenizer_type", "split",
-                "distributed_backend"):
+    for key in ("use_flash_attn", "use_fused_rmsnorm", "tokenizer_type", "split", "distributed_backend"):
         assert f".{key} " in named, key
+    assert "sequence_parallel" not in named  # a Megatron key with Megatron's meaning (MindSpeed-RL sets it at TP > 1)
     assert sum("megatron_training.use_flash_attn " in n for n in notes) == 1  # once, where it was written
     assert "init_kl_coef" not in named and "n_samples_per_prompt" not in named and "gamma" not in named
+
+
+def test_sequence_parallel_is_a_role_key_with_megatrons_meaning():
+    """It reaches the role's TransformerConfig; unset, an MoE under TP is sequence-parallel (megatron-core trains it
+    only so) and a dense model is not; at TP=1 it does nothing, as in Megatron, and is said to."""
+    from mindrl.models.gpt import transformer_config  # megatron-core: seconds to import
+
+    def sequence_parallel(*overrides: str) -> tuple[bool, list[str]]:
+        cfg = load_trainer_config("grpo_tiny_cpu", list(overrides))
+        actor = cfg.actor_config
+        return (transformer_config(actor.arch, actor.parallel).sequence_parallel,
+                [notice for notice in cfg.notices if "sequence_parallel" in notice])
+
+    tp2 = "actor_config.tensor_model_parallel_size=2"
+    assert sequence_parallel(tp2) == (False, [])
+    assert sequence_parallel(tp2, "+actor_config.sequence_parallel=true") == (True, [])
+    assert sequence_parallel(tp2, "+megatron_training.sequence_parallel=true") == (True, [])  # MindSpeed-RL's place
+    assert sequence_parallel(*MOE, tp2) == (True, [])
+    assert sequence_parallel(*MOE, tp2, "+actor_config.sequence_parallel=true") == (True, [])
+    assert sequence_parallel("+megatron_training.sequence_parallel=true") == (False, [
+        "sequence_parallel=true has no effect at tensor_model_parallel_size 1 (it cuts activations over the TP ranks; "
+        "Megatron turns it off there too)."])
+    _, notices = sequence_parallel(*PPO, "+critic_config.sequence_parallel=true",
+                                   "+rl_config.critic_resource={num_cpus: 2}")
+    assert notices == ["critic_config.sequence_parallel=true has no effect at tensor_model_parallel_size 1 (it cuts "
+                       "activations over the TP ranks; Megatron turns it off there too)."]
 
 
 def test_dapo_reference_keys_map_onto_the_grpo_trainer():
@@ -404,8 +439,11 @@ def test_mindspeed_rls_ppo_file_loads_as_ppo_and_names_its_unsupported_keys(tmp_
     named = " ".join(notes)
     for key in ("use_flash_attn", "guarantee_order", "blocking", "split", "tokenizer_type"):
         assert f".{key} " in named, key
-    assert not any(word in named for word in ("gamma", "lam ", "cliprange_value", "critic_resource", "adv_estimator"))
+    assert not any(word in named for word in ("gamma", "lam ", "cliprange_value", "critic_resource", "adv_estimator",
+                                              "sequence_parallel"))
     rl, critic = cfg.rl_config, cfg.critic_config
+    for role in (cfg.actor_config, critic):  # megatron_training's sequence_parallel: true, at TP=8
+        assert role.parallel.sequence_parallel_for(role.arch)
     assert rl.trains_critic and (rl.gamma, rl.lam, rl.cliprange_value) == (1.0, 1.0, 0.5)
     assert cfg.critic_on_own_devices and critic.lr == 5e-6 and critic.arch.num_labels == 1
     assert (critic.parallel.tp, cfg.critic_update_config().mini_batch_size) == (8, 64 * 16)

@@ -16,6 +16,7 @@ from mindrl.models import hf_mapping as hfm
 from mindrl.platform import PLATFORMS
 from mindrl.rollout.config import VLLM_ROUTES, check_megatron_rollout
 from mindrl.trainer.grpo_config import TrainerConfig
+from mindrl.trainer.megatron import SEQUENCE_PARALLEL_AT_TP1
 from mindrl.trainer.reward_model import REWARD_MODEL
 from mindrl.trainer.rl import RLConfig
 
@@ -73,6 +74,10 @@ def check_layouts(cfg: TrainerConfig) -> None:
             validate_parallel(role.arch, role.parallel, world_size=resource.count)
         except ConfigError as err:
             raise ConfigError(f"{section}: {err}") from None
+        if cfg.rl_config.prompt_packing is True and role.parallel.sequence_parallel_for(role.arch):
+            raise ConfigError(f"rl_config.prompt_packing: true packs a prompt's samples into one row, but {section} "
+                              f"runs sequence-parallel, whose rows are padded to a multiple of TP instead; set "
+                              f"prompt_packing to auto (it then stays off there) or false.")
     actor, gen = cfg.actor_config, cfg.generate_config
     try:
         validate_parallel(actor.arch, ParallelConfig(gen.infer_tensor_parallel_size),
@@ -211,6 +216,11 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
     naming what would enable it (refusing them would turn away MindSpeed-RL files that carry them)."""
     rl, defaults = cfg.rl_config, RLConfig()
     notices = cfg.actor_config.inert_keys()
+    others = {section: role for section, role, _ in cfg.roles()[1:]}
+    if cfg.critic_config is not None:
+        others["critic_config"] = cfg.critic_config
+    notices += [f"{section}.{SEQUENCE_PARALLEL_AT_TP1}" for section, role in others.items()
+                if role.sequence_parallel_is_inert]
     critic = cfg.critic_config
     if critic is not None and critic.save not in (None, cfg.actor_config.save):
         notices.append(f"critic_config.save={critic.save} has no effect: the critic's checkpoints go to critic/ in "

@@ -30,6 +30,8 @@ STAGES = {"ray_grpo": "cli/train_grpo.py", "ray_ppo": "cli/train_ppo.py", "sft":
 # a config must be judged before that, so its value rules (decay style, warm-up, the scheduler switches) are
 # repeated here.
 LR_DECAY_STYLES = ("constant", "cosine", "linear")
+SEQUENCE_PARALLEL_AT_TP1 = ("sequence_parallel=true has no effect at tensor_model_parallel_size 1 (it cuts "
+                            "activations over the TP ranks; Megatron turns it off there too).")
 _ARCH_KEYS = frozenset(f.name for f in dataclasses.fields(ModelArch)) - {"name"}
 
 
@@ -80,6 +82,9 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     #: the experts' TP cut; only TP itself (null) is built
     expert_tensor_parallel_size: int | None = None
+    #: Megatron's sequence parallelism under TP > 1 (norms and residual adds cut along the sequence over the TP
+    #: ranks); null: on exactly for a mixture of experts, which megatron-core trains under TP only so
+    sequence_parallel: bool | None = None
     #: a vision-language model: train the language model only, the vision tower (merger included) kept as loaded
     freeze_vision_tower: bool = False
     #: on resume, the config's LR / weight-decay schedule replaces the checkpoint's from its step on (Megatron's key)
@@ -136,7 +141,8 @@ class MegatronConfig:
     @property
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
-                              self.num_layer_list, self.expert_model_parallel_size, self.expert_tensor_parallel_size)
+                              self.num_layer_list, self.expert_model_parallel_size, self.expert_tensor_parallel_size,
+                              self.sequence_parallel)
 
     def actor_config(self, mini_batch_size: int, steps_per_iteration: int = 1, rows_per_example: int = 1,
                      **update: Any) -> ActorConfig:
@@ -166,10 +172,18 @@ class MegatronConfig:
 
     def inert_keys(self) -> list[str]:
         """Keys set here that do nothing because the key enabling them is not (a warning each, not an error)."""
+        notices = []
         if self.save is None and self.save_interval:
-            return [f"save_interval={self.save_interval} has no effect without save; set save to write checkpoints "
-                    f"every {self.save_interval} steps."]
-        return []
+            notices.append(f"save_interval={self.save_interval} has no effect without save; set save to write "
+                           f"checkpoints every {self.save_interval} steps.")
+        if self.sequence_parallel_is_inert:
+            notices.append(SEQUENCE_PARALLEL_AT_TP1)
+        return notices
+
+    @property
+    def sequence_parallel_is_inert(self) -> bool:
+        """`sequence_parallel: true` at TP = 1: Megatron turns it off (there are no TP ranks to cut over)."""
+        return bool(self.sequence_parallel) and self.tensor_model_parallel_size == 1
 
     def saves_at(self, step: int) -> bool:
         """Whether a checkpoint is written after `step`: every save_interval steps and at the last one."""
