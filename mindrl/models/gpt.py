@@ -16,7 +16,6 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.transformer import ModuleSpec, TransformerConfig
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
@@ -161,7 +160,8 @@ class RewardGPTModel(PositionedGPTModel):
         if self.config.sequence_parallel:
             # each TP rank holds its shard of the sequence; the head, replicated, scores all of it (the backward
             # hands each rank its shard of the gradient, as the LM head's gather does)
-            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
+            hidden_states = tensor_parallel.gather_from_sequence_parallel_region(hidden_states,
+                                                                                 tensor_parallel_output_grad=False)
         return self.rm_head(hidden_states).transpose(0, 1).contiguous()
 
 
