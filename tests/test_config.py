@@ -7,6 +7,7 @@ import pytest
 import torch.distributed as dist
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, load_model_arch, validate_parallel
+from mindrl.config.parallel import validate_sequence_parallel
 from mindrl.config.paths import MODEL_CONFIGS_DIR
 
 REFERENCE_MODELS = Path(__file__).resolve().parents[2] / "shared/reference/mindspeed_rl/configs/model"
@@ -115,8 +116,8 @@ def test_sequence_parallel_has_megatrons_meaning_and_is_refused_where_it_cannot_
     assert [par.sequence_parallel_for(moe) for par in (tp2[0], tp2[2])] == [True, True]
     # at TP=1 it is off whatever it says, as Megatron turns it off there
     assert not any(ParallelConfig(1, 1, sequence_parallel=True).sequence_parallel_for(a) for a in (dense, moe))
-    validate_parallel(moe, ParallelConfig(1, 1, sequence_parallel=False))
-    validate_parallel(dense, ParallelConfig(1, 1, sequence_parallel=True))
+    validate_sequence_parallel(moe, ParallelConfig(1, 1, sequence_parallel=False))
+    validate_sequence_parallel(dense, ParallelConfig(1, 1, sequence_parallel=True))
     refused = {
         (moe, ParallelConfig(2, 1, sequence_parallel=False)):
             "sequence_parallel is false, but model tiny_qwen3_moe is a mixture of experts at "
@@ -135,8 +136,9 @@ def test_sequence_parallel_has_megatrons_meaning_and_is_refused_where_it_cannot_
     }
     for (arch, par), message in refused.items():
         with pytest.raises(ConfigError) as err:
-            validate_parallel(arch, par)
+            validate_sequence_parallel(arch, par)
         assert str(err.value) == message
-    validate_parallel(load_model_arch("tiny_qwen25_vl"), ParallelConfig(2, 1))
+        validate_parallel(arch, par)  # a converter's or vLLM's layout: never sequence-parallel, not refused so
+    validate_sequence_parallel(load_model_arch("tiny_qwen25_vl"), ParallelConfig(2, 1))
     with pytest.raises(ConfigError, match=r"^sequence_parallel must be true or false, got 'yes'\.$"):
         ParallelConfig(2, 1, sequence_parallel="yes")

@@ -121,12 +121,12 @@ def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | No
         raise ConfigError(
             f"world size {world_size} is not divisible by tensor_model_parallel_size × "
             f"pipeline_model_parallel_size = {tp}×{pp}; use a device count that is a multiple of {tp * pp}.")
-    validate_sequence_parallel(arch, par)
     validate_expert_parallel(arch, par, world_size)
 
 
 def validate_sequence_parallel(arch: ModelArch, par: ParallelConfig) -> None:
-    """The models that cannot run (or cannot run without) sequence parallelism under TP."""
+    """The models a Megatron worker cannot run (or cannot run without) sequence parallelism under TP. Not part of
+    validate_parallel: a converter's or vLLM's layout never runs sequence-parallel."""
     if par.tp == 1:
         return
     if arch.is_moe and par.sequence_parallel is False:

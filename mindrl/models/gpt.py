@@ -20,6 +20,7 @@ from megatron.core.transformer import ModuleSpec, TransformerConfig
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
+from mindrl.config.parallel import validate_sequence_parallel
 from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
 from mindrl.models.attention import SDPAttention
@@ -45,6 +46,7 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
                        platform: Platform | None = None, **overrides) -> TransformerConfig:
     """The TransformerConfig for `arch` under `par`; `overrides` win over everything."""
     validate_parallel(arch, par)
+    validate_sequence_parallel(arch, par)
     platform = platform or get_platform()
     kwargs = dict(
         **af.transformer_config_kwargs(arch),

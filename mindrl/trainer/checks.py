@@ -12,6 +12,7 @@ import importlib.util
 from mindrl.algorithms.advantages import GROUP_ESTIMATORS
 from mindrl.algorithms.group_filter import TOTAL_SCORE
 from mindrl.config import ConfigError, ParallelConfig, validate_parallel
+from mindrl.config.parallel import validate_sequence_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import PLATFORMS
 from mindrl.rollout.config import VLLM_ROUTES, check_megatron_rollout
@@ -72,8 +73,14 @@ def check_layouts(cfg: TrainerConfig) -> None:
     for section, role, resource in cfg.roles():
         try:
             validate_parallel(role.arch, role.parallel, world_size=resource.count)
+            validate_sequence_parallel(role.arch, role.parallel)
         except ConfigError as err:
             raise ConfigError(f"{section}: {err}") from None
+    # the reward model scores plain rows; the critic in the actor's processes packs as the actor does
+    packing = [(section, role) for section, role, _ in cfg.roles() if section != "reward_config"]
+    if critic is not None and not cfg.critic_on_own_devices:
+        packing.append(("critic_config", critic))
+    for section, role in packing:
         if cfg.rl_config.prompt_packing is True and role.parallel.sequence_parallel_for(role.arch):
             raise ConfigError(f"rl_config.prompt_packing: true packs a prompt's samples into one row, but {section} "
                               f"runs sequence-parallel, whose rows are padded to a multiple of TP instead; set "

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from mindrl.config import ConfigError, resources
 from mindrl.config.keys import Keys, normalise
-from mindrl.config.parallel import validate_parallel
+from mindrl.config.parallel import validate_parallel, validate_sequence_parallel
 from mindrl.config.resources import Cluster, RoleResource
 from mindrl.config.values import check_types, positive
 from mindrl.console import say
@@ -103,6 +103,7 @@ class StageConfig:
                               "them at cli/preprocess_data.py's output and the tokenizer it used.")
         try:
             validate_parallel(t.arch, t.parallel, world_size=devices)
+            validate_sequence_parallel(t.arch, t.parallel)
         except ConfigError as err:
             raise ConfigError(f"megatron_training: {err}") from None
         dp = devices // (t.tensor_model_parallel_size * t.pipeline_model_parallel_size)
