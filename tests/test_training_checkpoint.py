@@ -36,7 +36,7 @@ CFG = ActorConfig(lr=1e-3, lr_warmup_fraction=0.5, lr_decay_iters=16,
                   weight_decay=0.01, clip_grad=1.0, mini_batch_size=4, micro_batch_size=2, shuffle_mini_batch=True,
                   loss=LossConfig(clip_ratio=0.2, use_kl_loss=True, kl_coef=0.1))
 #: CFG's schedule changed for a resume: lr 3e-3 (1e-3 saved) over 24 iterations, 12 of warm-up (16, 8 saved)
-CHANGED = dataclasses.replace(CFG, lr=3e-3, lr_decay_iters=24)
+CHANGED = dataclasses.replace(CFG, lr=3e-3, lr_decay_iters=24, weight_decay=0.05)
 LAYOUTS = {"tp2": ParallelConfig(2, 1), "pp2": ParallelConfig(1, 2)}  # on 4 ranks: DP=2 each
 EXTRA = {"consumed_train_samples": 16, "trainer_step": BEFORE, "rollout_seed": 7, "data": {"epoch": 0, "index": 2}}
 
@@ -130,7 +130,8 @@ def _load_and_go_on(rank: int, roots: dict[str, str]) -> dict:
         "params": {n: p.detach().clone() for n, p in reset.model.named_parameters()},
         "on_weights_metrics": on_weights.update(_batch(vocab, BEFORE)),
         "on_weights_params": {n: p.detach().clone() for n, p in on_weights.model.named_parameters()}}
-    # A config with another schedule than the checkpoint's: three times the lr over 24 iterations (12 of warm-up)
+    # A config with another schedule than the checkpoint's: three times the lr over 24 iterations (12 of warm-up),
+    # five times the weight decay
     out["changed_schedule"] = {}
     for switch in ("none", "override_opt_param_scheduler", "use_checkpoint_opt_param_scheduler"):
         changed = dataclasses.replace(CHANGED, **({} if switch == "none" else {switch: True}))
@@ -140,6 +141,7 @@ def _load_and_go_on(rank: int, roots: dict[str, str]) -> dict:
         out["changed_schedule"][switch] = {
             "note": other.kept_schedule(), "num_steps": s.num_steps,
             "shape": (s.max_lr, s.lr_warmup_steps, s.lr_decay_steps), "lr": other.optimizer.param_groups[0]["lr"],
+            "weight_decay": max(group["weight_decay"] for group in other.optimizer.param_groups),
             "update_lr": other.update(_batch(vocab, BEFORE))["lr"]}
     return out
 
@@ -222,18 +224,22 @@ def test_override_opt_param_scheduler_takes_the_configs_schedule_at_the_checkpoi
     """The checkpoint saved 4 optimizer steps of a warm-up to lr 1e-3 over 8; the config warms up to 3e-3 over 12.
     The step count is the checkpoint's either way: its schedule gives 1e-3 × 4/8, the config's 3e-3 × 4/12, and the
     next update (optimizer steps 4 and 5) logs the mean of steps 4 and 5. The config's lr reaches the rates too,
-    not only the scheduler (megatron-core alone keeps the checkpoint's in the param groups: 1e-3 × 4/12)."""
+    not only the scheduler (megatron-core alone keeps the checkpoint's in the param groups: 1e-3 × 4/12); the
+    weight decay is the chosen schedule's from the first resumed update on."""
     for result in resumed:
         runs = result["changed_schedule"]
         for run in runs.values():
             assert run["num_steps"] == 2 * BEFORE  # two mini-batches per update
         override = runs["override_opt_param_scheduler"]
         assert override["shape"] == (3e-3, 12, 24) and override["lr"] == pytest.approx(3e-3 * 4 / 12)
+        assert override["weight_decay"] == pytest.approx(0.05)
         assert override["update_lr"] == pytest.approx(3e-3 * (4 + 5) / 2 / 12)
         assert override["note"] is None
         for switch in ("none", "use_checkpoint_opt_param_scheduler"):
             assert runs[switch]["shape"] == (1e-3, 8, 16) and runs[switch]["lr"] == pytest.approx(1e-3 * 4 / 8)
             assert runs[switch]["update_lr"] == pytest.approx(1e-3 * (4 + 5) / 2 / 8)
+            # the first resumed update too (megatron-core's load sets the rates before the checkpoint's decay)
+            assert runs[switch]["weight_decay"] == pytest.approx(0.01)
         assert runs["use_checkpoint_opt_param_scheduler"]["note"] is None
         note = runs["none"]["note"]
         assert note.startswith("the checkpoint's LR schedule (16 optimizer steps, 8 of warm-up, lr 0.001 constant, "

@@ -349,17 +349,18 @@ def _load_optimizer(state: TrainState, contents: dict[str, Any], optim_file: Pat
                 states[param]["step"] = step.clone()
     state.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
     state.scheduler.load_state_dict(contents["opt_param_scheduler"])
-    if state.scheduler.override_opt_param_scheduler:
-        _override_group_lr_bounds(state.scheduler)
+    _apply_loaded_schedule(state.scheduler)
 
 
-def _override_group_lr_bounds(scheduler: Any) -> None:
-    """override_opt_param_scheduler: megatron-core's load gives the scheduler the config's lr and min_lr, but each
-    param group carries its own `max_lr` / `min_lr`, loaded with the optimizer's state (the checkpoint's), and the
-    scheduler's get_lr prefers those (Megatron-LM issue 1138: the override then mixes the checkpoint's bounds with
-    the config's warm-up and decay). The groups take the config's and the rates are set again at the loaded step."""
-    for group in scheduler.optimizer.param_groups:
-        group["max_lr"], group["min_lr"] = scheduler.max_lr, scheduler.min_lr
+def _apply_loaded_schedule(scheduler: Any) -> None:
+    """The rates of the schedule the load settled on, in the param groups before the first resumed update.
+    megatron-core's load sets them (its step) before it reads the checkpoint's weight decay, so that update would
+    take this config's. With override_opt_param_scheduler the groups also take the config's `max_lr` / `min_lr`:
+    each group carries its own, loaded with the optimizer's state (the checkpoint's), and get_lr prefers those
+    (Megatron-LM issue 1138: the override would mix the checkpoint's bounds with the config's warm-up and decay)."""
+    if scheduler.override_opt_param_scheduler:
+        for group in scheduler.optimizer.param_groups:
+            group["max_lr"], group["min_lr"] = scheduler.max_lr, scheduler.min_lr
     scheduler.step(increment=0)
 
 
