@@ -38,7 +38,7 @@ def _engine(worker, eos: list[int]):
     return MegatronEngine(worker.model, worker.arch, worker.par, eos, max_model_len=MAX_MODEL_LEN)
 
 
-def _actor(checkpoint: str, sequence_parallel: bool = False):
+def _actor(checkpoint: str, sequence_parallel: bool | None = None):
     from mindrl.checkpoint import megatron as mg
     from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
@@ -349,12 +349,14 @@ def _moe_rollouts(rank: int, checkpoint: str) -> dict:
     return {"greedy": greedy.responses, "diff": diff}
 
 
-def test_a_moe_model_generates_as_hf_and_scores_as_the_actor(tmp_path):
-    """Qwen3-MoE (routed experts, renormalised top-2) through the Megatron engine, two data-parallel replicas."""
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_moe_model_generates_as_hf_and_scores_as_the_actor(tmp_path, tp):
+    """Qwen3-MoE (routed experts, renormalised top-2) through the Megatron engine: two data-parallel replicas, or
+    one at TP=2, whose sequence-parallel MoE layers decode in plain TP."""
     from tests.hf_models import build_hf_model, save_hf_model
 
     hf = build_hf_model("qwen3_moe", seed=5, num_hidden_layers=2)
-    checkpoint = hf_to_mcore(save_hf_model(hf, tmp_path / "hf"), tmp_path / "mg", "qwen3_moe", 1, 1,
+    checkpoint = hf_to_mcore(save_hf_model(hf, tmp_path / "hf"), tmp_path / "mg", "qwen3_moe", tp, 1,
                              params_dtype=torch.float32, progress=False)
     expected = _hf_greedy(hf, PROMPTS, NEW_TOKENS)
     for rank in run_ranks(_moe_rollouts, 2, str(checkpoint)):

@@ -211,15 +211,14 @@ def _field_names(cls: type) -> set[str]:
 
 
 def check_megatron_rollout(arch: ModelArch, par: ParallelConfig, record_routes: bool = False) -> None:
-    """The layouts this engine decodes: its layers see whole sequences, which an MoE layer under TP
-    (sequence-parallel) does not take."""
-    if arch.is_moe and par.tp > 1:
-        raise ConfigError(f"the Megatron rollout engine does not run a mixture-of-experts model at "
-                          f"tensor_model_parallel_size={par.tp} (its MoE layers are sequence-parallel); use "
-                          f"generate_config.backend vllm or tensor_model_parallel_size 1.")
+    """The layouts this engine decodes. A sequence-parallel model (an MoE one under TP) decodes in plain TP
+    (megatron_engine.plain_tensor_parallel); recording its routes there is not built."""
     if record_routes and not arch.is_moe:
         raise ConfigError(f"generate_config.rollout_routing_replay replays the experts a mixture of experts routed "
                           f"to, but model {arch.name} has none; turn it off.")
+    if record_routes and par.tp > 1:
+        raise ConfigError(f"generate_config.rollout_routing_replay records routes at tensor_model_parallel_size 1; "
+                          f"run the actor at TP 1 (not {par.tp}) or turn it off.")
     if record_routes and par.pp > 1:
         raise ConfigError(f"generate_config.rollout_routing_replay records routes on one pipeline stage; run the "
                           f"actor at pipeline_model_parallel_size 1 (not {par.pp}) or turn it off.")
