@@ -168,7 +168,8 @@ def test_a_rows_real_tokens_come_from_its_lengths_or_its_last_scored_position():
 
 def _worker_passes(rank: int) -> dict:
     """An MoE actor's update of rows of different lengths, at their own width and with five more padding
-    columns; and the micro-batches an actor that packs prompts makes of three of them."""
+    columns (two data-parallel ranks); and the micro-batches that an actor with plain rows, one that packs
+    prompts and one at TP=2 (sequence-parallel) make of three of them."""
     arch = load_model_arch("tiny_qwen3_moe")
     full = sharding.random_full_state_dict(arch, seed=4, std=0.1)
     cfg = ActorConfig(lr=0.0, mini_batch_size=4, micro_batch_size=2, prompt_packing="off")
@@ -188,15 +189,21 @@ def _worker_passes(rank: int) -> dict:
         release_model_parallel()
         actor = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=full)
         out[width] = actor.update({k: v[:, :width] if v.ndim == 2 else v for k, v in batch.items()})
+    narrow = {k: v[:, :9] if v.ndim == 2 else v for k, v in batch.items()}
+    out["plain"] = [mb["padding_mask"].cpu() for mb in actor._micro_batches(narrow, slice(0, 3), 2)]
     release_model_parallel()
     packing = ActorWorker(arch, ParallelConfig(1, 1), dataclasses.replace(cfg, prompt_packing="on"), weights=full)
     out["packed"] = [{k: mb[k].cpu() for k in ("tokens", "padding_mask")}
                      for mb in packing._micro_batches(batch, slice(0, 3), 2)]
+    release_model_parallel()
+    sequence_parallel = ActorWorker(arch, ParallelConfig(2, 1), cfg, weights=full)
+    out["sequence_parallel"] = [mb["padding_mask"].cpu()
+                                for mb in sequence_parallel._micro_batches(narrow, slice(0, 3), 2)]
     return out
 
 
 def test_an_moe_actor_hands_its_routers_the_padding_of_plain_packed_and_filler_rows():
-    out = run_ranks(_worker_passes, 1)[0]
+    out = run_ranks(_worker_passes, 2)[0]
     # the same rows with five more padding columns: the same update, to the load-balancing loss
     assert out[9]["moe/load_balancing_loss"] > 0
     assert out[14]["moe/load_balancing_loss"] == pytest.approx(out[9]["moe/load_balancing_loss"], rel=1e-5)
@@ -207,3 +214,8 @@ def test_an_moe_actor_hands_its_routers_the_padding_of_plain_packed_and_filler_r
     assert first["tokens"].shape == second["tokens"].shape == (2, 13)
     assert first["padding_mask"].tolist() == [[False] * 13, [True] * 13]
     assert second["padding_mask"].tolist() == [[False] * 9 + [True] * 4, [True] * 13]
+    # plain rows of 9 and 7 tokens, then one of 9 and a filler row; at TP=2 each row gains a tenth column (a
+    # sequence-parallel model cuts the sequence in two equal shards)
+    plain = [[[False] * 9, [False] * 7 + [True] * 2], [[False] * 9, [True] * 9]]
+    assert [mb.tolist() for mb in out["plain"]] == plain
+    assert [mb.tolist() for mb in out["sequence_parallel"]] == [[[*row, True] for row in mb] for mb in plain]

@@ -42,6 +42,20 @@ def parity_batch(arch: ModelArch, batch_size: int = 4, seq_length: int = 16,
     return tokens.to(device), torch.roll(tokens, -1, dims=1).to(device)
 
 
+def _sum_partial_grads_over_tp(model: torch.nn.Module) -> None:
+    """Megatron's finalize step for a model run without its DDP wrapper: weights every TP rank holds whole but
+    computes on part of the work (the norms under sequence parallelism: their shard of the tokens; QK norms: their
+    heads) sum their gradients over TP."""
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return
+    config = model.config
+    for name, param in model.named_parameters():
+        partial = (config.sequence_parallel and getattr(param, "sequence_parallel", False)) or \
+            (config.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name))
+        if partial and param.grad is not None:
+            torch.distributed.all_reduce(param.grad, group=parallel_state.get_tensor_model_parallel_group())
+
+
 def run_layouts(rank: int, arch: ModelArch, layouts: list[ParallelConfig], seed: int = 0,
                 micro_batch_size: int = 2) -> list[StageResult]:
     """On this rank: for each layout, load the seeded weights, run forward+backward once."""
@@ -64,10 +78,7 @@ def run_layouts(rank: int, arch: ModelArch, layouts: list[ParallelConfig], seed:
         micro = [{"tokens": tokens[i:i + micro_batch_size], "labels": labels[i:i + micro_batch_size]}
                  for i in range(0, tokens.shape[0], micro_batch_size)]
         outputs = run_microbatches(model, micro, loss_fn)
-        if model.config.sequence_parallel:  # Megatron's finalize step: each TP rank's norms saw its tokens only
-            for param in model.parameters():
-                if param.grad is not None and getattr(param, "sequence_parallel", False):
-                    torch.distributed.all_reduce(param.grad, group=parallel_state.get_tensor_model_parallel_group())
+        _sum_partial_grads_over_tp(model)
         results.append(StageResult(
             tp_rank=tp_rank, pp_rank=pp_rank, dp_rank=parallel_state.get_data_parallel_rank(),
             logits=torch.cat(captured).cpu() if captured else None,

@@ -70,8 +70,9 @@ def plain_tensor_parallel(model: torch.nn.Module) -> Iterator[None]:
 
     A decode step feeds one token per row, which no sequence cut over the TP ranks can split. The weights and the
     arithmetic are the same either way: only which collective joins the tensor-parallel partial sums (all-reduce,
-    not reduce-scatter) and where the norms run (on every rank, not on a shard) differ. megatron-core's GPTModel
-    switches its output layer so for multi-token prediction; here the switch covers every module that reads it."""
+    not reduce-scatter) and where the norms run (on every rank, not on a shard) differ. megatron-core's
+    set_model_to_sequence_parallel misses the copies of the config that the experts and attention keep, and does
+    not restore what it found; here every module that reads the flag is switched, and switched back."""
     if not model.config.sequence_parallel:
         yield
         return
