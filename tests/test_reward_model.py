@@ -132,6 +132,12 @@ def test_the_reward_role_takes_its_checkpoints_architecture(reward_checkpoints):
     assert [group for group, _ in own.device_groups()] == ["actor", "reward"] and own.devices_held() == 2
     colocated = _config(_COLOCATED, f"+reward_config.load={reward_checkpoints['reward']}")
     assert [group for group, _ in colocated.device_groups()] == ["actor+reward"] and colocated.devices_held() == 1
+    # it scores plain rows, so prompt packing, refused for a sequence-parallel actor, leaves it be
+    sequence_parallel = _config("+rl_config.reward_resource={num_cpus: 2}", "+rl_config.prompt_packing=true",
+                                f"+reward_config.load={reward_checkpoints['reward_tp2']}",
+                                "+reward_config.tensor_model_parallel_size=2", "+reward_config.sequence_parallel=true")
+    reward = sequence_parallel.reward_config
+    assert reward.parallel.sequence_parallel_for(reward.arch)
 
 
 @pytest.mark.parametrize("overrides, message", [
