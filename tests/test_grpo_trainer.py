@@ -74,9 +74,9 @@ def test_grpo_tiny_cpu_trains_end_to_end_with_vllm(tiny_math_data, reference_run
 def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted_run(tiny_math_data, reference_run,
                                                                                       tmp_path):
     """One rank's process is killed in step 3, after the checkpoint at the end of epoch 0: the job must stop by
-    itself, naming the rank, with exit status 1; then the whole resumed job is killed while checkpoint 3 is being
-    written. Every step's metrics must equal those of the reference run, never interrupted, and the resumed run
-    must go on into epoch 1."""
+    itself, naming the rank, with exit status 1 and nothing but mindrl's lines on the terminal; then the whole
+    resumed job is killed while checkpoint 3 is being written. Every step's metrics must equal those of the
+    reference run, never interrupted, and the resumed run must go on into epoch 1."""
     tokenizer, root = tiny_math_data
     cut = tmp_path / "cut"
     log = tmp_path / "cut.log"
@@ -86,6 +86,10 @@ def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted
     assert code == 1 and seconds < 60, log.read_text()[-3000:]
     assert re.search(r"error: actor rank [01] of 2 on node \S+ \(\w+\) died .*resume it from its last checkpoint",
                      log.read_text())
+    # the terminal shows mindrl's lines only; the other rank's consequent error is in the run's log
+    assert [line for line in log.read_text().splitlines() if line and not line.startswith(("[mindrl] ", "error: "))
+            ] == [], log.read_text()[-3000:]
+    assert "after the failure reported, another rank's call ended with" in (cut / "run.log").read_text()
     assert mg.read_tracker(cut) == 2
     resumed = jobs.grpo_overrides(tokenizer, root / "eight", cut, **REFERENCE, **{"actor_config.load": cut})
     job = _start(resumed, log)

@@ -72,6 +72,10 @@ class WorkerGroup:
         self.nodes: list[str] = []
         #: a rank died or failed: the others may be stuck in a collective with it, so closing is not waited for long
         self.lost = False
+        #: the other ranks' results of the call that failed: read when the group is killed, so that their errors
+        #: (consequences of the failure reported) go to the run's log, not to Ray's "unhandled error" report
+        #: on the terminal once the driver drops them
+        self.abandoned: list[Any] = []
         bundle, options = actor_options(resource)
         self.placement = placement_group([bundle] * self.world_size, strategy="PACK", name=f"mindrl-{role}")
         ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
@@ -126,6 +130,7 @@ class WorkerGroup:
                 results[rank_of[done[0]]] = ray.get(done[0])
             except (RayActorError, RayTaskError) as err:
                 self.lost = True  # the other ranks may be waiting for this one in a collective
+                self.abandoned += pending
                 rank, cause = rank_of[done[0]], err
                 if not isinstance(err, RayActorError):
                     rank, cause = self._death_among(pending, rank_of) or (rank, err)
@@ -187,6 +192,21 @@ class WorkerGroup:
         for actor in self.actors:
             ray.kill(actor)
         ray.util.remove_placement_group(self.placement)
+        self._log_abandoned()
+
+    def _log_abandoned(self) -> None:
+        """The abandoned results' errors, to the run's log (stderr there); the actors are gone, so each is settled
+        at once."""
+        import ray
+
+        for ref in self.abandoned:
+            try:
+                ray.get(ref, timeout=10.0)
+            except Exception as err:  # any outcome of a rank already reported as failed is only logged
+                text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
+                print(f"{self.role}: after the failure reported, another rank's call ended with: {text}",
+                      file=sys.stderr, flush=True)
+        self.abandoned = []
 
 
 def ranks_by_node(bundles_to_node: Mapping[int, str]) -> list[int]:
