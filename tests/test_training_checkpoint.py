@@ -9,6 +9,8 @@ and recover from the crash.
 import dataclasses
 import os
 import random
+import re
+import resource
 import signal
 from pathlib import Path
 
@@ -279,7 +281,8 @@ def test_a_training_checkpoint_converts_to_the_actors_hf_weights(saved, roots, t
 
 
 def _crash(rank: int, roots: dict[str, str]) -> None:
-    """Save iteration 1; fail saving 2 with an exception on rank 1; then kill rank 1 mid-write of 3."""
+    """Save iteration 1; fail saving 2 on rank 1 (its files may not grow past 64 KiB); then kill rank 1 mid-write
+    of 3."""
     arch = load_model_arch("tiny_qwen")
     actor = ActorWorker(arch, ParallelConfig(2, 1), CFG, weights=sharding.random_full_state_dict(arch, seed=4))
     side, root = Path(roots["side"]), Path(roots["crash"])
@@ -287,18 +290,16 @@ def _crash(rank: int, roots: dict[str, str]) -> None:
     actor.save_checkpoint(root, 1, extra={"trainer_step": 1})
     torch.save({n: p.detach().clone() for n, p in actor.model.named_parameters()}, side / f"params{rank}.pt")
     actor.update(_batch(arch.padded_vocab_size, 1))
-    write = training._write
-
-    def disk_full(obj, path):
-        if rank == 1:
-            raise OSError(28, "No space left on device")
-        write(obj, path)
-
-    training._write = disk_full
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if rank == 1:  # a real write failure: the OS refuses rank 1's files past 64 KiB (its rank file is larger)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limit[1]))
     try:
         actor.save_checkpoint(root, 2)
     except RuntimeError as err:
         torch.save({"message": str(err), "listing": sorted(os.listdir(root))}, side / f"failed{rank}.pt")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+    write = training._write
 
     def killed_midway(obj, path):
         if rank == 1:
@@ -353,10 +354,14 @@ def other_dp(saved, crashed, roots) -> list[dict]:
     return run_ranks(_other_dp_and_recover, 2, roots)
 
 
-def test_a_failed_save_leaves_the_previous_checkpoint(crashed, roots):
-    for failed in crashed["failed"]:
-        assert failed["message"] == (f"saving checkpoint iteration 2 to {roots['crash']} failed on rank(s) 1; "
-                                     "the previous checkpoint is untouched.")
+def test_a_failed_save_leaves_the_previous_checkpoint_and_says_why_in_one_sentence(crashed, roots):
+    root = roots["crash"]
+    for failed in crashed["failed"]:  # every rank raises the same sentence, with rank 1's OS error
+        assert re.fullmatch(
+            rf"saving checkpoint iteration 2 to {re.escape(root)} failed on rank 1 \(OSError: \[Errno 27\] File too "
+            rf"large: {re.escape(root)}/\.tmp-iter_0000002/mp_rank_01/\S+\.pt\); the checkpoints before it are "
+            rf"untouched and the tracker still names iteration 1 — free space or fix the folder, then resume with "
+            rf"load={re.escape(root)}\.", failed["message"]), failed["message"]
     assert crashed["failed"][0]["listing"] == ["iter_0000001", mg.TRACKER]  # the temporary is gone
     # A killed rank leaves its temporary directory behind, but not a tracker that names it.
     assert crashed["listing"] == [".tmp-iter_0000003", "iter_0000001", mg.TRACKER]

@@ -45,6 +45,7 @@ from megatron.core import parallel_state
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint import rng
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.config.errors import RunError
 from mindrl.models import arch_fields
 from mindrl.models.gpt import load_stage_weights
 from mindrl.platform import get_platform
@@ -107,10 +108,35 @@ def _is_sharded(optimizer: Any) -> bool:
     return any(hasattr(opt, "get_parameter_state_dp_zero") for opt in _optimizers(optimizer))
 
 
+class _Recorded:
+    """A file whose failed write is kept: torch.save reports one as an assertion of its zip writer ("unexpected
+    pos …"), which loses the OS error (a full disk, a file too large) a user has to act on."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
 def _write(obj: Any, path: Path) -> None:
-    """torch.save, flushed to the disk before the directory is renamed into place."""
+    """torch.save, flushed to the disk before the directory is renamed into place; a failed write is the OS's
+    error, naming the file."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        recorded = _Recorded(f)
+        try:
+            torch.save(obj, recorded)
+        except RuntimeError as err:
+            if recorded.error is None:
+                raise
+            raise OSError(recorded.error.errno, f"{recorded.error.strerror}: {path}") from err
         f.flush()
         os.fsync(f.fileno())
 
@@ -129,13 +155,15 @@ def check_plain(extra: dict[str, Any]) -> None:
                              f"running code.") from None
 
 
-class SaveFailed(RuntimeError):
-    """A step of a save failed on some rank; every rank raises it."""
+class SaveFailed(RunError):
+    """A step of a save failed on some rank; every rank raises it, in one sentence that names the first failing
+    rank's error (disk full, a file too large, a folder it may not write) and what is left intact."""
 
 
-def _together(action: Callable[[], Any], here: bool, what: str) -> None:
-    """Run `action` on the ranks where `here`; then every rank learns whether it failed anywhere
-    and raises if so (a collective, so no rank is left waiting for one that gave up)."""
+def _together(action: Callable[[], Any], here: bool, what: str, after: str) -> None:
+    """Run `action` on the ranks where `here`; then every rank learns whether it failed anywhere, and how, and
+    raises if so (collectives, so no rank is left waiting for one that gave up): "`what` failed on rank r (its
+    error); `after`." """
     error = None
     if here:
         try:
@@ -147,8 +175,9 @@ def _together(action: Callable[[], Any], here: bool, what: str) -> None:
     dist.all_reduce(flags)
     failed = flags.nonzero().flatten().tolist()
     if failed:
-        raise SaveFailed(f"{what} failed on rank(s) {', '.join(map(str, failed))}; the previous checkpoint "
-                         f"is untouched.") from error
+        causes: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(causes, None if error is None else f"{type(error).__name__}: {error}")
+        raise SaveFailed(f"{what} failed on rank {failed[0]} ({causes[failed[0]]}); {after}.") from error
 
 
 def _clear_leftovers(root: Path) -> None:
@@ -224,17 +253,25 @@ def _save(state: TrainState, root: Path, iteration: int, extra: dict[str, Any], 
         param_state = states[0] if len(states) == 1 else states
     tmp = root / f"{_TMP}{mg.iteration_dir_name(iteration)}"
     what = f"saving checkpoint iteration {iteration} to {root}"
+    after = f"{_what_is_kept(root)} — free space or fix the folder, then resume with load={root}"
     first = dist.get_rank() == 0
     try:
-        _together(lambda: _prepare(root, tmp), first, what)
+        _together(lambda: _prepare(root, tmp), first, what, after)
         _together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra, stepped), state.writes,
-                  what)
+                  what, after)
     except SaveFailed:
         if first:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _together(lambda: _publish(root, tmp, iteration), first, what)
+    _together(lambda: _publish(root, tmp, iteration), first, what, after)
     return root / mg.iteration_dir_name(iteration)
+
+
+def _what_is_kept(root: Path) -> str:
+    """What a failed save leaves for a resume, in words: the tracker's iteration, untouched."""
+    if (root / mg.TRACKER).is_file():
+        return f"the checkpoints before it are untouched and the tracker still names iteration {mg.read_tracker(root)}"
+    return "no earlier checkpoint was there"
 
 
 def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[Any], param_state: Any,

@@ -113,7 +113,8 @@ class WorkerGroup:
 
     def wait(self, refs: list[Any]) -> list[Any]:
         """The results of one call on every rank, by rank. The first rank to fail ends the wait at once, with
-        WorkerLost (its process died) or WorkerFailed (it raised; a ConfigError it raised stays one) naming the
+        WorkerLost (its process died) or WorkerFailed (it raised; a ConfigError or RunError it raised, already one
+        sentence, stays as it is) naming the
         role, rank and node: the other ranks may be blocked in a collective with it, and would otherwise hold
         the run until the collective timeout. Their own errors, which follow from it, go to the log only. A rank
         that raised may itself be the consequence: a peer's death fails its collective at once, before Ray reports
@@ -169,8 +170,8 @@ class WorkerGroup:
         # and all, for a terminal: gone here)
         traceback = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
         print(f"{where} failed:\n{traceback}", file=sys.stderr, flush=True)
-        if isinstance(err.cause, ConfigError):
-            return ConfigError(str(err.cause))
+        if isinstance(err.cause, ConfigError | RunError):  # already the one sentence for the user (a failed save)
+            return type(err.cause)(str(err.cause))
         tail = traceback.splitlines()[-TRACEBACK_TAIL:]
         return WorkerFailed("\n".join([f"{where} failed: {type(err.cause).__name__}: {err.cause}", *tail]))
 
