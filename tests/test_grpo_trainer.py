@@ -103,3 +103,33 @@ def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted
     expected, got = jobs.metrics(reference_run / "metrics.jsonl"), jobs.metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3, 4]
     assert jobs.run_values(got) == jobs.run_values(expected)
+
+
+def test_a_damaged_latest_checkpoint_names_the_complete_one_before_it_which_resumes_exactly(tiny_math_data,
+                                                                                             reference_run, tmp_path):
+    """The reference run's last checkpoint cut short (a rank file halved, as a full disk or a killed copy leaves
+    it): the run refuses to start, before any worker, in one sentence naming the file and the newest complete
+    iteration; resuming that one with actor_config.ckpt_step gives the uninterrupted run's last step exactly."""
+    import shutil
+
+    from mindrl.config import ConfigError
+    from mindrl.trainer.config import load_trainer_config
+    from mindrl.trainer.start import start_point
+
+    tokenizer, root = tiny_math_data
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    damaged = run / mg.iteration_dir_name(4) / "mp_rank_00_001" / mg.RANK_FILE
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    overrides = jobs.grpo_overrides(tokenizer, root / "eight", run, **REFERENCE, **{"actor_config.load": run})
+    with pytest.raises(ConfigError) as err:
+        start_point(load_trainer_config("grpo_tiny_cpu", overrides).actor_config)
+    assert str(err.value) == (f"{damaged} is cut short or damaged (File is not a zip file), so iteration 4 of {run} "
+                              f"cannot be loaded; iteration 3, the newest complete one before it, resumes with "
+                              f"actor_config.ckpt_step=3.")
+    _run([*overrides, "+actor_config.ckpt_step=3"], tmp_path / "log")
+    assert "at iteration 3" in (tmp_path / "log").read_text()
+    expected, got = jobs.metrics(reference_run / "metrics.jsonl"), jobs.metrics(run / "metrics.jsonl")
+    assert [line["step"] for line in got] == [1, 2, 3, 4]
+    assert jobs.run_values(got) == jobs.run_values(expected)
+    assert mg.read_tracker(run) == 4 and mg.damage(run, 4) is None  # the damaged iteration written again

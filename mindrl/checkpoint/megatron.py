@@ -21,6 +21,7 @@ running their code (unpickle.py), their args are read by Megatron-LM's names
 from __future__ import annotations
 
 import argparse
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,42 @@ def existing_rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {root} lacks {path.relative_to(root)}; it is incomplete.")
     return path
+
+
+def iterations(root: str | Path) -> list[int]:
+    """The numbered iterations `root` holds a folder for, ascending."""
+    return sorted(int(d.name[len("iter_"):]) for d in Path(root).glob("iter_*") if d.name[len("iter_"):].isdigit())
+
+
+def damage(root: str | Path, iteration: int) -> str | None:
+    """Why training checkpoint `iteration` of `root` cannot be loaded whole, or None. A write cut short (a full
+    disk, a killed job, a copy interrupted) leaves a torch archive without the zip directory at its end, or a rank
+    folder missing: each file's directory is read, not its tensors, so this is quick at any size."""
+    folder = Path(root) / iteration_dir_name(iteration)
+    files = sorted(folder.glob("mp_rank_*/*.pt"))
+    if not files:
+        return f"{folder} holds no rank files"
+    for path in files:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if not head:
+            return f"{path} is empty"
+        if head != b"PK":
+            continue  # torch's legacy (pre-zip) format, from another writer: nothing to check cheaply
+        try:
+            zipfile.ZipFile(path).close()
+        except (zipfile.BadZipFile, OSError) as err:
+            return f"{path} is cut short or damaged ({err})"
+    par = parallel_of(load_args(root, iteration))
+    expected = {rank_dir_name(t, p, par.pp, e, par.ep) for t in range(par.tp) for p in range(par.pp)
+                for e in range(par.ep)}
+    missing = sorted(expected - {path.parent.name for path in files if path.name == RANK_FILE})
+    return f"{folder} lacks {missing[0]}/{RANK_FILE} of its TP={par.tp} PP={par.pp} layout" if missing else None
+
+
+def newest_complete(root: str | Path, below: int) -> int | None:
+    """The newest iteration before `below` that `damage` finds nothing wrong with."""
+    return next((it for it in reversed(iterations(root)) if it < below and damage(root, it) is None), None)
 
 
 def read_tracker(root: str | Path) -> int | str:

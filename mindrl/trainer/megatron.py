@@ -56,6 +56,9 @@ class MegatronConfig:
     save_interval: int = 0
     save: str | None = None
     load: str | None = None
+    #: the iteration of `load` a run resumes from instead of the one its tracker names (Megatron-LM's --ckpt-step):
+    #: an earlier, complete checkpoint where the latest is damaged
+    ckpt_step: int | None = None
     finetune: bool = False
     no_load_optim: bool = False
     no_load_rng: bool = False
@@ -178,6 +181,9 @@ class MegatronConfig:
                            f"checkpoints every {self.save_interval} steps.")
         if self.sequence_parallel_is_inert:
             notices.append(SEQUENCE_PARALLEL_AT_TP1)
+        if self.load is None and self.ckpt_step is not None:
+            notices.append(f"ckpt_step={self.ckpt_step} has no effect without load; set load to the checkpoint "
+                           f"folder it picks an iteration of.")
         return notices
 
     @property

@@ -43,23 +43,29 @@ class StartPoint:
 def start_point(actor: MegatronConfig, job: str = JOB_GRPO, section: str = "actor_config") -> StartPoint:
     """`job` is the trainer asking (JOB_GRPO, JOB_SFT, JOB_DPO or JOB_PPO): only its own checkpoints resume. A resume
     point past train_iters is refused (`section` names where `load` was set)."""
-    start = _start_point(actor, job)
+    start = _start_point(actor, job, section)
     if start.iteration > actor.train_iters:
         raise ConfigError(f"{section}.load is at iteration {start.iteration}, past train_iters={actor.train_iters}; "
                           f"raise train_iters to train further.")
     return start
 
 
-def _start_point(actor: MegatronConfig, job: str) -> StartPoint:
+def _start_point(actor: MegatronConfig, job: str, section: str) -> StartPoint:
     if actor.load is None:
         return StartPoint(0, None)
     root = Path(actor.load)
     if not (root / mg.TRACKER).is_file():
-        raise ConfigError(f"actor_config.load={actor.load} holds no {mg.TRACKER}; point it at a checkpoint from "
+        raise ConfigError(f"{section}.load={actor.load} holds no {mg.TRACKER}; point it at a checkpoint from "
                           f"cli/convert_ckpt.py (hf → mg) or from a previous run's `save`.")
-    iteration = mg.read_tracker(root)
+    iteration = _iteration(root, actor, section)
+    if iteration != "release":
+        _refuse_damaged(root, iteration, section)
     mg.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
     if iteration == "release" or actor.finetune or not mg.holds_training_state(root, iteration):
+        if actor.ckpt_step is not None:
+            raise ConfigError(f"{section}.ckpt_step={actor.ckpt_step} picks the training checkpoint a run resumes "
+                              f"from, but {root} is loaded as starting weights (converted, or finetune: true), "
+                              f"which come from the iteration its tracker names; remove ckpt_step.")
         return StartPoint(0, str(root))  # weights to start from: converted, re-sharded, or asked to start over
     state = _first_rank_state(root, iteration)
     extra = dict(state.get("extra") or {})
@@ -70,6 +76,29 @@ def _start_point(actor: MegatronConfig, job: str) -> StartPoint:
                           f"data position); set finetune: true to start from its weights at step 0.")
     return StartPoint(iteration, extra.get("initial_weights"), str(root), extra,
                       bool(getattr(state.get("args"), "bf16", False)))
+
+
+def _iteration(root: Path, actor: MegatronConfig, section: str) -> int | str:
+    """The tracker's iteration, or the one ckpt_step picks (which must be there)."""
+    if actor.ckpt_step is None:
+        return mg.read_tracker(root)
+    held = mg.iterations(root)
+    if actor.ckpt_step not in held:
+        raise ConfigError(f"{section}.ckpt_step={actor.ckpt_step}, but {root} holds iterations "
+                          f"{', '.join(map(str, held)) or 'none'}; pick one of them.")
+    return actor.ckpt_step
+
+
+def _refuse_damaged(root: Path, iteration: int, section: str) -> None:
+    """A checkpoint cut short is one sentence before any worker starts, naming what loads instead."""
+    problem = mg.damage(root, iteration)
+    if problem is None:
+        return
+    earlier = mg.newest_complete(root, iteration)
+    instead = (f"iteration {earlier}, the newest complete one before it, resumes with {section}.ckpt_step={earlier}"
+               if earlier is not None else f"no complete iteration before it is there: start over without "
+                                           f"{section}.load")
+    raise ConfigError(f"{problem}, so iteration {iteration} of {root} cannot be loaded; {instead}.")
 
 
 def saved_extra(root: Path, iteration: int) -> dict[str, Any]:
