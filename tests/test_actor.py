@@ -164,6 +164,53 @@ def test_rollout_is_weights_scale_the_policy_gradient_loss():
     assert twos["pg_loss"] == pytest.approx(2 * plain["pg_loss"], rel=1e-6)
 
 
+def _training_state(worker: ActorWorker) -> list[torch.Tensor]:
+    """The model's weights, the optimizer's fp32 masters and Adam's moments and step, and the schedule's step."""
+    return ([p.detach().clone() for p in worker.model.parameters()] +
+            [t.detach().clone() for t in worker._optimizer_tensors()] + [torch.tensor(worker.scheduler.num_steps)])
+
+
+def _unchanged(before: list[torch.Tensor], worker: ActorWorker) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(before, _training_state(worker), strict=True))
+
+
+def _nonfinite_updates(rank: int) -> dict:
+    """DP=2, one optimizer step per update: a finite update (so Adam has moments), one where rank 1 alone has NaN
+    gradients in one weight, one with a NaN advantage in one of rank 1's rows, then a finite one again."""
+    arch = load_model_arch("tiny_qwen")
+    worker = ActorWorker(arch, ParallelConfig(1, 1), ACTOR, weights=sharding.random_full_state_dict(arch, seed=5))
+    batch = _update_batch(arch.padded_vocab_size)
+    out = {"first": worker.update(batch)}
+    before = _training_state(worker)
+    weight = list(worker.model.parameters())[-1]
+    hook = weight.register_hook(lambda grad: torch.full_like(grad, math.nan)) if rank == 1 else None
+    out["nan_grads"] = worker.update(batch)
+    if hook is not None:
+        hook.remove()
+    out["unchanged_after_nan_grads"] = _unchanged(before, worker)
+    bad = {**batch, "advantages": batch["advantages"].clone()}
+    bad["advantages"][6, 7] = math.nan  # row 6 is rank 1's, position 7 a response token of it
+    out["nan_loss"] = worker.update(bad)
+    out["unchanged_after_nan_loss"] = _unchanged(before, worker)
+    out["last"] = worker.update(batch)
+    out["moved_after"] = not _unchanged(before, worker)
+    out["finite_after"] = all(torch.isfinite(t).all().item() for t in _training_state(worker))
+    return out
+
+
+def test_a_nan_in_one_ranks_gradients_or_in_the_loss_skips_the_step_on_every_rank_and_the_next_one_trains():
+    for rank, out in enumerate(run_ranks(_nonfinite_updates, 2)):
+        assert out["first"]["skipped"] == 0.0 and math.isfinite(out["first"]["grad_norm"])
+        grads, loss = out["nan_grads"], out["nan_loss"]
+        assert grads["skipped"] == 1.0 and grads["nonfinite_loss"] == 0.0 and math.isnan(grads["grad_norm"]), rank
+        assert math.isfinite(grads["pg_loss"])  # the loss was fine: the gradients were not
+        assert out["unchanged_after_nan_grads"], f"rank {rank}: weights, Adam state or schedule moved"
+        assert loss["skipped"] == 1.0 and loss["nonfinite_loss"] == 1.0 and math.isnan(loss["pg_loss"]), rank
+        assert out["unchanged_after_nan_loss"], f"rank {rank}: weights, Adam state or schedule moved"
+        assert out["last"]["skipped"] == 0.0 and math.isfinite(out["last"]["grad_norm"])
+        assert out["moved_after"] and out["finite_after"]
+
+
 def _shape_mistakes(rank: int) -> list[str]:
     arch = load_model_arch("tiny_qwen")
     batch = _update_batch(arch.padded_vocab_size)

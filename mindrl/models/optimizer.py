@@ -25,6 +25,12 @@ def wrap_for_training(model: torch.nn.Module, lr: float, min_lr: float = 0.0, we
 
     The model's config learns to finalise gradients (DP reduce-scatter / all-reduce, and
     the tied-embedding sum across pipeline stages) at the end of each schedule run.
+
+    A constant loss scale of 1 changes no number but gives fp32 and bf16 a grad scaler as fp16 has one:
+    megatron-core's optimizer then skips a step whose gradients hold a NaN or inf on any rank (found over the
+    whole data- and model-parallel group, so every rank skips alike) and returns (False, None, None). Without
+    it, clipping by a NaN norm leaves the NaN in place and Adam writes NaN weights. (The distributed optimizer,
+    and bf16 without it, take the scaler; fp32 without it is megatron-core's FP32Optimizer, which has none.)
     """
     config = model.config
     ddp = DistributedDataParallel(
@@ -47,6 +53,9 @@ def wrap_for_training(model: torch.nn.Module, lr: float, min_lr: float = 0.0, we
             fp16=config.fp16,
             params_dtype=config.params_dtype,
             use_distributed_optimizer=use_distributed_optimizer,
+            # a constant scaler for fp32 and bf16: non-finite gradients skip the step (docstring); fp16 keeps
+            # Megatron's dynamic one
+            loss_scale=None if config.fp16 else 1.0,
         ),
         [ddp],
     )

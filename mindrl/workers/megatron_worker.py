@@ -125,6 +125,10 @@ def _schedule_text(warmup: float, decay: float, lr: float, min_lr: float | None,
     return f"{decay:g} optimizer steps, {warmup:g} of warm-up, {rate}, weight decay {wd:g}"
 
 
+#: the key under which each micro-batch's share of the mini-batch's loss joins the loss's metric shares: summed
+#: over micro-batches and data-parallel ranks it is the loss the optimizer step would follow
+_LOSS = "_loss"
+
 #: (log-probs of the labels, their entropies if asked for, micro-batch, whole-batch normalisers)
 #: → (loss share, metric shares)
 LossOf = Callable[[torch.Tensor, torch.Tensor | None, dict, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
@@ -492,7 +496,7 @@ class ActorWorker(MegatronWorker):
             log_probs, entropies = self._token_scores(logits, mb, cfg.temperature, entropy,
                                                       bool(cfg.loss.entropy_coeff))
             loss, metrics = loss_of(log_probs, entropies, mb, normalisers)
-            return loss * scale, {k: torch.tensor(v) for k, v in metrics.items()}
+            return loss * scale, {_LOSS: loss.detach(), **{k: torch.tensor(v) for k, v in metrics.items()}}
 
         zero_grads(self.ddp, self.optimizer)
         return run_microbatches(self.ddp, micro, loss_fn), len(micro)
@@ -510,14 +514,22 @@ class ActorWorker(MegatronWorker):
         return loss, metrics
 
     def _step(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, entropy: bool = False) -> dict[str, float]:
+        """One optimizer step on `rows`, skipped on every rank alike where the mini-batch's loss (the same on every
+        rank) or the global gradient norm is not finite: the optimizer's grad scaler (mindrl.models.optimizer)
+        finds the latter, as Megatron's does for fp16, so the weights, Adam's moments and the LR schedule stay
+        as they were (mindrl/trainer/nonfinite.py)."""
         outputs, num_microbatches = self._backward(batch, rows, loss_of, entropy)
+        metrics = self._global_metrics(outputs)
+        loss = metrics.pop(_LOSS)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
-        updated, grad_norm, _ = self.optimizer.step()
+        updated, grad_norm = False, None
+        if math.isfinite(loss):
+            updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)
-        metrics = self._global_metrics(outputs)
         metrics.update({"grad_norm": float(grad_norm) if grad_norm is not None else math.nan, "lr": lr,
-                        "skipped": float(not updated), "prompt_packed": float(self.packed)})
+                        "skipped": float(not updated), "nonfinite_loss": float(not math.isfinite(loss)),
+                        "prompt_packed": float(self.packed)})
         if self.expert_load is not None:
             metrics.update(self.expert_load.step_metrics(num_microbatches))
         return metrics
