@@ -179,6 +179,16 @@ def test_running_normalisation_uses_the_statistics_of_every_score_so_far():
     assert torch.allclose(grouped, torch.tensor([-1.0, 1.0, 0.0, 0.0], dtype=torch.float64), atol=1e-5)
 
 
+def test_a_nan_reward_model_score_leaves_the_running_normalisation_as_it_was():
+    from mindrl.trainer.reward_model import RunningStats, normalise
+
+    stats = RunningStats()
+    normalise(torch.tensor([1.0, 2.0, 3.0, 4.0]), "running", 4, stats)
+    saved = stats.state_dict()
+    scores = normalise(torch.tensor([1.0, float("nan"), 3.0, 4.0]), "running", 4, stats)
+    assert stats.state_dict() == saved and scores.isnan().tolist() == [False, True, False, False]
+
+
 @pytest.mark.job
 @pytest.mark.parametrize("placement", [_OWN, _COLOCATED])
 def test_grpo_with_a_reward_model(tiny_math_data, reward_checkpoints, tmp_path, placement):

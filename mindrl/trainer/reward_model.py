@@ -61,10 +61,13 @@ class RunningStats:
 
 
 def normalise(scores: torch.Tensor, mode: str, group_size: int, stats: RunningStats) -> torch.Tensor:
-    """`scores` [samples] (a prompt's samples contiguous) normalised as `mode` says; `stats` is updated first."""
+    """`scores` [samples] (a prompt's samples contiguous) normalised as `mode` says; `stats` is updated first,
+    except by a batch holding a NaN or inf: that batch's step is skipped (mindrl/trainer/nonfinite.py), and one
+    NaN in the running statistics would make every later score NaN."""
     scores = scores.double()
     if mode == "running":
-        stats.update(scores)
+        if torch.isfinite(scores).all():
+            stats.update(scores)
         return (scores - stats.mean) / (stats.std + _EPS)
     if mode == "group":
         grouped = scores.view(-1, group_size)
