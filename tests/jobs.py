@@ -69,14 +69,14 @@ def kill_session(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
-def finish(proc: subprocess.Popen, log: Path) -> None:
-    """Wait for a job to succeed and check that none of its processes outlive it."""
+def finish(proc: subprocess.Popen, log: Path, status: int = 0) -> None:
+    """Wait for a job to end with `status` (0: success) and check that none of its processes outlive it."""
     try:
         code = proc.wait(timeout=JOB_LIMIT_S)
     except subprocess.TimeoutExpired:
         kill_session(proc)
         pytest.fail(f"the job ran past {JOB_LIMIT_S} s:\n{log.read_text()[-4000:]}")
-    assert code == 0, log.read_text()[-6000:]
+    assert code == status, log.read_text()[-6000:]
     deadline = time.monotonic() + 30
     while session_pids(proc.pid) and time.monotonic() < deadline:  # Ray's processes leave shortly after the driver
         time.sleep(0.5)
@@ -96,8 +96,8 @@ def grpo_overrides(tokenizer: Path, data_path: Path, save: Path, **extra: object
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def run(script: str, config_name: str, overrides: list[str], log: Path) -> None:
-    finish(start(script, config_name, overrides, log), log)
+def run(script: str, config_name: str, overrides: list[str], log: Path, status: int = 0) -> None:
+    finish(start(script, config_name, overrides, log), log, status)
 
 
 def kill_when(proc: subprocess.Popen, ready, log: Path, delay_s: float = 0.0) -> None:

@@ -124,6 +124,7 @@ MISTAKES = {
         ["kl_target=100", "never reached", "at most 10"]),
     "kl in the reward without gae": (["+rl_config.use_kl_in_reward=true"], ["use_kl_in_reward", "gae"]),
     "gamma range": (["+rl_config.gamma=1.5"], ["gamma", "[0, 1]"]),
+    "negative non-finite steps": (["+rl_config.max_nonfinite_steps=-1"], ["rl_config.max_nonfinite_steps", ">= 0"]),
     "value clip": ([*PPO, "+rl_config.cliprange_value=0"], ["cliprange_value", "positive"]),
     "refused MindSpeed key": (["+megatron_training.use_flash_attn=true"], ["use_flash_attn", "kernel"]),
     "tp vs heads": (["actor_config.tensor_model_parallel_size=8"],

@@ -4,7 +4,8 @@ One step: prompts → rollout (the actor's weights synced into the engine, train
 offloaded meanwhile) → rule rewards on Ray CPU actors and the reward model, scored while the
 reference and old log-prob passes run → advantages → optional truncated IS weights for the
 engine/actor mismatch → actor update → metrics → checkpoint. With DAPO dynamic sampling the rollout
-repeats on fresh prompts until the batch holds enough informative groups.
+repeats on fresh prompts until the batch holds enough informative groups. A NaN or inf in the rewards, log-probs,
+advantages, loss or gradient norm skips the rest of the step (mindrl/trainer/nonfinite.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from mindrl.trainer.metrics import (
     rollout_metrics,
     throughput_metrics,
 )
+from mindrl.trainer.nonfinite import NonFinite, SkippedSteps, first_nonfinite, skipped_update
 from mindrl.trainer.prompts import PromptLoader, images_of, read_prompts, split_path
 from mindrl.trainer.start import JOB_GRPO, StartPoint, start_point
 
@@ -120,6 +122,9 @@ class GRPOTrainer:
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
         self.group = self.ref_group = self.rewards = self.sink = None
+        self.skipped = SkippedSteps(rl.max_nonfinite_steps)
+        #: the iteration of the checkpoint a resume would start from (0: none yet)
+        self.last_saved = self.start.iteration if self.start.resume else 0
         #: the reward model lives in the actor's ranks (colocate_all_models)
         self.reward_colocated = cfg.reward_config is not None and bool(rl.colocate_all_models)
 
@@ -173,6 +178,8 @@ class GRPOTrainer:
             self.loader.load_state_dict(extra["data"])
             if "reward_model_stats" in extra:
                 self.rewards.stats.load_state_dict(extra["reward_model_stats"])
+            if "skipped_steps" in extra:
+                self.skipped.load_state_dict(extra["skipped_steps"])
             say(f"resumed from {self.start.resume} at iteration {self.start.iteration} "
                 f"(epoch {self.loader.epoch}, prompt {self.loader.position})")
             if ranks[0]["schedule_note"]:
@@ -219,6 +226,7 @@ class GRPOTrainer:
                 if self.test_prompts and step % self.cfg.rl_config.test_interval == 0:
                     metrics.update(self.validate())
                 self.sink.log(step, metrics)
+                self.skipped.stop_if_over(self.resume_hint())
                 if actor.saves_at(step):
                     self.save(step)
             return self.export() if actor.save else None
@@ -227,19 +235,28 @@ class GRPOTrainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         rl, timer = self.cfg.rl_config, StepTimer()
+        updated: dict[str, float] = {}
         with timer("all"):
             exp = self.experience(step, timer)
             batch = exp.batch
-            exp.metrics.update(self.advantages(exp, timer))
-            if "old_log_probs" in batch:
-                exp.metrics.update(mismatch_metrics(batch["old_log_probs"], batch["engine_log_probs"],
-                                                    batch["loss_mask"], rl.rollout_is_config))
-                if rl.rollout_is != "none":
-                    batch["rollout_is_weights"] = rollout_is_weights(batch["old_log_probs"], batch["engine_log_probs"],
-                                                                     batch["loss_mask"], rl.rollout_is_config)
-                del batch["engine_log_probs"]
-            updated = self.update(step, batch, timer)
-        metrics = {**exp.metrics, **timer.metrics(), **updated}
+            found = first_nonfinite({"the rewards": exp.scores, "the reference log-probs": batch.get("ref_log_probs"),
+                                     "the old log-probs": batch.get("old_log_probs")})
+            if found is None:
+                exp.metrics.update(self.advantages(exp, timer))
+                found = first_nonfinite({"the critic's values": batch.get("values"),
+                                         "the advantages": batch["advantages"]})
+            if found is None:
+                if "old_log_probs" in batch:
+                    exp.metrics.update(mismatch_metrics(batch["old_log_probs"], batch["engine_log_probs"],
+                                                        batch["loss_mask"], rl.rollout_is_config))
+                    if rl.rollout_is != "none":
+                        batch["rollout_is_weights"] = rollout_is_weights(batch["old_log_probs"],
+                                                                         batch["engine_log_probs"],
+                                                                         batch["loss_mask"], rl.rollout_is_config)
+                    del batch["engine_log_probs"]
+                updated = self.update(step, batch, timer)
+                found = update_nonfinite(updated)
+        metrics = {**exp.metrics, **timer.metrics(), **updated, **self.skipped.record(step, found)}
         metrics["old_log_p/from_update"] = float("old_log_probs" not in batch)
         metrics["prompt_length/mean"] = batch["prompt_lengths"].double().mean().item()
         metrics.update(rollout_metrics(batch["response_lengths"], self.sampling.max_tokens, exp.scores,
@@ -342,14 +359,27 @@ class GRPOTrainer:
 
     def save(self, step: int) -> None:
         self.group.call("save", self.cfg.actor_config.save, step, self.save_extra(step))
+        self.last_saved = step
+
+    def resume_hint(self) -> str:
+        """Where a resume of this run would start, as the stop sentence of mindrl/trainer/nonfinite.py says it."""
+        if self.last_saved:
+            return f"its last checkpoint (iteration {self.last_saved} in {self.cfg.actor_config.save})"
+        return "the start (no checkpoint was saved yet)"
 
     def save_extra(self, step: int) -> dict[str, Any]:
         """The driver's state a resume needs, saved with the actor's checkpoint."""
         return {"job": self.job, "data": self.loader.state_dict(), "initial_weights": self.start.initial_weights,
-                "step": step, "reward_model_stats": self.rewards.stats.state_dict()}
+                "step": step, "reward_model_stats": self.rewards.stats.state_dict(),
+                "skipped_steps": self.skipped.state_dict()}
 
     def export(self) -> Path:
         return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)
+
+
+def update_nonfinite(metrics: dict[str, float]) -> NonFinite | None:
+    """What an update found non-finite (PPO's critic updates before the actor), from its renamed metrics."""
+    return skipped_update(metrics, "critic") or skipped_update(metrics, "actor")
 
 
 def rows_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -27,13 +27,15 @@ from mindrl.console import say
 from mindrl.trainer.grpo import Experience, GRPOTrainer, rows_of
 from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.metrics import StepTimer
+from mindrl.trainer.nonfinite import skipped_update
 from mindrl.trainer.start import JOB_PPO
 
 #: the critic's checkpoints, under the run's `save` folder
 CRITIC_DIR = "critic"
 #: what the critic's update reports, under verl's / MindSpeed-RL's names
 CRITIC_NAMES = {"vf_loss": "critic/vf_loss", "vf_clipfrac": "critic/vf_clipfrac", "vpred_mean": "critic/vpred_mean",
-                "grad_norm": "critic/grad_norm", "lr": "critic/lr", "prompt_packed": "critic/prompt_packed"}
+                "grad_norm": "critic/grad_norm", "lr": "critic/lr", "prompt_packed": "critic/prompt_packed",
+                "skipped": "critic/skipped", "nonfinite_loss": "critic/nonfinite_loss"}
 
 
 class PPOTrainer(GRPOTrainer):
@@ -140,7 +142,8 @@ class PPOTrainer(GRPOTrainer):
         with timer("update_critic"):
             critic = self.critic_group.call("update_critic", critic_batch)[0]
         metrics = {CRITIC_NAMES[key]: float(value) for key, value in critic.items() if key in CRITIC_NAMES}
-        if step <= self.cfg.rl_config.critic_warmup:
+        # a critic step skipped for a non-finite number skips the rest of the step (mindrl/trainer/nonfinite.py)
+        if step <= self.cfg.rl_config.critic_warmup or skipped_update(metrics, "critic"):
             metrics["actor/updated"] = 0.0
             return metrics
         if not self.cfg.loss.use_kl_loss:

@@ -99,6 +99,9 @@ class RLConfig:
     rollout_is: str = "none"
     rollout_is_threshold: float = DEFAULT_THRESHOLD
     test_interval: int = 0
+    #: steps in a row that a NaN or inf may skip (mindrl/trainer/nonfinite.py); one more stops the run, so 0 stops
+    #: it at the first
+    max_nonfinite_steps: int = 3
     #: seconds to wait for a running cluster (RAY_ADDRESS) to offer the roles' devices before giving up
     resource_wait_timeout: float = 600.0
     #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
@@ -134,7 +137,8 @@ class RLConfig:
         positive("rl_config", self, "n_samples_per_prompt", "mini_batch_size", "epochs", "max_prompt_length",
                  "actor_forward_micro_batch_size", "ref_forward_micro_batch_size", "filter_groups_train_batch_size",
                  "critic_mini_batch_size", "critic_epochs", "kl_horizon")
-        positive("rl_config", self, "test_interval", "resource_wait_timeout", "critic_warmup", allow_zero=True)
+        positive("rl_config", self, "test_interval", "resource_wait_timeout", "critic_warmup", "max_nonfinite_steps",
+                 allow_zero=True)
         check_estimator(self.adv_estimator)
         KL_ESTIMATORS.get(self.kl_penalty)
         if self.kl_ctrl_type not in KL_CONTROLLERS:
