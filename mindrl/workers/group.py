@@ -115,9 +115,10 @@ class WorkerGroup:
         """The results of one call on every rank, by rank. The first rank to fail ends the wait at once, with
         WorkerLost (its process died) or WorkerFailed (it raised; a ConfigError or RunError it raised, already one
         sentence, stays as it is) naming the role, rank and node: the other ranks may be blocked in a collective
-        with it, and would otherwise hold the run until the collective timeout. Their own errors, which follow from it, go to the log only. A rank
-        that raised may itself be the consequence: a peer's death fails its collective at once, before Ray reports
-        the death, so a death heard of within DEATH_GRACE_S is the failure reported."""
+        with it, and would otherwise hold the run until the collective timeout. Their own errors, which follow from
+        it, go to the log only. A rank that raised may itself be the consequence: a peer's death fails its
+        collective at once, before Ray reports the death, so a death heard of within DEATH_GRACE_S is the failure
+        reported."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
