@@ -2,8 +2,10 @@
 hold, crashing workers, linear-time layout checks, parallel scoring."""
 
 import itertools
+import os
 import random
 import re
+import signal
 import textwrap
 import threading
 import time
@@ -598,6 +600,30 @@ def test_a_worker_that_keeps_dying_raises_instead_of_zero_rewards(custom_file, p
         assert scorer.score(["ok", "ok"], ["", ""]).rewards == [1.0, 1.0]  # the next batch starts afresh
 
 
+def test_a_worker_stopped_between_calls_is_replaced_and_the_batch_scored():
+    """A verifier process stopped outside any call (SIGSTOP, a starved machine) has no call that overruns, so the
+    time limit alone never fires and the scorer would wait for it forever: it must be replaced within about the
+    limit and the batch scored in full."""
+    with RewardScorer(RewardConfig(verifier_function=["acc"], verifier_weight=[1.0], verifier_timeout=0.5)) as scorer:
+        scorer.score(["\\boxed{1}"], ["1"])  # the worker is up, waiting for work
+        stopped = scorer._pool._children[0].process
+        os.kill(stopped.pid, signal.SIGSTOP)
+        out = {}
+        thread = threading.Thread(target=lambda: out.update(result=scorer.score(["\\boxed{2}", "\\boxed{3}"],
+                                                                                ["2", "4"])), daemon=True)
+        start = time.monotonic()
+        thread.start()
+        thread.join(timeout=10)
+        elapsed = time.monotonic() - start
+        hung = thread.is_alive()
+        if hung:  # unblock the scorer before failing
+            os.kill(stopped.pid, signal.SIGKILL)
+            thread.join(timeout=30)
+    assert not hung, "the scorer waited for a stopped worker"
+    assert out["result"].rewards == [1.0, -0.5] and elapsed < 0.5 + 2.0
+    assert not stopped.is_alive()
+
+
 def test_workers_score_like_the_verifiers_serially_and_in_parallel():
     pairs = [(c[1], c[2]) for c in CASES if c[0] == "acc"] * 3
     responses, labels = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -656,3 +682,4 @@ def test_the_limit_holds_inside_the_trainers_ray_scorers(custom_file):
     assert result.metrics[f"{custom_file}:deaf/timeout_fraction"] == 0.4
     assert elapsed < 3 * 0.5 + 3.0
     assert after.rewards == [2.0, 2.0]
+

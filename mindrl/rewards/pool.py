@@ -9,6 +9,11 @@ in and since when. The parent kills a child whose call overruns the limit by mor
 small grace, scores that call as a timeout, starts a fresh child and hands it the rest of
 the work. It needs no signals of its own, so it works from any thread.
 
+A child that holds work but neither starts a call nor reports for longer than a call may take is
+wedged outside the verifiers (stopped, or starved): it is killed and its unfinished samples go to a fresh
+child, as after a death that is not its own. A child wedged while its verifiers load (a custom verifier's
+imports may take long) is left to the driver's deadline on the scoring phase (rl_config.phase_timeout).
+
 A child that dies on its own (a verifier calling os._exit, a segfault, the OOM killer) has
 not overrun anything: its unfinished samples are scored again, once, in a fresh child; a
 second death in the same batch raises, since the rewards could not be trusted.
@@ -47,6 +52,7 @@ class _Child:
     conn: Connection
     state: Any
     sent: deque[int] = field(default_factory=deque)  # samples sent and not yet reported, in order
+    sent_at: float = 0.0  # monotonic time of the last send
 
 
 def _context() -> Any:
@@ -112,6 +118,8 @@ class VerifierPool:
                         crashes = self._crashed(slot, crashes, rows, work)
                     elif self._overran(child):
                         self._cut_off(slot, rows, work)
+                    elif self._wedged(child):
+                        self._stop(slot, rows, work)
         except BaseException:
             self.close()
             raise
@@ -132,7 +140,7 @@ class VerifierPool:
     def _start(self) -> _Child:
         context = _context()
         parent_end, child_end = context.Pipe()
-        state = context.RawArray("d", 3)
+        state = context.RawArray("d", 4)
         process = context.Process(target=serve, args=(child_end, state, self.names, self.limit_s),
                                   name="mindrl-verifier", daemon=True)
         process.start()
@@ -143,6 +151,7 @@ class VerifierPool:
               rows: list[list[tuple[float, int] | None]]) -> bool:
         task = [(index, *items[index], _decided(rows[index])) for index in chunk]
         child.sent.extend(chunk)
+        child.sent_at = time.monotonic()
         try:
             child.conn.send(task)
         except OSError:  # the child is gone
@@ -174,6 +183,13 @@ class VerifierPool:
     def _overran(self, child: _Child) -> bool:
         started = child.state[2]
         return started != BETWEEN_CALLS and time.monotonic() - started > self.limit_s + GRACE_S
+
+    def _wedged(self, child: _Child) -> bool:
+        """Outside any call, with work, and silent since the last send or sign of life for longer than a call
+        may take (its next call starts, or its report goes out, within milliseconds of the last)."""
+        last = child.state[3]
+        return (child.state[2] == BETWEEN_CALLS and last != 0.0
+                and time.monotonic() - max(last, child.sent_at) > self.limit_s + GRACE_S)
 
     def _stop(self, slot: int, rows: list[list[tuple[float, int] | None]], work: deque[list[int]]) -> _Child:
         """Kill the child in `slot`, keep what it reported, put its unfinished samples first in line."""

@@ -1,7 +1,8 @@
 """The loop of a verifier worker process: score what the parent sends, and say where it is.
 
 `state` is shared with the parent: [sample index, verifier index, monotonic start time of
-the call in progress (0.0 between calls)]. The parent kills this process when a call runs
+the call in progress (0.0 between calls), monotonic time of the last sign of life outside a call (0.0 while
+the verifiers load)]. The parent kills this process when a call runs
 past its limit (see pool). A SIGALRM raised here is only the cheap first line: it ends
 most overruns (pure-Python loops in sympy) without costing a process, and it is a
 BaseException so that `except Exception` in a library or verifier cannot swallow it; a
@@ -64,7 +65,9 @@ def serve(conn: Connection, state: Sequence[float], names: tuple[str, ...], limi
     """
     verifiers = [get_verifier(name) for name in names]
     signal.signal(signal.SIGALRM, _on_alarm)
+    state[3] = time.monotonic()
     while (task := conn.recv()) is not None:
+        state[3] = time.monotonic()
         finished: list[tuple[int, list[tuple[float, int] | None]]] = []
         reported_at = time.monotonic()
         for index, response, label, decided in task:
@@ -75,7 +78,7 @@ def serve(conn: Connection, state: Sequence[float], names: tuple[str, ...], limi
                     continue
                 state[0], state[1], state[2] = index, k, time.monotonic()
                 row.append(score_one(verifier, response, label, limit_s))
-                state[2] = BETWEEN_CALLS
+                state[2], state[3] = BETWEEN_CALLS, time.monotonic()
             finished.append((index, row))
             if time.monotonic() - reported_at >= FLUSH_S:
                 conn.send(finished)
