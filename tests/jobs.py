@@ -112,21 +112,22 @@ def kill_when(proc: subprocess.Popen, ready, log: Path, delay_s: float = 0.0) ->
 
 
 def kill_rank_when(proc: subprocess.Popen, ready, title: str, log: Path, delay_s: float = 0.0,
-                   limit_s: float = 120.0) -> tuple[int, float]:
-    """SIGKILL one process of the job whose title starts with `title` (a Ray actor, e.g. "ray::PolicyRank")
-    once `ready()`, and let the job end on its own: (its exit status, seconds from the kill to its end)."""
+                   limit_s: float = 120.0, sig: int = signal.SIGKILL, poll_s: float = 0.001) -> tuple[int, float]:
+    """Send `sig` (SIGKILL; SIGSTOP to hang it) to one process of the job whose title starts with `title` (a Ray
+    actor, e.g. "ray::PolicyRank"; "ray::PolicyRank.update" while it runs that method) once `ready()`, looked at
+    every `poll_s`, and let the job end on its own: (its exit status, seconds from the signal to its end)."""
     deadline = time.monotonic() + JOB_LIMIT_S
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
             kill_session(proc)
             pytest.fail(f"the job ended or stalled before the kill point:\n{log.read_text()[-6000:]}")
-        time.sleep(0.001)
+        time.sleep(poll_s)
     time.sleep(delay_s)
-    ranks = [pid for pid in session_pids(proc.pid) if _cmdline(pid).startswith(title)]
+    ranks = titled(proc, title)
     if not ranks:
         kill_session(proc)
         pytest.fail(f"no process titled {title!r} in the job:\n{log.read_text()[-4000:]}")
-    os.kill(ranks[0], signal.SIGKILL)
+    os.kill(ranks[0], sig)
     killed = time.monotonic()
     try:
         code = proc.wait(timeout=limit_s)
@@ -141,6 +142,11 @@ def kill_rank_when(proc: subprocess.Popen, ready, title: str, log: Path, delay_s
     kill_session(proc)
     assert not left, f"processes {left} of the job outlived it"
     return code, seconds
+
+
+def titled(proc: subprocess.Popen, title: str) -> list[int]:
+    """The job's processes whose title (command line) starts with `title`."""
+    return [pid for pid in session_pids(proc.pid) if _cmdline(pid).startswith(title)]
 
 
 def _cmdline(pid: int) -> str:

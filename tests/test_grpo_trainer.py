@@ -133,3 +133,33 @@ def test_a_damaged_latest_checkpoint_names_the_complete_one_before_it_which_resu
     assert [line["step"] for line in got] == [1, 2, 3, 4]
     assert jobs.run_values(got) == jobs.run_values(expected)
     assert mg.read_tracker(run) == 4 and mg.damage(run, 4) is None  # the damaged iteration written again
+
+
+#: the test's phase deadline: every phase of the tiny run takes a few seconds, on a loaded 2-core machine too
+PHASE_TIMEOUT_S = 30
+
+
+def test_a_rank_stopped_mid_update_is_named_by_the_watchdog_and_no_process_is_left(tiny_math_data, tmp_path):
+    """One rank's process is stopped (SIGSTOP) while it runs the update: it does not die, so nothing but a deadline
+    ends the wait for it (its peer waits in a collective until the 1800 s collective timeout). The job must end
+    within the phase's deadline + 10 s with exit status 1 and one error line naming the role, ranks, node, phase
+    and seconds with the resume hint, and leave no process behind (a stopped one ignores all but SIGKILL)."""
+    import signal
+
+    tokenizer, root = tiny_math_data
+    log = tmp_path / "log"
+    overrides = jobs.grpo_overrides(tokenizer, root / "eight", tmp_path / "run",
+                                    **{"megatron_training.train_iters": 2, "megatron_training.save_interval": 0,
+                                       "actor_config.pipeline_model_parallel_size": 2, "rl_config.test_interval": 0,
+                                       "+rl_config.phase_timeout": PHASE_TIMEOUT_S})
+    job = _start(overrides, log)
+    code, seconds = jobs.kill_rank_when(job, lambda: jobs.titled(job, "ray::PolicyRank.update"),
+                                        "ray::PolicyRank.update", log, sig=signal.SIGSTOP, poll_s=0.05,
+                                        limit_s=PHASE_TIMEOUT_S + 60)
+    text = log.read_text()
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert code == 1 and seconds < PHASE_TIMEOUT_S + 10, (code, seconds, text[-3000:])
+    assert len(errors) == 1, text[-3000:]
+    assert re.match(rf"error: actor ranks? [01](, 1)? of 2 on node \S+ \(\w+\) did not finish the update phase within "
+                    rf"{PHASE_TIMEOUT_S} s \(rl_config.phase_timeout\).*; the run stops — resume it from its last "
+                    rf"checkpoint with actor_config.load", errors[0]), errors[0]

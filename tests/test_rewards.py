@@ -683,3 +683,48 @@ def test_the_limit_holds_inside_the_trainers_ray_scorers(custom_file):
     assert elapsed < 3 * 0.5 + 3.0
     assert after.rewards == [2.0, 2.0]
 
+
+def _gone(pid: int, within_s: float) -> bool:
+    """Whether process `pid` has ended (or is a zombie) within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.job
+def test_a_ray_scorer_that_stops_answering_ends_the_phase_at_its_deadline_naming_it():
+    """A scorer stopped whole (SIGSTOP: the verifier processes' limits live inside it) held the step forever: the
+    rule_reward phase's deadline (rl_config.phase_timeout) must name it and its node, closing must still end,
+    and the stopped process must be gone."""
+    import ray
+
+    from mindrl.trainer.rewards import RuleRewards
+    from mindrl.workers.group import PhaseTimeout
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        rule = RuleRewards(RewardConfig(verifier_function=["acc"], verifier_weight=[1.0]), num_cpus=0,
+                           phase_timeout_s=3)
+        ray.get(rule.submit(["\\boxed{1}"], ["1"], [2])[1])  # its start and first scoring outside the deadline
+        pid = ray.get(rule.actors[0].__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(PhaseTimeout, match=r"^rule-reward scorer 0 of 1 on node \S+ \(\w{8}\) did not finish the "
+                                               r"rule_reward phase within 3 s .*actor_config\.load"):
+            rule.collect(rule.submit(["\\boxed{2}"], ["2"], [2]))
+        waited = time.monotonic() - start
+        rule.close()
+        closed = time.monotonic() - start - waited
+        gone = _gone(pid, 15)
+        if not gone:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        ray.shutdown()
+    assert 3 <= waited < 3 + 2 and closed < 10, (waited, closed)
+    assert gone, "the stopped scorer outlived its close"

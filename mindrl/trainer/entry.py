@@ -3,8 +3,8 @@
 `--config-name` picks a file of the trainer's config folder (or `--config-dir`); the rest are
 Hydra overrides. The whole config, and this machine's devices unless RAY_ADDRESS names a
 running cluster (checked once the driver has joined it), are judged before any worker
-starts; a mistake is one sentence on stderr and exit status 2. A rank lost mid-run, or devices the cluster
-never offers, is one sentence and exit status 1.
+starts; a mistake is one sentence on stderr and exit status 2. A rank or node lost mid-run, a phase of a step
+past rl_config.phase_timeout, or devices the cluster never offers, is one sentence and exit status 1.
 
 Once the config is good, everything the run's processes write goes to `run.log` in its `save` folder
 (or runs/<config-name>/ without one) and the terminal shows mindrl's own lines (mindrl.console); an

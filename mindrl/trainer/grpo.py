@@ -158,11 +158,11 @@ class GRPOTrainer:
         cpus = 0.0 if resource.kind == "CPU" else rl.num_cpus_for_local_task
         # the scorers' processes start (and import the verifiers) while the ranks build their models: 1.7 s of
         # a tiny run's first step before; a reward model joins once the ranks it may share exist
-        self.rewards = Rewards(RuleRewards(rl.reward, cpus) if rl.rule_reward else None, None,
+        self.rewards = Rewards(RuleRewards(rl.reward, cpus, rl.phase_timeout) if rl.rule_reward else None, None,
                                rl.reward_model_weight, rl.reward_model_normalize, self.n)
         say(f"starting {resource.count} actor ranks ({resource}); "
             f"old log-probs: {'the update’s own forward (on-policy)' if self.on_policy else 'a separate pass'}")
-        self.group = WorkerGroup("actor", PolicyRank, resource)
+        self.group = WorkerGroup("actor", PolicyRank, resource, phase_timeout_s=rl.phase_timeout)
         host, port = self.group.rendezvous(COLLECTIVE_TIMEOUT_S)
         ranks = self.group.call("setup", host, port, self._spec(), COLLECTIVE_TIMEOUT_S)
         self.dp_size = ranks[0]["dp_size"]
@@ -193,7 +193,8 @@ class GRPOTrainer:
         from mindrl.workers.ray_ranks import ReferenceRank, ReferenceSpec
 
         ref, rl = self.cfg.ref_config, self.cfg.rl_config
-        group = WorkerGroup("reference", ReferenceRank, rl.resources["reference_resource"])
+        group = WorkerGroup("reference", ReferenceRank, rl.resources["reference_resource"],
+                            phase_timeout_s=rl.phase_timeout)
         host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
         spec = ReferenceSpec(ref.arch, ref.parallel, ref.bf16, self.ref_weights,
                              self.sampling.temperature, rl.ref_forward_micro_batch_size or ref.micro_batch_size,
@@ -276,7 +277,7 @@ class GRPOTrainer:
     def update(self, step: int, batch: dict[str, torch.Tensor], timer: StepTimer) -> dict[str, float]:
         """Train on the scored batch; returns the update's metrics."""
         with timer("update"):
-            return actor_metrics(self.group.call("update", batch)[0])
+            return actor_metrics(self.group.call("update", batch, phase="update")[0])
 
     def experience(self, step: int, timer: StepTimer) -> Experience:
         """A scored batch with the log-probs the update needs (several rollout rounds under DAPO)."""
@@ -290,7 +291,8 @@ class GRPOTrainer:
             ids, images = [p.ids for p in prompts], images_of(prompts)
             with timer("rollout"):
                 result, generated = self.group.call("generate", ids, self.n,
-                                                    sampling_for_step(self.sampling, step, attempt), images)[0]
+                                                    sampling_for_step(self.sampling, step, attempt), images,
+                                                    phase="rollout")[0]
             for phase in RESHARDING_PHASES:
                 timer.seconds[phase] = timer.seconds.get(phase, 0.0) + generated.pop(f"timing/{phase}", 0.0)
             add_round(metrics, generated)
@@ -328,12 +330,15 @@ class GRPOTrainer:
             start, pending = time.perf_counter(), self.ref_group.call_async("log_probs", rows)
         elif self.cfg.rl_config.uses_reference:
             with timer("reference_model"):
-                batch["ref_log_probs"] = gather_rows(self.group.call("log_probs", rows, "reference"), self.dp_size)
+                batch["ref_log_probs"] = gather_rows(self.group.call("log_probs", rows, "reference",
+                                                                     phase="reference_model"), self.dp_size)
         if not self.on_policy:
             with timer("old_log_p"):
-                batch["old_log_probs"] = gather_rows(self.group.call("log_probs", rows, "actor"), self.dp_size)
+                batch["old_log_probs"] = gather_rows(self.group.call("log_probs", rows, "actor", phase="old_log_p"),
+                                                     self.dp_size)
         if self.ref_group is not None:
-            batch["ref_log_probs"] = gather_rows(self.ref_group.wait(pending), self.ref_dp_size)
+            batch["ref_log_probs"] = gather_rows(self.ref_group.wait(pending, "reference_model", since=start),
+                                                 self.ref_dp_size)
             timer.seconds["reference_model"] = time.perf_counter() - start
 
     def texts(self, responses: list[list[int]]) -> list[str]:
@@ -349,7 +354,7 @@ class GRPOTrainer:
         """Greedy answers to the test split, scored like training rewards (the reward model's score raw)."""
         greedy = SamplingConfig(max_tokens=self.sampling.max_tokens, top_k=1, logprobs=0, seed=0)
         prompts, images = [p.ids for p in self.test_prompts], images_of(self.test_prompts)
-        result, _ = self.group.call("generate", prompts, 1, greedy, images)[0]
+        result, _ = self.group.call("generate", prompts, 1, greedy, images, phase="validation")[0]
         pending = self.rewards.submit(self.texts(result.responses), [p.label for p in self.test_prompts],
                                       rollout_batch(prompts, result, 1, self.pad_id, images))
         scored = self.rewards.collect(pending, training=False)
@@ -358,7 +363,7 @@ class GRPOTrainer:
         return {f"validation/{key}": value for key, value in summary.items()}
 
     def save(self, step: int) -> None:
-        self.group.call("save", self.cfg.actor_config.save, step, self.save_extra(step))
+        self.group.call("save", self.cfg.actor_config.save, step, self.save_extra(step), phase="save")
         self.last_saved = step
 
     def resume_hint(self) -> str:

@@ -93,7 +93,9 @@ class PPOTrainer(GRPOTrainer):
             from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
             from mindrl.workers.ray_ranks import CriticRank
 
-            self.critic_group = WorkerGroup("critic", CriticRank, self.cfg.rl_config.resources["critic_resource"])
+            rl = self.cfg.rl_config
+            self.critic_group = WorkerGroup("critic", CriticRank, rl.resources["critic_resource"],
+                                            phase_timeout_s=rl.phase_timeout)
             host, port = self.critic_group.rendezvous(COLLECTIVE_TIMEOUT_S)
             setup = self.critic_group.call("setup", host, port, self._critic_spec(), COLLECTIVE_TIMEOUT_S)[0]
             self.critic_dp_size = setup["dp_size"]
@@ -118,7 +120,8 @@ class PPOTrainer(GRPOTrainer):
         rl, batch = self.cfg.rl_config, exp.batch
         mask = batch["loss_mask"].float()
         with timer("values"):
-            values = gather_rows(self.critic_group.call("values", rows_of(batch)), self.critic_dp_size) * mask
+            values = gather_rows(self.critic_group.call("values", rows_of(batch), phase="values"),
+                                 self.critic_dp_size) * mask
         metrics: dict[str, float] = {}
         with timer("adv"):
             kl, coef = torch.zeros_like(mask), self.kl_ctrl.value
@@ -140,7 +143,7 @@ class PPOTrainer(GRPOTrainer):
         critic_batch = {key: batch.pop(key) for key in ("values", "returns")}
         critic_batch.update(rows_of(batch), loss_mask=batch["loss_mask"])
         with timer("update_critic"):
-            critic = self.critic_group.call("update_critic", critic_batch)[0]
+            critic = self.critic_group.call("update_critic", critic_batch, phase="update_critic")[0]
         metrics = {CRITIC_NAMES[key]: float(value) for key, value in critic.items() if key in CRITIC_NAMES}
         # a critic step skipped for a non-finite number skips the rest of the step (mindrl/trainer/nonfinite.py)
         if step <= self.cfg.rl_config.critic_warmup or skipped_update(metrics, "critic"):
@@ -154,7 +157,7 @@ class PPOTrainer(GRPOTrainer):
 
     def save(self, step: int) -> None:
         self.critic_group.call("save_critic", str(Path(self.cfg.actor_config.save) / CRITIC_DIR), step,
-                               {"job": self.job, "role": "critic", "step": step})
+                               {"job": self.job, "role": "critic", "step": step}, phase="save")
         super().save(step)
 
     def save_extra(self, step: int) -> dict[str, Any]:

@@ -96,7 +96,8 @@ class RewardModelGroup:
         from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
         from mindrl.workers.ray_ranks import RewardRank
 
-        group = WorkerGroup("reward", RewardRank, cfg.rl_config.resources["reward_resource"])
+        group = WorkerGroup("reward", RewardRank, cfg.rl_config.resources["reward_resource"],
+                            phase_timeout_s=cfg.rl_config.phase_timeout)
         host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
         setup = group.call("setup", host, port, reward_spec(cfg), COLLECTIVE_TIMEOUT_S)[0]
         say(f"reward model on its own {group.world_size} ranks, weights from {cfg.reward_config.load}; "
@@ -113,7 +114,7 @@ class RewardModelGroup:
         from mindrl.workers.group import gather_rows
 
         start, refs = pending
-        scores = gather_rows(self.group.wait(refs), self.dp_size)
+        scores = gather_rows(self.group.wait(refs, "reward_model", since=start), self.dp_size)
         return scores, time.perf_counter() - start
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ and share the cores; elsewhere each claims `num_cpus_for_local_task`.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from typing import Any
 
@@ -33,35 +34,79 @@ class ScorerActor:
 
 
 class RuleRewards:
-    def __init__(self, config: RewardConfig, num_cpus: float) -> None:
+    """One scorer per node. A scorer that stops answering (its process stopped, its verifier processes wedged
+    where their own time limit does not reach) holds the step: `phase_timeout_s` (rl_config.phase_timeout)
+    bounds the wait, as it does the ranks'."""
+
+    def __init__(self, config: RewardConfig, num_cpus: float, phase_timeout_s: float = 0.0) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+        from mindrl.workers.group import hold
+
+        nodes = [(node["NodeID"], node["NodeManagerAddress"]) for node in ray.nodes() if node["Alive"]]
         remote = ray.remote(ScorerActor)
         self.actors = [remote.options(num_cpus=num_cpus, name=f"mindrl-rule-reward-{i}",
                                       scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-                                      ).remote(config) for i, node in enumerate(nodes)]
+                                      ).remote(config) for i, (node, _) in enumerate(nodes)]
+        self.phase_timeout_s = phase_timeout_s
+        self.node_ids = [node for node, _ in nodes]
+        self.nodes = [f"{address} ({node[:8]})" for node, address in nodes]
+        for i, node in enumerate(self.node_ids):
+            hold(node, "rule-reward", "scorer", i, len(self.actors))
+        #: scorers still scoring when their time ran out: they take no other call (close) before that ends
+        self.stuck: set[int] = set()
 
-    def submit(self, responses: list[str], labels: list[str], lengths: list[int]) -> list[Any]:
+    def submit(self, responses: list[str], labels: list[str], lengths: list[int]) -> tuple[float, list[Any]]:
+        """(when, the parts' refs): the deadline counts from the submission."""
         count = len(self.actors)
         bounds = [len(responses) * i // count for i in range(count + 1)]
-        return [actor.score.remote(responses[a:b], labels[a:b], lengths[a:b])
-                for actor, a, b in zip(self.actors, bounds, bounds[1:], strict=False)]
+        return time.perf_counter(), [actor.score.remote(responses[a:b], labels[a:b], lengths[a:b])
+                                     for actor, a, b in zip(self.actors, bounds, bounds[1:], strict=False)]
 
-    @staticmethod
-    def collect(refs: list[Any]) -> ScoreResult:
-        """The parts in order as one result."""
+    def collect(self, pending: tuple[float, list[Any]]) -> ScoreResult:
+        """The parts in order as one result; a scorer that does not answer within the phase's time, or is lost,
+        ends the run in one sentence naming it (and its node)."""
         import ray
+        from ray.exceptions import RayActorError
 
-        return ScoreResult.concatenate(ray.get(refs))
+        from mindrl.workers.group import RESUME, PhaseTimeout, WorkerLost, lost_node, members
+
+        start, refs = pending
+        left = max(start + self.phase_timeout_s - time.perf_counter(), 0.0) if self.phase_timeout_s > 0 else None
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=left)
+        if late:
+            self.stuck = {refs.index(ref) for ref in late}
+            nodes = list(dict.fromkeys(self.nodes[i] for i in sorted(self.stuck)))
+            raise PhaseTimeout(f"{members('rule-reward', 'scorer', sorted(self.stuck), len(self.actors))} on "
+                               f"node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)} did not finish the "
+                               f"rule_reward phase within "
+                               f"{self.phase_timeout_s:g} s (rl_config.phase_timeout): the scorer or its verifier "
+                               f"processes stopped answering; the run stops — {RESUME}, or raise "
+                               f"rl_config.phase_timeout if scoring is only slow.")
+        parts = []
+        for i, ref in enumerate(refs):
+            try:
+                parts.append(ray.get(ref))
+            except RayActorError as err:
+                self.stuck = {i}  # gone: nothing to close
+                raise lost_node(self.node_ids[i], err) or WorkerLost(
+                    f"rule-reward scorer {i} of {len(self.actors)} on node {self.nodes[i]} died "
+                    f"({str(err).strip().splitlines()[0][:200]}); the run stops — {RESUME}.") from None
+        return ScoreResult.concatenate(parts)
 
     def close(self) -> None:
+        """Let the scorers stop their verifier processes, then end them; bounded like a worker group's close."""
         import ray
 
-        ray.get([actor.close.remote() for actor in self.actors])
+        from mindrl.workers.group import release
+
+        closing = [actor.close.remote() for i, actor in enumerate(self.actors) if i not in self.stuck]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=5.0 if self.stuck else 60.0)
         for actor in self.actors:
             ray.kill(actor)
+        release("rule-reward", "scorer")
 
 
 class Rewards:

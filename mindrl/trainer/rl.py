@@ -104,6 +104,9 @@ class RLConfig:
     max_nonfinite_steps: int = 3
     #: seconds to wait for a running cluster (RAY_ADDRESS) to offer the roles' devices before giving up
     resource_wait_timeout: float = 600.0
+    #: seconds one phase of a step (rollout with its weight sync, scoring, a log-prob pass, an update, a save) may
+    #: take before the driver names the ranks that have not answered and stops the run; 0: no limit
+    phase_timeout: float = 3600.0
     #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
     include_dashboard: bool = False
     use_tensorboard: bool = False
@@ -138,6 +141,7 @@ class RLConfig:
                  "actor_forward_micro_batch_size", "ref_forward_micro_batch_size", "filter_groups_train_batch_size",
                  "critic_mini_batch_size", "critic_epochs", "kl_horizon")
         positive("rl_config", self, "test_interval", "resource_wait_timeout", "critic_warmup", "max_nonfinite_steps",
+                 "phase_timeout",
                  allow_zero=True)
         check_estimator(self.adv_estimator)
         KL_ESTIMATORS.get(self.kl_penalty)

@@ -4,6 +4,12 @@ The group reserves its devices with a placement group (one bundle per rank), sta
 actor per bundle, has rank 0 publish the rendezvous (a store on a port the OS picks; on
 loopback when every rank is on one node) and hands it to the others. Methods are then
 called on every rank at once, since Megatron's are collectives.
+
+The driver is the run's watchdog: a step's phase waits for its ranks at most `phase_timeout_s`
+(rl_config.phase_timeout), since a rank that hangs (stopped, swapped out, stuck in a driver call) also holds
+its peers in a collective until COLLECTIVE_TIMEOUT_S, or forever where nothing times out; past it, the ranks
+that have not answered are named and the group is killed. A rank lost with its node is reported as the node's
+loss, naming everything of the run that node held (`hold`), since all of it is gone at once.
 """
 
 from __future__ import annotations
@@ -30,7 +36,16 @@ class PlacementTimeout(RunError):
 
 
 class WorkerLost(RunError):
-    """A rank's process died (killed, out of memory, its node gone): the run cannot go on."""
+    """A rank's process died (killed, out of memory; NodeLost where its node went with it): the run cannot go on."""
+
+
+class PhaseTimeout(RunError):
+    """A phase of a step ran past rl_config.phase_timeout: the ranks (or scorers) that had not answered are named."""
+
+
+class NodeLost(RunError):
+    """A node left the cluster (its raylet died, the machine went down or off the network), and with it every
+    rank and scorer of the run it held."""
 
 
 class WorkerFailed(RunError):
@@ -43,6 +58,73 @@ TRACEBACK_TAIL = 8
 #: seconds a rank's error waits for news of another rank's death, which it may only follow from: a peer's closed
 #: connection fails a collective at once, and Ray reports the dead process a moment later
 DEATH_GRACE_S = 3.0
+#: seconds to wait for Ray's verdict on a node whose process stopped answering: Ray calls such a process
+#: unavailable at once, and declares its node dead after the node's health checks fail (5 misses 3 s apart)
+NODE_VERDICT_S = 30.0
+#: the resume hint every message about a run that stops ends with
+RESUME = "resume it from its last checkpoint with actor_config.load"
+
+#: what of the run each node holds, by Ray node id: (role, unit, index, count), e.g. ("actor", "rank", 0, 2), so
+#: that the loss of a node is one message naming all of it rather than the first of its processes to be missed
+_HELD: dict[str, list[tuple[str, str, int, int]]] = {}
+
+
+def hold(node_id: str, role: str, unit: str, index: int, count: int) -> None:
+    """Record that `node_id` holds `role`'s `unit` `index` of `count` (a rank, a scorer)."""
+    _HELD.setdefault(node_id, []).append((role, unit, index, count))
+
+
+def release(role: str, unit: str) -> None:
+    """Forget every `role` `unit`: the role has been ended."""
+    for node_id in list(_HELD):
+        _HELD[node_id] = [held for held in _HELD[node_id] if held[:2] != (role, unit)]
+        if not _HELD[node_id]:
+            del _HELD[node_id]
+
+
+def numbers(indices: list[int]) -> str:
+    """0-3, 6 for [0, 1, 2, 3, 6]: long runs of ranks stay readable."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
+
+
+def members(role: str, unit: str, indices: list[int], count: int) -> str:
+    """actor rank 1 of 2, actor ranks 0-7 of 16."""
+    return f"{role} {unit}{'s' if len(indices) > 1 else ''} {numbers(indices)} of {count}"
+
+
+def _listing(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def lost_node(node_id: str, err: Exception) -> NodeLost | None:
+    """The error to report for `err`, a process of the run on `node_id` lost, when its node is what was lost:
+    one message naming the node and everything of the run it held. A process Ray calls unavailable (its node's
+    raylet gone, or only the process) waits up to NODE_VERDICT_S for Ray to declare the node dead; None when the
+    node is alive, for the caller to report the one process."""
+    import ray
+    from ray.exceptions import ActorUnavailableError
+
+    deadline = time.monotonic() + (NODE_VERDICT_S if isinstance(err, ActorUnavailableError) else 0.0)
+    while True:
+        node = next((node for node in ray.nodes() if node["NodeID"] == node_id), None)
+        if node is not None and not node["Alive"]:
+            break
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+    by_role: dict[tuple[str, str, int], list[int]] = {}
+    for role, unit, index, count in _HELD.get(node_id, []):
+        by_role.setdefault((role, unit, count), []).append(index)
+    held = [members(role, unit, indices, count) for (role, unit, count), indices in by_role.items()]
+    return NodeLost(f"node {node['NodeManagerAddress']} ({node_id[:8]}) left the cluster, and with it "
+                    f"{_listing(held) if held else 'the run’s processes there'}; the run stops — bring the node back "
+                    f"(restart Ray there) and {RESUME}.")
 
 
 def actor_options(resource: RoleResource) -> tuple[dict[str, float], dict[str, Any]]:
@@ -62,7 +144,8 @@ def host_threads(node_resources: Mapping[str, float], kind: str) -> int:
 
 
 class WorkerGroup:
-    def __init__(self, role: str, cls: type, resource: RoleResource, placement_timeout_s: float = 300.0) -> None:
+    def __init__(self, role: str, cls: type, resource: RoleResource, placement_timeout_s: float = 300.0,
+                 phase_timeout_s: float = 0.0) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -76,6 +159,10 @@ class WorkerGroup:
         #: (consequences of the failure reported) go to the run's log, not to Ray's "unhandled error" report
         #: on the terminal once the driver drops them
         self.abandoned: list[Any] = []
+        #: seconds a phase's call may take on the ranks (rl_config.phase_timeout); 0: no limit
+        self.phase_timeout_s = phase_timeout_s
+        #: ranks still in a call when its phase ran out of time: they cannot take another (close) before it ends
+        self.stuck: set[int] = set()
         bundle, options = actor_options(resource)
         self.placement = placement_group([bundle] * self.world_size, strategy="PACK", name=f"mindrl-{role}")
         ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
@@ -88,6 +175,10 @@ class WorkerGroup:
         self.actors = []
         to_node = ray.util.placement_group_table(self.placement)["bundles_to_node_id"]
         bundles = ranks_by_node(to_node)
+        #: per rank, its Ray node's id, to tell a lost node from a lost process
+        self.node_ids = [to_node[bundles[rank]] for rank in range(self.world_size)]
+        for rank, node_id in enumerate(self.node_ids):
+            hold(node_id, role, "rank", rank, self.world_size)
         node_resources = {node["NodeID"]: node["Resources"] for node in ray.nodes() if node["Alive"]}
         for rank in range(self.world_size):
             strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=bundles[rank])
@@ -107,26 +198,37 @@ class WorkerGroup:
             say(f"{self.role} ranks on {', '.join(sorted(set(self.nodes)))}")
         return ray.get(self.actors[0].rendezvous.remote(len(set(self.nodes)) == 1, timeout_s))
 
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """`method(*args)` on every rank; the results by rank. Large arguments go in one object-store put."""
-        return self.wait(self.call_async(method, *args))
+    def call(self, method: str, *args: Any, phase: str | None = None) -> list[Any]:
+        """`method(*args)` on every rank; the results by rank. Large arguments go in one object-store put. A
+        `phase` of a step (StepTimer's name for it) is given phase_timeout_s."""
+        return self.wait(self.call_async(method, *args), phase)
 
-    def wait(self, refs: list[Any]) -> list[Any]:
+    def wait(self, refs: list[Any], phase: str | None = None, since: float | None = None) -> list[Any]:
         """The results of one call on every rank, by rank. The first rank to fail ends the wait at once, with
-        WorkerLost (its process died) or WorkerFailed (it raised; a ConfigError or RunError it raised, already one
-        sentence, stays as it is) naming the role, rank and node: the other ranks may be blocked in a collective
-        with it, and would otherwise hold the run until the collective timeout. Their own errors, which follow from
-        it, go to the log only. A rank that raised may itself be the consequence: a peer's death fails its
-        collective at once, before Ray reports the death, so a death heard of within DEATH_GRACE_S is the failure
-        reported."""
+        WorkerLost (its process died), NodeLost (its node did) or WorkerFailed (it raised; a ConfigError or
+        RunError it raised, already one sentence, stays as it is) naming the role, rank and node: the other ranks
+        may be blocked in a collective with it, and would otherwise hold the run until the collective timeout.
+        Their own errors, which follow from it, go to the log only. A rank that raised may itself be the
+        consequence: a peer's death fails its collective at once, before Ray reports the death, so a death heard
+        of within DEATH_GRACE_S is the failure reported. With a `phase`, the call may take phase_timeout_s from
+        `since` (a perf_counter time; default now, for a call submitted earlier the time it was), then
+        PhaseTimeout names the ranks that have not answered."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, Any] = {}
         pending = list(refs)
+        deadline = None
+        if phase is not None and self.phase_timeout_s > 0:
+            deadline = (time.perf_counter() if since is None else since) + self.phase_timeout_s
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                self.lost, self.stuck = True, {rank_of[ref] for ref in pending}
+                self.abandoned += pending
+                raise self._overdue(phase, sorted(self.stuck))
             try:
                 results[rank_of[done[0]]] = ray.get(done[0])
             except (RayActorError, RayTaskError) as err:
@@ -137,6 +239,18 @@ class WorkerGroup:
                     rank, cause = self._death_among(pending, rank_of) or (rank, err)
                 raise self._failure(rank, cause) from None
         return [results[rank] for rank in range(len(refs))]
+
+    def _overdue(self, phase: str, ranks: list[int]) -> PhaseTimeout:
+        by_node: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_node.setdefault(self.nodes[rank] if self.nodes else "unknown", []).append(rank)
+        where = _listing([f"{'rank' if len(on) == 1 else 'ranks'} {numbers(on)}"
+                          f"{f' of {self.world_size}' if i == 0 else ''} on node {node}"
+                          for i, (node, on) in enumerate(by_node.items())])
+        peers = ": one of them hangs, and the others wait for it in a collective" if len(ranks) > 1 else ""
+        return PhaseTimeout(f"{self.role} {where} did not finish the {phase} phase within {self.phase_timeout_s:g} s "
+                            f"(rl_config.phase_timeout){peers}; the run stops — {RESUME}, or raise "
+                            f"rl_config.phase_timeout if the phase is only slow.")
 
     @staticmethod
     def _death_among(pending: list[Any], rank_of: dict[Any, int]) -> tuple[int, Exception] | None:
@@ -163,9 +277,11 @@ class WorkerGroup:
 
         where = f"{self.role} rank {rank} of {self.world_size} on node {self.nodes[rank] if self.nodes else 'unknown'}"
         if isinstance(err, RayActorError):
+            node = lost_node(self.node_ids[rank], err)
+            if node is not None:
+                return node
             cause = str(err).strip().splitlines()[0][:200]
-            return WorkerLost(f"{where} died ({cause}); the run stops — resume it from its last checkpoint with "
-                              f"actor_config.load.")
+            return WorkerLost(f"{where} died ({cause}); the run stops — {RESUME}.")
         # Ray raises a RayTaskError that is also the cause's type; its text is the rank's traceback (colour codes
         # and all, for a terminal: gone here)
         traceback = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
@@ -185,24 +301,31 @@ class WorkerGroup:
         """Let every rank close (engines remove their temporary model folders), then end the actors.
 
         Closing is bounded: a rank that failed or hangs in a collective is ended all the same; after a lost
-        rank the survivors get seconds (their close waits behind a call stuck in a collective with it)."""
+        rank the survivors get seconds (their close waits behind a call stuck in a collective with it), and a
+        rank still in a call that ran out of time is not asked. Ray ends a rank that does not close when told
+        (a stopped process) with SIGKILL."""
         import ray
 
-        ray.wait([actor.close.remote() for actor in self.actors], num_returns=len(self.actors),
-                 timeout=5.0 if self.lost else close_timeout_s)
+        closing = [actor.close.remote() for rank, actor in enumerate(self.actors) if rank not in self.stuck]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=5.0 if self.lost else close_timeout_s)
         for actor in self.actors:
             ray.kill(actor)
         ray.util.remove_placement_group(self.placement)
+        release(self.role, "rank")
         self._log_abandoned()
 
     def _log_abandoned(self) -> None:
-        """The abandoned results' errors, to the run's log (stderr there); the actors are gone, so each is settled
-        at once."""
+        """The abandoned results' errors, to the run's log (stderr there); the actors are gone, so each settles at
+        once (one on a lost node may not within the wait, and is left)."""
         import ray
 
-        for ref in self.abandoned:
+        if not self.abandoned:
+            return
+        settled, _ = ray.wait(self.abandoned, num_returns=len(self.abandoned), timeout=10.0)
+        for ref in settled:
             try:
-                ray.get(ref, timeout=10.0)
+                ray.get(ref)
             except Exception as err:  # any outcome of a rank already reported as failed is only logged
                 text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
                 print(f"{self.role}: after the failure reported, another rank's call ended with: {text}",
