@@ -76,15 +76,16 @@ def check_layouts(cfg: TrainerConfig) -> None:
             validate_sequence_parallel(role.arch, role.parallel)
         except ConfigError as err:
             raise ConfigError(f"{section}: {err}") from None
-    # the reward model scores plain rows; the critic in the actor's processes packs as the actor does
-    packing = [(section, role) for section, role, _ in cfg.roles() if section != "reward_config"]
-    if critic is not None and not cfg.critic_on_own_devices:
-        packing.append(("critic_config", critic))
-    for section, role in packing:
-        if cfg.rl_config.prompt_packing is True and role.parallel.sequence_parallel_for(role.arch):
-            raise ConfigError(f"rl_config.prompt_packing: true packs a prompt's samples into one row, but {section} "
-                              f"runs sequence-parallel, whose rows are padded to a multiple of TP instead; set "
-                              f"prompt_packing to auto (it then stays off there) or false.")
+    if cfg.rl_config.prompt_packing is True:
+        # the reward model scores plain rows; the critic in the actor's processes packs as the actor does
+        packing = [(section, role) for section, role, _ in cfg.roles() if section != "reward_config"]
+        if critic is not None and not cfg.critic_on_own_devices:
+            packing.append(("critic_config", critic))
+        for section, role in packing:
+            if role.parallel.sequence_parallel_for(role.arch):
+                raise ConfigError(f"rl_config.prompt_packing: true packs a prompt's samples into one row, but "
+                                  f"{section} runs sequence-parallel, whose rows are padded to a multiple of TP "
+                                  f"instead; set prompt_packing to auto (it then stays off there) or false.")
     actor, gen = cfg.actor_config, cfg.generate_config
     try:
         validate_parallel(actor.arch, ParallelConfig(gen.infer_tensor_parallel_size),

@@ -70,11 +70,10 @@ class RuleRewards:
         import ray
         from ray.exceptions import RayActorError
 
-        from mindrl.workers.group import RESUME, PhaseTimeout, WorkerLost, lost_node, members
+        from mindrl.workers.group import RESUME, PhaseTimeout, WorkerLost, death, lost_node, members, time_left
 
         start, refs = pending
-        left = max(start + self.phase_timeout_s - time.perf_counter(), 0.0) if self.phase_timeout_s > 0 else None
-        _, late = ray.wait(refs, num_returns=len(refs), timeout=left)
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=time_left(start, self.phase_timeout_s))
         if late:
             self.stuck = {refs.index(ref) for ref in late}
             nodes = list(dict.fromkeys(self.nodes[i] for i in sorted(self.stuck)))
@@ -92,21 +91,14 @@ class RuleRewards:
                 self.stuck = {i}  # gone: nothing to close
                 raise lost_node(self.node_ids[i], err) or WorkerLost(
                     f"rule-reward scorer {i} of {len(self.actors)} on node {self.nodes[i]} died "
-                    f"({str(err).strip().splitlines()[0][:200]}); the run stops — {RESUME}.") from None
+                    f"({death(err)}); the run stops — {RESUME}.") from None
         return ScoreResult.concatenate(parts)
 
     def close(self) -> None:
         """Let the scorers stop their verifier processes, then end them; bounded like a worker group's close."""
-        import ray
+        from mindrl.workers.group import end_actors
 
-        from mindrl.workers.group import release
-
-        closing = [actor.close.remote() for i, actor in enumerate(self.actors) if i not in self.stuck]
-        if closing:
-            ray.wait(closing, num_returns=len(closing), timeout=5.0 if self.stuck else 60.0)
-        for actor in self.actors:
-            ray.kill(actor)
-        release("rule-reward", "scorer")
+        end_actors(self.actors, self.stuck, bool(self.stuck), 60.0, "rule-reward", "scorer")
 
 
 class Rewards:

@@ -102,6 +102,37 @@ def _listing(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
+def plain(err: Exception) -> str:
+    """A Ray error's text without the colour codes Ray puts in it for a terminal (the log is a file)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
+
+
+def death(err: Exception) -> str:
+    """How Ray says a process died, in one short line (its message goes on for lines)."""
+    return str(err).strip().splitlines()[0][:200]
+
+
+def time_left(since: float, timeout_s: float) -> float | None:
+    """Seconds a phase started at perf_counter time `since` has left of `timeout_s` (None: no limit, at 0)."""
+    return max(since + timeout_s - time.perf_counter(), 0.0) if timeout_s > 0 else None
+
+
+def end_actors(actors: list[Any], skip: set[int], hurried: bool, close_timeout_s: float, role: str,
+               unit: str) -> None:
+    """Let the actors close, but not those in `skip` (still in a call that ran out of time: a close would wait
+    behind it), for seconds only when `hurried` (after a failure, a survivor's close may wait behind a call stuck
+    in a collective with the lost one), then end them all (Ray SIGKILLs one that does not close when told, a
+    stopped process too) and forget what their nodes held."""
+    import ray
+
+    closing = [actor.close.remote() for index, actor in enumerate(actors) if index not in skip]
+    if closing:
+        ray.wait(closing, num_returns=len(closing), timeout=5.0 if hurried else close_timeout_s)
+    for actor in actors:
+        ray.kill(actor)
+    release(role, unit)
+
+
 def lost_node(node_id: str, err: Exception) -> NodeLost | None:
     """The error to report for `err`, a process of the run on `node_id` lost, when its node is what was lost:
     one message naming the node and everything of the run it held. A process Ray calls unavailable (its node's
@@ -219,12 +250,10 @@ class WorkerGroup:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, Any] = {}
         pending = list(refs)
-        deadline = None
-        if phase is not None and self.phase_timeout_s > 0:
-            deadline = (time.perf_counter() if since is None else since) + self.phase_timeout_s
+        since = time.perf_counter() if since is None else since
+        limit_s = self.phase_timeout_s if phase is not None else 0.0
         while pending:
-            left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
-            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            done, pending = ray.wait(pending, num_returns=1, timeout=time_left(since, limit_s))
             if not done:
                 self.lost, self.stuck = True, {rank_of[ref] for ref in pending}
                 self.abandoned += pending
@@ -280,11 +309,10 @@ class WorkerGroup:
             node = lost_node(self.node_ids[rank], err)
             if node is not None:
                 return node
-            cause = str(err).strip().splitlines()[0][:200]
-            return WorkerLost(f"{where} died ({cause}); the run stops — {RESUME}.")
+            return WorkerLost(f"{where} died ({death(err)}); the run stops — {RESUME}.")
         # Ray raises a RayTaskError that is also the cause's type; its text is the rank's traceback (colour codes
         # and all, for a terminal: gone here)
-        traceback = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
+        traceback = plain(err)
         print(f"{where} failed:\n{traceback}", file=sys.stderr, flush=True)
         if isinstance(err.cause, ConfigError | RunError):  # already the one sentence for the user (a failed save)
             return type(err.cause)(str(err.cause))
@@ -300,19 +328,11 @@ class WorkerGroup:
     def kill(self, close_timeout_s: float = 60.0) -> None:
         """Let every rank close (engines remove their temporary model folders), then end the actors.
 
-        Closing is bounded: a rank that failed or hangs in a collective is ended all the same; after a lost
-        rank the survivors get seconds (their close waits behind a call stuck in a collective with it), and a
-        rank still in a call that ran out of time is not asked. Ray ends a rank that does not close when told
-        (a stopped process) with SIGKILL."""
+        Closing is bounded (end_actors): a rank that failed or hangs in a collective is ended all the same."""
         import ray
 
-        closing = [actor.close.remote() for rank, actor in enumerate(self.actors) if rank not in self.stuck]
-        if closing:
-            ray.wait(closing, num_returns=len(closing), timeout=5.0 if self.lost else close_timeout_s)
-        for actor in self.actors:
-            ray.kill(actor)
+        end_actors(self.actors, self.stuck, self.lost, close_timeout_s, self.role, "rank")
         ray.util.remove_placement_group(self.placement)
-        release(self.role, "rank")
         self._log_abandoned()
 
     def _log_abandoned(self) -> None:
@@ -327,8 +347,7 @@ class WorkerGroup:
             try:
                 ray.get(ref)
             except Exception as err:  # any outcome of a rank already reported as failed is only logged
-                text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).rstrip()
-                print(f"{self.role}: after the failure reported, another rank's call ended with: {text}",
+                print(f"{self.role}: after the failure reported, another rank's call ended with: {plain(err)}",
                       file=sys.stderr, flush=True)
         self.abandoned = []
 
