@@ -18,7 +18,7 @@ def reduced_grads(worker: ActorWorker) -> dict[str, torch.Tensor]:
         for bucket in buffer.buckets:
             shards = list(bucket.grad_data.chunk(worker.dp_size))
             dist.all_gather(shards, shards[worker.dp_rank].clone(), group=group)
-    return {name: p.main_grad.detach().clone() for name, p in worker.model.named_parameters()}
+    return {name: p.main_grad.detach().clone() for name, p in worker.model.named_parameters() if p.requires_grad}
 
 
 def assert_gradients_equal(runs: list[dict], expected: dict[str, torch.Tensor], arch, par, where: str) -> None:

@@ -28,6 +28,7 @@ Every rank must see ROOT (one machine, or a shared file system, as Megatron-LM a
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -46,6 +47,7 @@ from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint import rng
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.errors import RunError
+from mindrl.config.lora import LoraConfig
 from mindrl.models import arch_fields
 from mindrl.models.gpt import load_stage_weights
 from mindrl.platform import get_platform
@@ -67,6 +69,11 @@ class TrainState:
     par: ParallelConfig
     #: optimizer steps taken so far (the rollout engine's weights are current when it saw this count)
     updates: int = 0
+    #: the model's LoRA adapters (none: a model trained in full)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    #: the digest of this rank's frozen base weights (mindrl.models.lora.base_digest), asked for by adapters-only saves
+    #: and loads
+    base_digest: Callable[[], str] | None = None
 
     @property
     def ranks(self) -> tuple[int, int, int, int]:
@@ -283,8 +290,10 @@ def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[A
         _write(param_state, folder / mg.OPTIM_FILE)
     args = mg.checkpoint_args(state.arch, state.par, state.model.config.params_dtype,
                               data_parallel_size=dp_size, use_distributed_optimizer=param_state is not None)
+    adapters_only = state.lora.ckpt_filter
     contents = {
-        "model": {name: mg.compact(p.detach().cpu()) for name, p in state.model.named_parameters()},
+        "model": {name: mg.compact(p.detach().cpu()) for name, p in state.model.named_parameters()
+                  if p.requires_grad or not adapters_only},
         "iteration": iteration,
         "checkpoint_version": mg.CHECKPOINT_VERSION,
         "args": args,
@@ -295,6 +304,10 @@ def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[A
         "actor_updates": state.updates,
         "extra": extra,
     }
+    if state.lora.enabled:
+        contents["lora"] = {"r": state.lora.r, "alpha": state.lora.alpha,
+                            "target_modules": list(state.lora.target_modules), "adapters_only": adapters_only,
+                            "base_digest": state.base_digest() if adapters_only else None}
     _write(contents, folder / mg.RANK_FILE)
 
 
@@ -313,7 +326,10 @@ def load(state: TrainState, root: str | Path, iteration: int | None = None, load
     path = mg.existing_rank_file(root, iteration, tp_rank, pp_rank, state.par.pp, state.ep_rank, state.par.ep)
     contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     _check_contents(state, path, contents, load_optim, load_rng)
-    load_stage_weights(state.model, contents["model"])
+    _check_lora(state, path, contents.get("lora"))
+    trained = {name for name, p in state.model.named_parameters() if p.requires_grad}
+    load_stage_weights(state.model, contents["model"],
+                       only=trained if (contents.get("lora") or {}).get("adapters_only") else None)
     if load_optim:
         _load_optimizer(state, contents, path.with_name(mg.OPTIM_FILE))
         if not contents.get("optimizer_stepped", True):  # saved before its first step: no moments to restore
@@ -367,6 +383,25 @@ def _check_contents(state: TrainState, path: Path, contents: dict[str, Any], loa
     optim_file = path.with_name(mg.OPTIM_FILE)
     if load_optim and _is_sharded(state.optimizer) and not optim_file.is_file():
         raise FileNotFoundError(f"checkpoint {root} lacks {optim_file.relative_to(root)}; it is incomplete.")
+
+
+def _check_lora(state: TrainState, path: Path, saved: dict[str, Any] | None) -> None:
+    """The checkpoint's adapters are the model's (rank, alpha, layers), and an adapters-only checkpoint goes back on
+    the base it was trained on; one sentence otherwise, before anything is loaded."""
+    root, lora = path.parents[2], state.lora
+    mine = (lora.r, float(lora.alpha), sorted(lora.target_modules)) if lora.enabled else None
+    theirs = (saved["r"], float(saved["alpha"]), sorted(saved["target_modules"])) if saved else None
+    if mine != theirs:
+        def words(settings: tuple | None) -> str:
+            return (f"LoRA r={settings[0]} alpha={settings[1]:g} on {', '.join(settings[2])}" if settings
+                    else "no adapters")
+        raise ConfigError(f"checkpoint {root} was trained with {words(theirs)} but the model has {words(mine)}; set "
+                          f"lora_target_modules, lora_r and lora_alpha as the checkpoint's, or start from its merged "
+                          f"weights (cli/convert_ckpt.py) with finetune: true.")
+    if saved and saved["adapters_only"] and saved["base_digest"] != state.base_digest():
+        raise ConfigError(f"checkpoint {root} holds LoRA adapters only, trained on other base weights than the "
+                          f"actor's (digest {saved['base_digest']}, the actor's {state.base_digest()}); start the run "
+                          f"from the base checkpoint they were trained on (its `initial_weights`), unchanged.")
 
 
 @torch.no_grad()  # the fp32 master weights are views of parameters that require grad

@@ -212,12 +212,13 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     return model.to(device=platform.device(), dtype=params_dtype)
 
 
-def load_stage_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy a stage state dict into `model`; every parameter must be given, nothing extra.
+def load_stage_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], only: set[str] | None = None) -> None:
+    """Copy a stage state dict into `model`; every parameter must be given (of `only`, where named: an
+    adapters-only checkpoint's), nothing extra.
 
     Megatron's `_extra_state` entries (kernel metadata, no weights) are not expected.
     """
-    params = dict(model.named_parameters())
+    params = {name: p for name, p in model.named_parameters() if only is None or name in only}
     missing = sorted(set(params) - set(weights))
     unexpected = sorted(set(weights) - set(params))
     if missing or unexpected:

@@ -212,6 +212,27 @@ def mcore_to_hf_layer(mcore: Mapping[str, torch.Tensor], arch: ModelArch) -> dic
     return {name: out[name] for name in hf_layer_names(arch)}
 
 
+def lora_to_hf_layer(adapters: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
+    """One decoder layer's whole LoRA tensors (Megatron suffix, `self_attention.linear_qkv.adapter.lora_B`) under
+    PEFT's names on the HF model (`self_attn.q_proj.lora_B.weight`): a fused layer's A serves each of its parts
+    (q = W_q·x + B_q·A·x), and its B is cut into them as its weight's rows are."""
+    back = {m.removesuffix(".weight"): h.removesuffix(".weight") for h, m in _renames(arch).items()}
+    fc1 = {mg + "linear_fc1": hf for hf, mg in _mlp_pairs(arch)}
+    out = {}
+    for name, tensor in adapters.items():
+        module, _, half = name.rpartition(".adapter.")
+        if module == "self_attention.linear_qkv":
+            parts = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+            pieces = _split_qkv(tensor, arch) if half == "lora_B" else (tensor,) * 3
+        elif module in fc1:
+            parts = [fc1[module] + "gate_proj", fc1[module] + "up_proj"]
+            pieces = tensor.chunk(2, dim=0) if half == "lora_B" else (tensor,) * 2
+        else:
+            parts, pieces = [back[module]], (tensor,)
+        out.update({f"{part}.{half}.weight": piece.contiguous() for part, piece in zip(parts, pieces, strict=True)})
+    return out
+
+
 def hf_model_type(model_type_hf: str) -> str:
     """The HF model_type of a --model-type-hf name, or one sentence listing the names."""
     if model_type_hf not in HF_MODEL_TYPES:

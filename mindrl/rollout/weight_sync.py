@@ -28,7 +28,7 @@ from megatron.core import parallel_state
 
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.models import hf_mapping as hfm
-from mindrl.models import sharding, tp_layout
+from mindrl.models import lora, sharding, tp_layout
 from mindrl.platform import get_platform
 from mindrl.rollout.base import RolloutEngine
 
@@ -116,7 +116,7 @@ def hf_tensors(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, dty
     """Every HF tensor of the model, on every rank, in the same order (collective over the actor's
     ranks); gather and convert times are added to `stats`."""
     stats = stats or SyncStats()
-    params = dict(model.named_parameters())
+    params = lora.merged_parameters(model)  # a LoRA model's engines take W + (alpha / r)·B·A
     param_dtype = next(iter(params.values())).dtype
     device = next(iter(params.values())).device
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()

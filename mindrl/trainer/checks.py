@@ -48,6 +48,13 @@ def check_colocation(cfg: TrainerConfig) -> None:
     if not rl.uses_reference and ref is not None:
         raise ConfigError("rl_config.reference_resource is set but init_kl_coef is 0, so no reference model runs; "
                           "remove it or set init_kl_coef > 0.")
+    if rl.share_backbone and not cfg.actor_config.lora.enabled:
+        raise ConfigError("rl_config.share_backbone: true makes the reference the actor with its LoRA adapters off, "
+                          "but actor_config sets no lora_target_modules; add adapters or turn share_backbone off.")
+    if rl.share_backbone and rl.uses_reference and not rl.use_integrated_worker:
+        raise ConfigError("rl_config.share_backbone: true makes the actor its own reference (no second model), so no "
+                          "reference runs on devices of its own; set use_integrated_worker: true or turn "
+                          "share_backbone off.")
     if "reward_config" in cfg.sections_given and reward is None and not rl.colocate_all_models:
         raise ConfigError("reward_config configures a reward-model worker, which runs on rl_config.reward_resource or, "
                           "with colocate_all_models: true, on the actor's devices; set one or remove reward_config.")
@@ -249,6 +256,8 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
             "without adv_estimator: gae (PPO with a critic, cli/train_ppo.py)")
     if not rl.use_kl_in_reward:
         off(("kl_target", "kl_horizon"), "without use_kl_in_reward: true (the adaptive KL penalty in the reward)")
+    if not rl.uses_reference:
+        off(("share_backbone",), "with init_kl_coef: 0 (no reference runs)")
     if cfg.reward_config is None:
         off(("reward_model_normalize", "reward_model_weight"), "without a reward model (rl_config.reward_resource "
                                                                "or colocate_all_models with reward_config)")

@@ -58,7 +58,8 @@ class DPOTrainer(StageTrainer):
         from mindrl.workers.ray_ranks import DPORank, DPOSpec
 
         section = self.cfg.section
-        return DPORank, self.stage_spec(DPOSpec, rows_per_example=2, loss=section.loss, reference=section.ref_model)
+        return DPORank, self.stage_spec(DPOSpec, rows_per_example=2, loss=section.loss, reference=section.ref_model,
+                                           share_backbone=section.share_backbone)
 
     def train_step(self) -> dict[str, float]:
         timer = StepTimer()

@@ -33,6 +33,9 @@ class DPOSection(StageSection):
     rpo_alpha: float = 0.0
     #: a Megatron checkpoint root of the frozen reference, in the actor's layout; unset: the weights DPO starts from
     ref_model: str | None = None
+    #: LoRA: the reference is the actor with its adapters off (no second model; needs megatron_training's
+    #: lora_target_modules, and no ref_model)
+    share_backbone: bool = False
     #: every this many steps (0: never), TRL's metrics over the held-out pairs (test.parquet beside train.parquet)
     test_interval: int = 0
 
@@ -56,6 +59,16 @@ class DPOConfig(StageConfig):
     SECTION = "dpo_config"
     SECTION_TYPE = DPOSection
     CONFIGS_DIR = DPO_CONFIGS_DIR
+
+    def check(self) -> None:
+        super().check()
+        if self.section.share_backbone and not self.training.lora.enabled:
+            raise ConfigError("dpo_config.share_backbone: true makes the reference the actor with its LoRA adapters "
+                              "off, but megatron_training sets no lora_target_modules; add adapters or turn "
+                              "share_backbone off.")
+        if self.section.share_backbone and self.section.ref_model is not None:
+            raise ConfigError(f"dpo_config.share_backbone: true makes the reference the actor's own base, but "
+                              f"ref_model ({self.section.ref_model}) names another; remove one of them.")
 
 
 def load_dpo_config(config_name: str, overrides: Sequence[str] = (),

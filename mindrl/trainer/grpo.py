@@ -142,7 +142,7 @@ class GRPOTrainer:
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
             resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
             resume_bf16=self.start.bf16, load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng,
-            reward=reward_spec(cfg) if self.reward_colocated else None)
+            reward=reward_spec(cfg) if self.reward_colocated else None, share_backbone=rl.share_backbone)
 
     def setup(self) -> None:
         from mindrl.trainer.cluster import connect_when_ready

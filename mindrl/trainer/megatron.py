@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.keys import Keys, normalise
+from mindrl.config.lora import LoraConfig
 from mindrl.config.parallel import parse_layer_list
 from mindrl.config.values import check_types, positive
 
@@ -94,6 +95,16 @@ class MegatronConfig:
     override_opt_param_scheduler: bool = False
     #: on resume, the checkpoint's schedule goes on without the warning given where it differs (Megatron's key)
     use_checkpoint_opt_param_scheduler: bool = False
+    #: LoRA adapters on these linear layers (linear_qkv, linear_proj, linear_fc1, linear_fc2); the base stays frozen
+    lora_target_modules: list[str] | None = None
+    #: the adapters' rank
+    lora_r: int = 8
+    #: the adapters' scale is lora_alpha / lora_r
+    lora_alpha: float = 16.0
+    #: checkpoints hold the adapters (and their optimizer state) only, with a digest of the base they go back on
+    lora_ckpt_filter: bool = False
+    #: MindSpeed's fused LoRA kernels: not built (refused when true)
+    lora_fusion: bool = False
     #: the resolved architecture (model yaml entry + this section's architecture keys); not a key
     arch: ModelArch | None = dataclasses.field(default=None, compare=False)
 
@@ -137,9 +148,17 @@ class MegatronConfig:
                 raise ConfigError(f"{section}.{key} must be in [0, 1), got {getattr(self, key)}.")
         if self.num_layer_list is not None:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
+        self.lora.check(section)
+        if self.lora_fusion:
+            raise ConfigError(f"{section}.lora_fusion: true asks for MindSpeed's fused LoRA kernels, which mindrl does "
+                              f"not build (its adapters run as two small matmuls beside each layer); remove the key.")
         if self.freeze_vision_tower and self.arch is not None and self.arch.vision is None:
             raise ConfigError(f"{section}.freeze_vision_tower is set but model {self.arch.name} has no vision tower; "
                               f"remove it.")
+
+    @property
+    def lora(self) -> LoraConfig:
+        return LoraConfig(tuple(self.lora_target_modules or ()), self.lora_r, self.lora_alpha, self.lora_ckpt_filter)
 
     @property
     def parallel(self) -> ParallelConfig:
@@ -163,7 +182,8 @@ class MegatronConfig:
                            micro_batch_size=self.micro_batch_size * rows_per_example,
                            seed=self.seed, freeze_vision_tower=self.freeze_vision_tower,
                            override_opt_param_scheduler=self.override_opt_param_scheduler,
-                           use_checkpoint_opt_param_scheduler=self.use_checkpoint_opt_param_scheduler, **update)
+                           use_checkpoint_opt_param_scheduler=self.use_checkpoint_opt_param_scheduler,
+                           lora=self.lora, **update)
 
     def check_full_checkpoints(self, section: str) -> None:
         """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""

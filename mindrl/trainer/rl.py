@@ -107,6 +107,8 @@ class RLConfig:
     #: seconds one phase of a step (rollout with its weight sync, scoring, a log-prob pass, an update, a save) may
     #: take before the driver names the ranks that have not answered and stops the run; 0: no limit
     phase_timeout: float = 3600.0
+    #: LoRA: the reference is the actor with its adapters off (no second model; needs actor_config.lora_target_modules)
+    share_backbone: bool = False
     #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
     include_dashboard: bool = False
     use_tensorboard: bool = False

@@ -24,7 +24,7 @@ import torch
 from mindrl.algorithms.value_loss import ValueLossConfig, value_loss
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
-from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, check_batch
+from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, check_batch, start_weights
 
 #: the head a causal LM checkpoint has and a critic does not
 _LM_HEAD = "output_layer.weight"
@@ -46,14 +46,16 @@ def start_arch(root: str, arch: ModelArch) -> ModelArch:
 
 
 class CriticWorker(ActorWorker):
+    trained_with_adapters = ("rm_head.",)  # the value head is new: LoRA trains it in full
+
     def __init__(self, arch: ModelArch, par: ParallelConfig, cfg: ActorConfig, loss: ValueLossConfig,
                  weights: str | None = None, params_dtype: torch.dtype = torch.float32) -> None:
         super().__init__(critic_arch(arch), par, cfg, weights, params_dtype)
         self.value_cfg = loss
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
-        state = dict(mg.load_rank(root, self.tp_rank, self.pp_rank, start_arch(root, self.arch), self.par,
-                                  ep_rank=self.ep_rank)["model"])
+        state = dict(start_weights(mg.load_rank(root, self.tp_rank, self.pp_rank, start_arch(root, self.arch),
+                                                self.par, ep_rank=self.ep_rank), root))
         state.pop(_LM_HEAD, None)
         if self.is_last_stage and "rm_head.weight" not in state:
             state["rm_head.weight"] = self.model.rm_head.weight.detach().clone()

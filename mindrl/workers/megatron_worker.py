@@ -33,8 +33,9 @@ from mindrl.algorithms.sft_loss import sft_loss
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint import training
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.config.lora import LoraConfig
 from mindrl.distributed import init_model_parallel
-from mindrl.models import sharding
+from mindrl.models import lora, sharding
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
 from mindrl.models.moe import ExpertLoad
@@ -83,6 +84,8 @@ class ActorConfig:
     override_opt_param_scheduler: bool = False
     #: on resume, the checkpoint's schedule goes on without that warning (Megatron's use_checkpoint_opt_param_scheduler)
     use_checkpoint_opt_param_scheduler: bool = False
+    #: adapters on the linear layers (mindrl/models/lora.py); the base weights then take no gradient or optimizer state
+    lora: LoraConfig = field(default_factory=LoraConfig)
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -104,6 +107,7 @@ class ActorConfig:
             raise ConfigError("override_opt_param_scheduler and use_checkpoint_opt_param_scheduler are both true, but "
                               "a resume takes either the config's LR schedule or the checkpoint's; set one of them "
                               "to false.")
+        self.lora.check("actor")
 
 
 PROMPT_PACKING = ("auto", "on", "off")
@@ -191,21 +195,31 @@ class MegatronWorker:
             weights = sharding.shard_state_dict(weights, arch, par, self.tp_rank, self.pp_rank, self.ep_rank)
         if weights is not None:
             load_stage_weights(self.model, weights)
+        if self.frozen:
+            # megatron-core runs a frozen weight's layers through their own function (linear_with_frozen_weight),
+            # which can round a packed batch's last bit differently: a reference scores as a LoRA actor's frozen
+            # base does (share_backbone), bit for bit
+            self.model.requires_grad_(False)
         self.offloader = StorageOffloader(self.platform)
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
         """This rank's stage of the Megatron checkpoint at `root`, checked against the model."""
-        return mg.load_rank(root, self.tp_rank, self.pp_rank, self.arch, self.par, ep_rank=self.ep_rank)["model"]
+        return start_weights(mg.load_rank(root, self.tp_rank, self.pp_rank, self.arch, self.par, ep_rank=self.ep_rank),
+                             root)
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
         """Free the chosen training state from the device (`offload_train_*`); returns bytes freed. Gradients
-        are dropped, not copied: the next update zeroes them before reading them. A frozen model (the
-        reference) is copied to the host once; later offloads reuse that copy."""
+        are dropped, not copied: the next update zeroes them before reading them. Weights that never change (a
+        frozen model's, the reference's; a LoRA actor's base) are copied to the host once; later offloads reuse that
+        copy."""
         model_params = list(self.model.parameters())
         keep = set() if params else storage_ptrs(model_params)
         freed = 0
         if params:
-            freed += self.offloader.offload(model_params, frozen=self.frozen)
+            trained = [p for p in model_params if p.requires_grad and not self.frozen]
+            freed += self.offloader.offload([p for p in model_params if not p.requires_grad or self.frozen],
+                                            frozen=True)
+            freed += self.offloader.offload(trained)
         if grads:
             freed += self.offloader.offload([p.main_grad for p in model_params if hasattr(p, "main_grad")], keep,
                                             discard=True)
@@ -340,6 +354,19 @@ class MegatronWorker:
         return {key: _cut(torch.cat([o[key] for o in outputs])[:count], width).cpu() for key in outputs[0]}
 
 
+def start_weights(contents: dict, root: str) -> dict[str, torch.Tensor]:
+    """The weights a run starts from in a rank file: a LoRA run's adapters merged into its base, as the engines
+    and the HF export see them (a new run puts its own adapters, if any, on top)."""
+    saved = contents.get("lora")
+    if not saved:
+        return contents["model"]
+    if saved["adapters_only"]:
+        raise ConfigError(f"{root} holds LoRA adapters without their base weights, so no run can start from it alone; "
+                          f"resume it with the same job and base, or export merged weights with cli/convert_ckpt.py "
+                          f"(--lora-base) and start from those.")
+    return lora.merge_state_dict(contents["model"], saved["alpha"] / saved["r"])
+
+
 def real_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Each right-padded row's tokens before its padding: its prompt and response where their lengths are
     given, else up to the token after its last scored position (an SFT row's EOS), else the whole row."""
@@ -392,6 +419,9 @@ def check_batch(batch: dict, keys: tuple[str, ...]) -> None:
 class ActorWorker(MegatronWorker):
     """The trained policy: log-probs, PPO-style updates, and offload of its training state."""
 
+    #: parameters that train in full beside LoRA's adapters (a critic's new value head)
+    trained_with_adapters: tuple[str, ...] = ()
+
     def __init__(self, arch: ModelArch, par: ParallelConfig, cfg: ActorConfig, weights: str | dict | None = None,
                  params_dtype: torch.dtype = torch.float32) -> None:
         dp_size = dist.get_world_size() // (par.tp * par.pp)
@@ -403,6 +433,10 @@ class ActorWorker(MegatronWorker):
         super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed,
                          cfg.prompt_packing)
         self.cfg = cfg
+        if cfg.lora.enabled:  # before the wrap: DDP and the optimizer see only what trains
+            local = sharding.stage_names(arch, par, self.pp_rank, self.ep_rank)
+            lora.add_adapters(self.model, cfg.lora, {name: full for full, name in local.items()}, cfg.seed,
+                              trained=self.trained_with_adapters)
         if cfg.freeze_vision_tower and hasattr(self.model, "vision_model"):
             self.model.vision_model.requires_grad_(False)  # before the wrap: DDP and the optimizer skip them
         self.ddp, self.optimizer = wrap_for_training(self.model, lr=cfg.lr, min_lr=cfg.min_lr,
@@ -601,7 +635,8 @@ class ActorWorker(MegatronWorker):
     def _train_state(self, action: str) -> training.TrainState:
         if self.offloader.offloaded_bytes:
             raise RuntimeError(f"the actor's training state is offloaded; call onload() before {action}.")
-        return training.TrainState(self.model, self.optimizer, self.scheduler, self.arch, self.par, self.updates)
+        return training.TrainState(self.model, self.optimizer, self.scheduler, self.arch, self.par, self.updates,
+                                   self.cfg.lora, lambda: lora.base_digest(self.model))
 
     def save_checkpoint(self, root: str | Path, iteration: int, extra: dict | None = None) -> Path:
         """A resumable training checkpoint (mindrl/checkpoint/training.py); every rank calls it.
@@ -634,5 +669,38 @@ class ActorWorker(MegatronWorker):
         """Resume from the tracker's (or the given) iteration; `load_optim` / `load_rng` false are
         Megatron's no_load_optim / no_load_rng. Returns the iteration and the saved extra state."""
         resumed = training.load(self._train_state("load_checkpoint"), root, iteration, load_optim, load_rng)
+        self.offloader.forget_copies()
         self.updates = resumed.updates
         return resumed
+
+
+class BackboneReference:
+    """share_backbone's reference: the actor's own model with its LoRA adapters off, so the KL is taken against the
+    frozen base with no second model in memory. It answers as a reference worker does (log-probs, rows, ranks) and
+    holds nothing to offload."""
+
+    def __init__(self, actor: ActorWorker, micro_batch_size: int) -> None:
+        if not actor.cfg.lora.enabled:
+            raise ConfigError("share_backbone makes the reference the actor with its LoRA adapters off, but the actor "
+                              "has none; set lora_target_modules or turn share_backbone off.")
+        self.actor, self.micro_batch_size = actor, micro_batch_size
+
+    def __getattr__(self, name: str):
+        return getattr(self.actor, name)  # its layout: ranks, local_rows, is_last_stage …
+
+    def compute_log_prob(self, batch: dict, with_entropy: bool = False,
+                         temperature: float | None = None) -> dict[str, torch.Tensor] | None:
+        actor, kept = self.actor, self.actor.micro_batch_size
+        actor.micro_batch_size = self.micro_batch_size
+        try:
+            with lora.adapters_disabled(actor.model):
+                return actor.compute_log_prob(batch, with_entropy, temperature)
+        finally:
+            actor.micro_batch_size = kept
+
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
+        return 0
+
+    def onload(self) -> int:
+        return 0
+

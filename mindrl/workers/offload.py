@@ -76,6 +76,10 @@ class StorageOffloader:
             storage.resize_(0)
         return freed
 
+    def forget_copies(self) -> None:
+        """Weights offloaded as frozen were loaded anew (a checkpoint's): their next offload copies them again."""
+        self._current.clear()
+
     def _buffer(self, key: int, size: int) -> torch.Tensor:
         host = self._host.get(key)
         if host is None or host.numel() != size:

@@ -30,10 +30,11 @@ from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
 from mindrl.models.dtypes import DTYPES
 from mindrl.models.gpt import load_stage_weights
+from mindrl.models.lora import merged_parameters
 from mindrl.platform.precision import Precision
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
-from mindrl.workers.megatron_worker import ActorConfig, MegatronWorker
+from mindrl.workers.megatron_worker import ActorConfig, BackboneReference, MegatronWorker
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ class PolicySpec:
     reward: RewardSpec | None = None
     #: PPO's critic hosted beside the actor (no critic_resource), in the actor's TP/PP layout
     critic: CriticSpec | None = None
+    #: the reference is the actor with its LoRA adapters off (rl_config.share_backbone): no second model
+    share_backbone: bool = False
 
 
 class RankProcess:
@@ -184,11 +187,12 @@ class PolicyRank(ActorRank, CriticHost):
         self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, dtype)
         self.actor.micro_batch_size = spec.actor_micro_batch_size  # its log-prob passes; updates use cfg's
         self.reference = None
-        if spec.with_reference:
+        if spec.with_reference and spec.share_backbone:
+            self.reference = BackboneReference(self.actor, spec.ref_micro_batch_size)
+        elif spec.with_reference:
             self.reference = MegatronWorker(spec.arch, spec.par, None, dtype, spec.actor.temperature,
                                             spec.ref_micro_batch_size, spec.actor.seed, spec.actor.prompt_packing)
-            load_stage_weights(self.reference.model,
-                               {name: p.detach() for name, p in self.actor.model.named_parameters()})
+            load_stage_weights(self.reference.model, dict(merged_parameters(self.actor.model)))
         self.reward = None
         if spec.reward is not None:
             from mindrl.workers.reward_worker import RewardModelWorker
@@ -200,7 +204,8 @@ class PolicyRank(ActorRank, CriticHost):
         if spec.critic is not None:  # before the actor resumes: the actor's random generators are the ones restored
             self._build_critic(spec.critic)
         resumed = self._resume(spec)
-        beside = [worker for worker in (self.reference, self.reward, self.critic) if worker is not None]
+        beside = [worker for worker in (self.reference, self.reward, self.critic)
+                  if worker is not None and not isinstance(worker, BackboneReference)]
         self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, beside)
         return {"dp_size": self.actor.dp_size, **resumed, "precision": precision,
                 "engine_dtype": self.rollout.cfg.dtype}
@@ -325,6 +330,8 @@ class DPOSpec(SFTSpec):
     loss: DPOLossConfig = field(default_factory=DPOLossConfig)
     #: Megatron checkpoint root of the reference, in the actor's layout; None: the weights the run started from
     reference: str | None = None
+    #: the reference is the actor with its LoRA adapters off (share_backbone): no second model
+    share_backbone: bool = False
 
 
 class DPORank(SFTRank):
@@ -338,11 +345,14 @@ class DPORank(SFTRank):
         dtype = self.dtype(precision)
         self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, dtype)
         self.loss = spec.loss
-        self.reference = MegatronWorker(spec.arch, spec.par, spec.reference, dtype, 1.0, spec.actor.micro_batch_size,
-                                        spec.actor.seed, spec.actor.prompt_packing)
-        if spec.reference is None:  # the weights the run started from, copied before a resume loads others
-            load_stage_weights(self.reference.model,
-                               {name: p.detach() for name, p in self.actor.model.named_parameters()})
+        if spec.share_backbone:
+            self.reference = BackboneReference(self.actor, spec.actor.micro_batch_size)
+        else:
+            self.reference = MegatronWorker(spec.arch, spec.par, spec.reference, dtype, 1.0,
+                                            spec.actor.micro_batch_size, spec.actor.seed, spec.actor.prompt_packing)
+        if spec.reference is None and not spec.share_backbone:  # the weights the run started from, copied before a
+            # resume loads others
+            load_stage_weights(self.reference.model, dict(merged_parameters(self.actor.model)))
         return {"dp_size": self.actor.dp_size, **self._resume(spec), "precision": precision}
 
     def step(self, batch: dict) -> dict[str, float]:

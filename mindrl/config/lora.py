@@ -1,0 +1,52 @@
+"""LoRA's settings (MindSpeed-RL's key names), checked before any worker starts.
+
+Kept apart from the model code (mindrl/models/lora.py) so a config is judged without loading megatron-core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindrl.config.errors import ConfigError
+
+#: the Megatron linear layers an adapter can sit on (a mixture of experts' experts' fc1 / fc2 included)
+TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+#: PEFT's module names on an HF model → the Megatron layer that holds them (a user's first guess at the key)
+HF_NAMES = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
+            "gate_proj": "linear_fc1", "up_proj": "linear_fc1", "down_proj": "linear_fc2"}
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Adapters W + (alpha / r)·B·A on the named linear layers; none at all when `target_modules` is empty."""
+
+    target_modules: tuple[str, ...] = ()
+    r: int = 8
+    alpha: float = 16.0
+    #: checkpoints hold the adapters (and their optimizer state) only; the base is the run's initial weights
+    ckpt_filter: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.target_modules)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.r
+
+    def check(self, section: str) -> None:
+        """One sentence per bad value, naming the key."""
+        unknown = [m for m in self.target_modules if m not in TARGETS]
+        if unknown:
+            hint = "".join(f"; HF's {m} is {HF_NAMES[m]} here" for m in unknown if m in HF_NAMES)
+            raise ConfigError(f"{section}.lora_target_modules names {', '.join(map(repr, unknown))}, which mindrl's "
+                              f"Megatron model does not have; pick from {', '.join(TARGETS)}{hint}.")
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ConfigError(f"{section}.lora_target_modules lists a module twice ({list(self.target_modules)}); "
+                              f"name each once.")
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r <= 0:
+            raise ConfigError(f"{section}.lora_r must be a positive integer, got {self.r!r}.")
+        if not self.alpha > 0:
+            raise ConfigError(f"{section}.lora_alpha must be positive, got {self.alpha!r}.")
+        if self.ckpt_filter and not self.enabled:
+            raise ConfigError(f"{section}.lora_ckpt_filter is set but there are no adapters to keep; set "
+                              f"lora_target_modules or remove lora_ckpt_filter.")
