@@ -40,7 +40,9 @@ EXTRAS = {
     # vLLM than mindrl's (docs/platforms.md), so NPU runs roll out with the Megatron-native engine
     "npu": ["torch-npu==2.13.0"],
     # xdist: two workers share the suite (scripts/test.sh); timeout: a hung test fails with its stacks, not CI's limit
-    "dev": ["pytest>=8", "pytest-xdist==3.8.0", "pytest-timeout==2.4.0", "ruff>=0.6", "import-linter==2.17"],
+    # peft: the oracle of the LoRA tests (HF PEFT on the same A and B) and the reader of the exported adapters
+    "dev": ["pytest>=8", "pytest-xdist==3.8.0", "pytest-timeout==2.4.0", "ruff>=0.6", "import-linter==2.17",
+            "peft==0.21.2"],
 }
 
 setup(
