@@ -184,7 +184,7 @@ def parallel_of(args: argparse.Namespace) -> ParallelConfig:
 
 
 def read_rank(path: str | Path, mmap: bool = True) -> dict[str, Any]:
-    """A rank file's model chunks (normalized, see chunks.normalize_model), args and iteration.
+    """A rank file's model chunks (normalized, see chunks.normalize_model), args, iteration, LoRA record and extra.
 
     Optimizer, scheduler and RNG state are loaded as inert placeholders (see unpickle) and left out.
     """
@@ -200,7 +200,10 @@ def read_rank(path: str | Path, mmap: bool = True) -> dict[str, Any]:
     local_experts = _local_experts(state.get("args"))
     out: dict[str, Any] = {key: chunks.normalize_model(state[key], f"{path} [{key}]", local_experts)
                            for key in keys}
-    out.update(args=state.get("args"), iteration=state.get("iteration"), checkpoint_version=version)
+    # a LoRA run's record (mindrl/checkpoint/training.py) and the trainer's extra (its `initial_weights`): a start
+    # from the checkpoint merges its adapters, and the converter finds the base an adapters-only one was trained on
+    out.update(args=state.get("args"), iteration=state.get("iteration"), checkpoint_version=version,
+               lora=state.get("lora"), extra=state.get("extra"))
     return out
 
 

@@ -26,6 +26,8 @@ _DIRECTIONS = {
     "params_dtype": (HF2MG,),
     "hf_config_dir": (MG2HF, MG2MG),
     "max_shard_size": (MG2HF,),
+    "lora_base": (MG2HF,),
+    "save_lora_adapter": (MG2HF,),
 }
 
 
@@ -71,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "use (default: the ones stored in the checkpoint at conversion); also describes the "
                              "architecture of a checkpoint whose args do not")
     parser.add_argument("--max-shard-size", default=None, help="mg -> hf: safetensors shard size (default 5GB)")
+    parser.add_argument("--lora-base", default=None,
+                        help="mg -> hf of an adapters-only LoRA checkpoint (lora_ckpt_filter): the Megatron "
+                             "checkpoint (same layout) its adapters were trained on, merged into it (default: the "
+                             "initial_weights the run recorded); refused unless its digest is the one recorded")
+    parser.add_argument("--save-lora-adapter", default=None, metavar="DIR",
+                        help="mg -> hf of a LoRA checkpoint: also write its adapters to DIR as a PEFT adapter "
+                             "folder (adapter_config.json, adapter_model.safetensors) for "
+                             "peft.PeftModel.from_pretrained(<base HF model>, DIR); --save-dir gets the merged "
+                             "weights either way")
     parser.add_argument("--tokenizer-model", default=None,
                         help="a tokenizer file (e.g. tokenizer.json) or a directory of them: its tokenizer "
                              "files are copied into the output (hf_assets/ of a Megatron checkpoint, beside "
@@ -105,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                         args.tokenizer_model, args.orm, ep)
         elif direction == MG2HF:
             mcore_to_hf(args.load_dir, args.save_dir, args.hf_config_dir, args.max_shard_size or "5GB",
-                        args.overwrite, progress, args.model_type_hf, args.tokenizer_model)
+                        args.overwrite, progress, args.model_type_hf, args.tokenizer_model, args.lora_base,
+                        args.save_lora_adapter)
         else:
             mcore_to_mcore(args.load_dir, args.save_dir, tp, pp, args.num_layer_list, args.overwrite, progress,
                            args.hf_config_dir, args.model_type_hf, args.tokenizer_model, ep)

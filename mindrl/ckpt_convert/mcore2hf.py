@@ -5,6 +5,10 @@ slices it is made of (tp_layout's pieces: one copy per byte, where joining the s
 splitting QKV / gate-up again copied twice) and leaves through a shard writer that holds at most
 one output shard, so peak memory is about one chunk plus one shard. Every check (see
 megatron_source) runs before the first byte is written.
+
+A LoRA run's checkpoint is written merged, W + (alpha / r)·B·A, and optionally also as a PEFT adapter
+folder (lora_export: an adapters-only checkpoint's base is found and checked there; a merged chunk is one more
+copy of the chunk in memory).
 """
 
 from __future__ import annotations
@@ -22,32 +26,51 @@ from mindrl.ckpt_convert.assets import copy_assets
 from mindrl.ckpt_convert.megatron_source import MegatronSource, open_megatron
 from mindrl.ckpt_convert.safetensors_io import ShardedSafetensorsWriter, parse_size
 from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
+from mindrl.config import ConfigError
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding, tp_layout
 
 
 def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str | Path | None = None,
                 max_shard_size: str = "5GB", overwrite: bool = False, progress: bool = True,
-                model_type_hf: str | None = None, tokenizer_model: str | Path | None = None) -> Path:
-    """Convert; the checkpoint, the HF family, the tokenizer and the target are checked before writing."""
+                model_type_hf: str | None = None, tokenizer_model: str | Path | None = None,
+                lora_base: str | Path | None = None, lora_adapter_dir: str | Path | None = None) -> Path:
+    """Convert; the checkpoint, the HF family, the tokenizer, a LoRA checkpoint's base (`lora_base`, else the one
+    it records) and the targets are checked before writing. `lora_adapter_dir`: also write a LoRA checkpoint's
+    adapters there as a PEFT adapter folder."""
     max_bytes = parse_size(max_shard_size)
     source = open_megatron(load_dir, hf_config_dir, model_type_hf)
     family = source.model_type_hf or hfm.model_type_hf_of(source.arch)
     hfm.check_hf_can_hold(source.arch, family)
     tokenizer = tokenizer_files(tokenizer_model, source.hf_vocab) if tokenizer_model else []
-    check_target(save_dir, overwrite, inputs=(load_dir, hf_config_dir, tokenizer_model))
+    adapters = None
+    if source.lora or lora_base is not None or lora_adapter_dir is not None:
+        from mindrl.ckpt_convert import lora_export as adapters  # megatron-core: only for a LoRA checkpoint
+
+        base = adapters.open_base(source, lora_base)
+        if lora_adapter_dir is not None:
+            if not source.lora:
+                raise ConfigError(f"--save-lora-adapter needs a LoRA checkpoint, but {load_dir} has no adapters; "
+                                  f"remove it.")
+            check_target(lora_adapter_dir, overwrite, inputs=(load_dir, hf_config_dir, tokenizer_model, lora_base))
+            if Path(lora_adapter_dir).resolve() == Path(save_dir).resolve():
+                raise ConfigError("--save-lora-adapter must be another directory than --save-dir.")
+    check_target(save_dir, overwrite, inputs=(load_dir, hf_config_dir, tokenizer_model, lora_base,
+                                              lora_adapter_dir))
 
     bar = tqdm(total=source.arch.num_layers, desc="mcore2hf", unit="layer", disable=not progress)
     with atomic_directory(save_dir, overwrite) as tmp:
         writer = ShardedSafetensorsWriter(tmp, max_bytes)
         for chunk in source.chunks:
-            states = source.load_chunk(chunk)
+            states = adapters.merged_chunk(source, base, chunk) if source.lora else source.load_chunk(chunk)
             _write_stage(states, source, chunk, writer, bar)
             del states  # unmap this chunk before the next is opened
         writer.close()
         _write_config_and_assets(Path(tmp), source, family)
         copy_tokenizer(tokenizer, Path(tmp))
     bar.close()
+    if lora_adapter_dir is not None:
+        adapters.write_peft_adapter(source, lora_adapter_dir, overwrite, adapters.hf_base_name(source, hf_config_dir))
     return Path(save_dir)
 
 

@@ -26,7 +26,7 @@ from mindrl.ckpt_convert.assets import ASSETS_DIR, copy_assets
 from mindrl.ckpt_convert.buffers import RankBuffers
 from mindrl.ckpt_convert.megatron_source import MegatronSource, open_megatron
 from mindrl.ckpt_convert.tokenizer import copy_tokenizer, tokenizer_files
-from mindrl.config import ParallelConfig, validate_parallel
+from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import sharding, tp_layout
 
@@ -37,6 +37,9 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
                    tokenizer_model: str | Path | None = None, ep: int = 1) -> Path:
     """Re-shard; the source, the target layout, the tokenizer and the target are checked before writing."""
     source = open_megatron(load_dir, hf_config_dir, model_type_hf)
+    if source.lora:  # the recut knows the base weights' cuts only: adapters would be dropped or the base missing
+        raise ConfigError(f"{load_dir} is a LoRA checkpoint, which mg -> mg does not re-shard; export it merged "
+                          f"with mg -> hf (its adapters with --save-lora-adapter), or re-shard its base.")
     arch = source.arch
     par = ParallelConfig(tp, pp, num_layer_list=num_layer_list, expert_model_parallel_size=ep)
     validate_parallel(arch, par)

@@ -46,6 +46,10 @@ class MegatronSource:
     model_type_hf: str | None
     #: where the HF side files (tokenizer, generation config) come from, if anywhere
     assets_dir: Path | None
+    #: a LoRA run's record (r, alpha, target_modules, adapters_only, base_digest) from its first rank file, else None
+    lora: dict[str, Any] | None = None
+    #: the Megatron root the run started from (a trainer's `initial_weights`), where the checkpoint records one
+    initial_weights: str | None = None
 
     @property
     def hf_vocab(self) -> int:
@@ -95,8 +99,9 @@ def open_megatron(load_dir: str | Path, hf_config_dir: str | Path | None = None,
         _check_hf_config_fits(root, arch, par, hf_config, model_type_hf)
     validate_parallel(arch, par)
     layout = ck.chunk_layout(arch, par, virtual)
-    dtype = _check_rank_files(root, iteration, arch, par, layout)
-    return MegatronSource(root, iteration, arch, par, layout, dtype, hf_config, model_type_hf, assets_dir)
+    dtype, lora, extra = _check_rank_files(root, iteration, arch, par, layout)
+    return MegatronSource(root, iteration, arch, par, layout, dtype, hf_config, model_type_hf, assets_dir, lora,
+                          (extra or {}).get("initial_weights"))
 
 
 def _hf_side(root: Path, args: Any, hf_config_dir: str | Path | None) -> tuple[dict | None, Path | None]:
@@ -145,30 +150,68 @@ def _layout_from_files(root: Path, folder: Path, iteration: int | str) -> tuple[
 
 
 def _check_rank_files(root: Path, iteration: int | str, arch: ModelArch, par: ParallelConfig,
-                      layout: list[ck.Chunk]) -> torch.dtype:
-    """Every rank file holds exactly the tensors of its chunks, in their shapes; the tied copy
-    equals the embedding. Returns the weights' dtype."""
+                      layout: list[ck.Chunk]) -> tuple[torch.dtype, dict | None, dict | None]:
+    """Every rank file holds exactly the tensors of its chunks, in their shapes (a LoRA run's adapters beside
+    them; an adapters-only file's base is checked where it is read, see lora_export); the tied copy equals the
+    embedding. Returns the weights' dtype, the first file's LoRA record and its extra."""
     expected = {(chunk, e): ck.expected_shapes(arch, par, chunk, e) for chunk in layout for e in range(par.ep)}
-    dtype = None
+    dtype, first = None, None
     for tp_rank, ep_rank in itertools.product(range(par.tp), range(par.ep)):
         embedding = None
         for pp_rank in range(par.pp):
             path = mg.existing_rank_file(root, iteration, tp_rank, pp_rank, par.pp, ep_rank, par.ep)
             state = mg.read_rank(path)
             where = path.relative_to(root)
+            first = first or {"lora": state.get("lora"), "extra": state.get("extra")}
+            record = _same_lora(root, where, first.get("lora"), state.get("lora"))
             for chunk in (c for c in layout if c.pp_rank == pp_rank):
                 if chunk.key not in state:
                     raise ConfigError(f"{where} has no {chunk.key!r} model chunk, though the checkpoint's args "
                                       f"describe one; its args do not match its files.")
                 model = state[chunk.key]
+                if record:
+                    model = check_adapters(where, chunk.key, model, expected[(chunk, ep_rank)], record["r"])
+                dtype = dtype or next(iter(state[chunk.key].values())).dtype  # an adapters-only one: theirs
+                if record and record["adapters_only"]:
+                    continue
                 _check_names_and_shapes(where, chunk.key, model, expected[(chunk, ep_rank)])
-                dtype = dtype or model[next(iter(model))].dtype
                 if chunk.first:
                     embedding = model[hfm.EMBEDDING[1]]
                 if ck.holds_tied_copy(arch, par, chunk):
                     _check_tied_copy(root, tp_rank, embedding, model[hfm.OUTPUT[1]])
             del state
-    return dtype
+    return dtype, first.get("lora"), first.get("extra")
+
+
+def _same_lora(root: Path, where: Path, first: dict | None, record: dict | None) -> dict | None:
+    """Every rank file of a checkpoint tells the same LoRA story (its digest, of its own base, aside)."""
+    def settings(rec: dict | None) -> tuple | None:
+        return rec and (rec["r"], rec["alpha"], sorted(rec["target_modules"]), rec["adapters_only"])
+
+    if settings(first) != settings(record):
+        raise ConfigError(f"checkpoint {root}: {where} records LoRA settings {settings(record)} but the first rank "
+                          f"file {settings(first)}; its files come from different runs.")
+    return record
+
+
+def check_adapters(where: Path, key: str, model: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]],
+                   r: int) -> dict[str, torch.Tensor]:
+    """Each LoRA tensor sits on a weight the architecture has, in the rank-r shape of that weight's shard
+    (A [r, in], B [out, r]); returns the chunk's other tensors, which are checked as any checkpoint's are."""
+    base = {}
+    for name, tensor in model.items():
+        module, adapter, half = name.rpartition(".adapter.")
+        if not adapter:
+            base[name] = tensor
+            continue
+        weight = expected.get(f"{module}.weight")
+        shape = None if weight is None or half not in ("lora_A", "lora_B") else \
+            (r, weight[1]) if half == "lora_A" else (weight[0], r)
+        if shape is None or tuple(tensor.shape) != shape:
+            raise ConfigError(f"{where} [{key}]: LoRA tensor {name} of shape {tuple(tensor.shape)} fits no "
+                              f"{'weight' if weight is None else f'rank-{r} adapter of its {weight} weight'}; "
+                              f"the checkpoint is damaged or its args do not match its weights.")
+    return base
 
 
 def _check_names_and_shapes(where: Path, key: str, model: dict[str, torch.Tensor],

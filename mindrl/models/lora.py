@@ -235,11 +235,15 @@ def merge_state_dict(tensors: Mapping[str, torch.Tensor], scale: float) -> dict[
 def base_digest(model: torch.nn.Module) -> str:
     """A digest of this rank's frozen base weights (names, dtypes, shapes and bytes): what an adapters-only
     checkpoint was trained on."""
+    return weights_digest({name: p.detach() for name, p in model.named_parameters() if not is_adapter(name)})
+
+
+def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The digest of a stage's tensors, taken in name order: a model's parameters and a checkpoint's state dict,
+    whatever order its writer kept, give the same one (the converter checks an adapters-only checkpoint's base)."""
     hasher = hashlib.blake2b(digest_size=16)
-    for name, param in model.named_parameters():
-        if is_adapter(name):
-            continue
-        data = param.detach().contiguous().cpu()
+    for name in sorted(tensors):
+        data = tensors[name].contiguous().cpu()
         hasher.update(f"{name}{data.dtype}{tuple(data.shape)}".encode())
         hasher.update(data.view(torch.uint8).numpy().tobytes())
     return hasher.hexdigest()

@@ -6,12 +6,19 @@ from pathlib import Path
 
 from mindrl.console import say
 
+#: beside `<save>/hf` (the merged weights) after a LoRA run: its adapters alone, as PEFT saves them
+ADAPTER_DIR = "hf_lora_adapter"
+
 
 def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path:
-    """`<save>/hf` from the checkpoint `save`'s tracker names (safetensors, config, and the tokenizer)."""
+    """`<save>/hf` from the checkpoint `save`'s tracker names (safetensors, config, and the tokenizer); a LoRA
+    run's adapters are merged there, and also written to `<save>/hf_lora_adapter` (a few MB, for PEFT users)."""
     from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
+    from mindrl.ckpt_convert.megatron_source import open_megatron
 
     save = Path(save)
-    target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False, tokenizer_model=tokenizer)
-    say(f"final weights exported to {target} (HF format)")
+    adapter = save / ADAPTER_DIR if open_megatron(save).lora else None
+    target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False, tokenizer_model=tokenizer,
+                         lora_adapter_dir=adapter)
+    say(f"final weights exported to {target} (HF format)" + (f", LoRA adapters to {adapter}" if adapter else ""))
     return target
