@@ -10,14 +10,21 @@ from mindrl.console import say
 ADAPTER_DIR = "hf_lora_adapter"
 
 
-def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path:
+def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path | None:
     """`<save>/hf` from the checkpoint `save`'s tracker names (safetensors, config, and the tokenizer); a LoRA
-    run's adapters are merged there, and also written to `<save>/hf_lora_adapter` (a few MB, for PEFT users)."""
+    run's adapters are merged there, and also written to `<save>/hf_lora_adapter` (a few MB, for PEFT users).
+    An adapters-only run that started from random weights has no base checkpoint to merge into: one line says so
+    and nothing is written (None), rather than ending the finished run with an error."""
     from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
     from mindrl.ckpt_convert.megatron_source import open_megatron
 
     save = Path(save)
-    adapter = save / ADAPTER_DIR if open_megatron(save).lora else None
+    source = open_megatron(save)
+    if source.lora and source.lora["adapters_only"] and not source.initial_weights:
+        say(f"final weights not exported to HF: {save} holds LoRA adapters only and the run started from random "
+            f"weights, so there is no base checkpoint to merge them into")
+        return None
+    adapter = save / ADAPTER_DIR if source.lora else None
     target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False, tokenizer_model=tokenizer,
                          lora_adapter_dir=adapter)
     say(f"final weights exported to {target} (HF format)" + (f", LoRA adapters to {adapter}" if adapter else ""))

@@ -378,7 +378,7 @@ class GRPOTrainer:
                 "step": step, "reward_model_stats": self.rewards.stats.state_dict(),
                 "skipped_steps": self.skipped.state_dict()}
 
-    def export(self) -> Path:
+    def export(self) -> Path | None:
         return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)
 
 
