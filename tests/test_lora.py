@@ -209,3 +209,19 @@ def test_only_the_adapters_train(runs):
 def test_bad_lora_settings_are_one_sentence(settings, message):
     with pytest.raises(ConfigError, match=message):
         LoraConfig(**settings).check("actor_config")
+
+
+def test_the_base_digest_leaves_the_weights_offloadable():
+    """An adapters-only save digests the frozen base; the next rollout's offload_train_param then frees the base by
+    resizing its storages, which a numpy view of them would have made impossible for good."""
+    from mindrl.platform import get_platform
+    from mindrl.workers.offload import StorageOffloader
+
+    model = torch.nn.Linear(8, 4)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    digest = lora.base_digest(model)
+    assert digest == lora.base_digest(model)
+    offloader = StorageOffloader(get_platform())
+    assert offloader.offload(model.parameters(), frozen=True) == (8 * 4 + 4) * 4
+    assert offloader.onload() == (8 * 4 + 4) * 4
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())

@@ -240,10 +240,12 @@ def base_digest(model: torch.nn.Module) -> str:
 
 def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """The digest of a stage's tensors, taken in name order: a model's parameters and a checkpoint's state dict,
-    whatever order its writer kept, give the same one (the converter checks an adapters-only checkpoint's base)."""
+    whatever order its writer kept, give the same one (the converter checks an adapters-only checkpoint's base).
+    Each tensor is hashed from a copy: numpy's view of a tensor makes its storage unresizable for good, and the
+    offload (offload_train_param) frees a parameter's memory by resizing it."""
     hasher = hashlib.blake2b(digest_size=16)
     for name in sorted(tensors):
-        data = tensors[name].contiguous().cpu()
+        data = tensors[name].to("cpu", copy=True).contiguous()
         hasher.update(f"{name}{data.dtype}{tuple(data.shape)}".encode())
         hasher.update(data.view(torch.uint8).numpy().tobytes())
     return hasher.hexdigest()
