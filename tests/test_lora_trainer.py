@@ -18,9 +18,13 @@ from tests import jobs
 CONFIG = "grpo_tiny_lora_cpu"
 
 #: the unbroken run: 8 prompts (2 steps an epoch), 4 steps, a checkpoint every step, the engine's weights checked
-#: after every sync, fp32 (jobs.grpo_overrides), vLLM at TP=2 over the two actor ranks
+#: after every sync, fp32 (jobs.grpo_overrides), vLLM at TP=2 over the two actor ranks, the training state offloaded
 REFERENCE = {"megatron_training.train_iters": 4, "megatron_training.save_interval": 1, "rl_config.test_interval": 0,
-             "+generate_config.check_weight_sync": "true", "generate_config.infer_tensor_parallel_size": 2}
+             "+generate_config.check_weight_sync": "true", "generate_config.infer_tensor_parallel_size": 2,
+             # the training state leaves the ranks while the engines generate: the frozen base copied to the host
+             # once, the adapters, their gradients and optimizer state every time, and back in time for the sync
+             "+generate_config.offload_train_param": "true", "+generate_config.offload_train_grad": "true",
+             "+generate_config.offload_train_optimizer": "true"}
 #: what an fp32 engine and actor may differ by, on the probe and on the rollouts' log-probs
 FP32 = 1e-4
 
