@@ -8,12 +8,14 @@ import torch
 import transformers
 
 from mindrl.algorithms.policy_loss import LossConfig
+from mindrl.algorithms.value_loss import ValueLossConfig
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch
 from mindrl.config.lora import TARGETS, LoraConfig
 from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import lora, sharding
+from mindrl.workers.critic_worker import CriticWorker
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, BackboneReference, MegatronWorker
 from tests.grads import reduced_grads
 from tests.hf_models import mcore_to_hf_state
@@ -39,15 +41,15 @@ def _batch(vocab: int) -> dict:
             "response_lengths": torch.tensor([s[1] for s in SHAPES])}
 
 
-def _adapter_values(arch, seed: int = 9) -> dict[str, torch.Tensor]:
+def _adapter_values(arch, seed: int = 9, r: int = R) -> dict[str, torch.Tensor]:
     """Whole A and B of every targeted layer, B non-zero so that every gradient is."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in sharding.full_param_shapes(arch).items():
         prefix = name.removesuffix(".weight")
         if name.startswith("decoder.") and prefix.rsplit(".", 1)[-1] in TARGETS:
-            out[f"{prefix}.{lora.A_NAME}"] = 0.1 * torch.randn(R, shape[1], generator=gen)
-            out[f"{prefix}.{lora.B_NAME}"] = 0.05 * torch.randn(shape[0], R, generator=gen)
+            out[f"{prefix}.{lora.A_NAME}"] = 0.1 * torch.randn(r, shape[1], generator=gen)
+            out[f"{prefix}.{lora.B_NAME}"] = 0.05 * torch.randn(shape[0], r, generator=gen)
     return out
 
 
@@ -84,7 +86,35 @@ def _whole_grads(runs: list[dict], par: ParallelConfig) -> dict[str, torch.Tenso
             for name, shards in by_name.items()}
 
 
-def _layouts(rank: int, full: dict, adapters: dict) -> dict:
+def _after_update(actor: ActorWorker, arch, par: ParallelConfig, batch: dict, root: str) -> dict:
+    """On the TP=2 actor after its update: offload and onload, a checkpoint a new run starts from, a LoRA critic."""
+    out = {}
+    params = {name: p.detach().clone() for name, p in actor.model.named_parameters()}
+    copied = actor.offloader.copied_bytes
+    actor.offload()
+    actor.onload()
+    first = actor.offloader.copied_bytes - copied
+    actor.offload()
+    actor.onload()
+    second = actor.offloader.copied_bytes - copied - first
+    trained = sum(p.numel() * p.element_size() for p in actor.model.parameters() if p.requires_grad)
+    base = sum(p.numel() * p.element_size() for p in actor.model.parameters() if not p.requires_grad)
+    # the base is copied to the host once; later offloads move the adapters and their optimizer state only
+    out["offload"] = (all(torch.equal(p, params[n]) for n, p in actor.model.named_parameters()),
+                      first >= base + trained, second < base, second >= trained)
+    actor.save_checkpoint(root, 1, {"initial_weights": None})
+    mine = actor.compute_log_prob(batch)
+    started = MegatronWorker(arch, par, root).compute_log_prob(batch)  # a new run from it: the merged weights
+    out["start_diff"] = 0.0 if mine is None else (mine["log_probs"] - started["log_probs"]).abs().max().item()
+    release_model_parallel()
+    critic = CriticWorker(arch, par, ActorConfig(lr=1e-3, mini_batch_size=ROWS, micro_batch_size=2, lora=LORA),
+                          ValueLossConfig(), weights=None)
+    out["critic_trained"] = sorted({name.rsplit(".", 1)[-1] if lora.is_adapter(name) else name
+                                    for name, p in critic.model.named_parameters() if p.requires_grad})
+    return out
+
+
+def _layouts(rank: int, full: dict, adapters: dict, root: str) -> dict:
     arch = load_model_arch("tiny_qwen")
     batch = _batch(arch.padded_vocab_size)
     out = {"layouts": []}
@@ -112,6 +142,7 @@ def _layouts(rank: int, full: dict, adapters: dict) -> dict:
         if index == 0:
             after = dict(actor.model.named_parameters())
             out["moved"] = sorted(name for name, p in before.items() if not torch.equal(p, after[name]))
+            out.update(_after_update(actor, arch, par, batch, root))
     return out
 
 
@@ -158,11 +189,11 @@ def _peft_oracle(arch, full: dict, adapters: dict) -> tuple[dict[str, torch.Tens
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(tmp_path_factory):
     arch = load_model_arch("tiny_qwen")
     full = sharding.random_full_state_dict(arch, seed=6)
     adapters = _adapter_values(arch)
-    return arch, full, adapters, run_ranks(_layouts, 2, full, adapters)
+    return arch, full, adapters, run_ranks(_layouts, 2, full, adapters, str(tmp_path_factory.mktemp("lora_ckpt")))
 
 
 def test_adapter_gradients_equal_hf_peft_at_tp2_pp2_dp2_sequence_parallel_and_packed(runs):
@@ -197,6 +228,24 @@ def test_only_the_adapters_train(runs):
         # megatron-core's optimizer holds the trained parameters only (its groups split them by weight decay)
         assert rank["optimized"] == len(rank["trained"])
         assert rank["moved"] == rank["trained"]  # an update moves every adapter and nothing else
+
+
+def test_offload_moves_the_base_once_and_brings_everything_back(runs):
+    *_, ranks = runs
+    for rank in ranks:
+        assert rank["offload"] == (True, True, True, True)
+
+
+def test_a_run_started_from_a_lora_checkpoint_gets_the_merged_weights(runs):
+    *_, ranks = runs
+    for rank in ranks:
+        assert rank["start_diff"] <= 1e-5
+
+
+def test_a_lora_critic_trains_its_adapters_and_its_new_value_head(runs):
+    *_, ranks = runs
+    for rank in ranks:
+        assert rank["critic_trained"] == ["lora_A", "lora_B", "rm_head.weight"]
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -173,19 +173,12 @@ def test_the_lora_configs_load_with_their_adapters():
     assert sorted(big.actor_config.lora.target_modules) == ["linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"]
 
 
-def test_a_lora_runs_final_checkpoint_is_not_exported_to_hf(tmp_path, capsys):
-    """The end of a LoRA run: the HF conversion reads no adapters (an adapters-only checkpoint lacks the base), so
-    the run says so and ends well instead of failing on the checkpoint it has just written."""
-    from mindrl.trainer.export import export_hf
-
-    mg.write_tracker(tmp_path, 4)
-    folder = tmp_path / mg.iteration_dir_name(4) / "mp_rank_00"
-    folder.mkdir(parents=True)
-    lora = {"r": 8, "alpha": 16.0, "target_modules": ["linear_qkv"], "adapters_only": True, "base_digest": "0" * 32}
-    torch.save({"model": {"decoder.layers.0.self_attention.linear_qkv.adapter.lora_A": torch.zeros(8, 4)},
-                "lora": lora}, folder / mg.RANK_FILE)
-    assert export_hf(tmp_path, None) is None
-    assert capsys.readouterr().out.strip() == (
-        f"[mindrl] final weights not exported to HF: {tmp_path}'s checkpoint holds LoRA adapters only (r=8, "
-        f"alpha=16), which the HF conversion does not read; the checkpoints resume the run.")
-    assert not (tmp_path / "hf").exists()
+@pytest.mark.job
+def test_an_adapters_only_run_from_random_weights_ends_without_an_hf_export(reference_run):
+    """The end of the run: its adapters-only checkpoint has no base checkpoint to merge into (the base was drawn
+    from the seed), so one line says so and the run ends well instead of failing on what it has just written.
+    (A run from a base checkpoint exports merged weights and the PEFT folder: tests/test_lora_export.py.)"""
+    log = (reference_run.parent / "log").read_text()
+    assert (f"final weights not exported to HF: {reference_run} holds LoRA adapters only and the run started from "
+            f"random weights, so there is no base checkpoint to merge them into") in log
+    assert not (reference_run / "hf").exists()

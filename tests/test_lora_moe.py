@@ -1,0 +1,94 @@
+"""LoRA on a mixture of experts (tiny_qwen3_moe): the experts' adapters and the attention's, at TP=2 (sequence
+parallel, the experts' communication left to the dispatcher), EP=2 and PP=2, against the chain rule on the merged
+model. A model whose weights are W + s·B·A has weight gradients G; the adapters' gradients must then be
+dA = s·Bᵀ·G and dB = s·G·Aᵀ — an oracle that shares nothing with the side path under test."""
+
+import pytest
+import torch
+
+from mindrl.algorithms.policy_loss import LossConfig
+from mindrl.config import ParallelConfig, load_model_arch
+from mindrl.config.lora import TARGETS, LoraConfig
+from mindrl.distributed import release_model_parallel
+from mindrl.launch import run_ranks
+from mindrl.models import lora, sharding
+from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
+from tests.grads import reduced_grads
+from tests.test_lora import ROWS, _adapter_names, _adapter_values, _batch, _set_adapters
+
+R, ALPHA = 4, 8.0
+SCALE = ALPHA / R
+LAYOUTS = [ParallelConfig(2, 1), ParallelConfig(1, 1, expert_model_parallel_size=2), ParallelConfig(1, 2)]
+LOSS = LossConfig(use_kl_loss=False, entropy_coeff=0.0)
+
+
+def _config(lora_cfg: LoraConfig) -> ActorConfig:
+    return ActorConfig(lr=1e-2, mini_batch_size=ROWS, micro_batch_size=2, clip_grad=1e9, prompt_packing="off",
+                       lora=lora_cfg, loss=LOSS)
+
+
+def _layouts(rank: int, full: dict, adapters: dict) -> list[dict]:
+    arch = load_model_arch("tiny_qwen3_moe")
+    batch = _batch(arch.padded_vocab_size)
+    out = []
+    for par in LAYOUTS:
+        release_model_parallel()
+        actor = ActorWorker(arch, par, _config(LoraConfig(TARGETS, R, ALPHA)), weights=full)
+        _set_adapters(actor, adapters)
+        actor.update(batch)
+        out.append({"tp": actor.tp_rank, "pp": actor.pp_rank, "dp": actor.dp_rank, "ep": actor.ep_rank,
+                    "grads": reduced_grads(actor), "full": _adapter_names(actor)})
+    return out
+
+
+def _merged_grads(rank: int, merged: dict) -> dict[str, torch.Tensor]:
+    """The weight gradients of the plain model holding the merged weights (TP=1, one rank)."""
+    arch = load_model_arch("tiny_qwen3_moe")
+    actor = ActorWorker(arch, ParallelConfig(1, 1), _config(LoraConfig()), weights=merged)
+    actor.update(_batch(arch.padded_vocab_size))
+    return reduced_grads(actor)
+
+
+def _joined(layout: list[dict], par: ParallelConfig) -> dict[str, torch.Tensor]:
+    """The adapters' gradients of one layout under full names, TP slices joined; each expert-parallel rank brings
+    its own experts' (and every data-parallel replica holds the same reduced values of the rest)."""
+    shards: dict[str, dict[int, torch.Tensor]] = {}
+    for run in layout:
+        for name, grad in run["grads"].items():
+            shards.setdefault(run["full"][name], {}).setdefault(run["tp"], grad)
+    return {name: lora.merge_adapter_shards(name, [held[t] for t in range(par.tp)]) for name, held in shards.items()}
+
+
+@pytest.fixture(scope="module")
+def moe_runs():
+    arch = load_model_arch("tiny_qwen3_moe")
+    full = sharding.random_full_state_dict(arch, seed=6)
+    adapters = _adapter_values(arch, r=R)
+    merged = dict(full)
+    for name in adapters:
+        if name.endswith(lora.A_NAME):
+            weight = name.removesuffix(f".{lora.A_NAME}") + ".weight"
+            merged[weight] = lora.merged(full[weight], adapters[name],
+                                         adapters[name.replace(lora.A_NAME, lora.B_NAME)], SCALE)
+    oracle = run_ranks(_merged_grads, 1, merged)[0]
+    return arch, adapters, oracle, run_ranks(_layouts, 2, full, adapters)
+
+
+def test_expert_and_attention_adapter_gradients_follow_the_chain_rule_at_tp2_ep2_pp2(moe_runs):
+    _, adapters, oracle, ranks = moe_runs
+    expected = {}
+    for name in adapters:
+        module, _, half = name.rpartition(f".{lora.ADAPTER}.")
+        grad = oracle[f"{module}.weight"]
+        other = adapters[f"{module}.{lora.ADAPTER}.{'lora_B' if half == 'lora_A' else 'lora_A'}"]
+        expected[name] = SCALE * (other.t() @ grad if half == "lora_A" else grad @ other.t())
+    assert any(".experts." in name for name in expected)
+    largest = max(g.abs().max().item() for g in expected.values())
+    assert largest > 1e-4
+    for index, par in enumerate(LAYOUTS):
+        where = f"TP={par.tp} EP={par.ep} PP={par.pp}"
+        got = _joined([rank[index] for rank in ranks], par)
+        assert got.keys() == expected.keys(), where
+        for name, grad in expected.items():
+            diff = (got[name] - grad).abs().max().item()
+            assert diff <= 1e-5 * largest, f"{where}: gradient of {name} differs from the chain rule's by {diff:.2e}"
