@@ -77,12 +77,14 @@ def test_lora_checkpoints_hold_the_adapters_only_and_the_base_digest(reference_r
 
 @pytest.mark.job
 def test_lora_grpo_with_the_megatron_engine(tiny_math_data, tmp_path):
-    """The Megatron-native engine is the actor's own model (adapters on, nothing synced, so no probe runs): its
-    sampling log-probs equal the actor's to fp32 rounding at every step."""
+    """The Megatron-native engine is the actor's own model at its TP=2 (adapters on, their side path in plain TP for
+    decoding; nothing synced, so no probe runs): its sampling log-probs equal the actor's to fp32 rounding at every
+    step."""
     save = tmp_path / "run"
     jobs.run("train_grpo.py", CONFIG, _overrides(tiny_math_data, save, **{
         "megatron_training.train_iters": 2, "megatron_training.save_interval": 0,
-        "generate_config.backend": "megatron", "generate_config.infer_tensor_parallel_size": 1}), tmp_path / "log")
+        "actor_config.tensor_model_parallel_size": 2, "generate_config.backend": "megatron",
+        "generate_config.infer_tensor_parallel_size": 2}), tmp_path / "log")
     lines = jobs.metrics(save / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
