@@ -72,7 +72,8 @@ def _set_adapters(worker: ActorWorker, values: dict[str, torch.Tensor]) -> None:
     names, params = _adapter_names(worker), dict(worker.model.named_parameters())
     with torch.no_grad():
         for name, whole in names.items():
-            params[name].copy_(lora.split_adapter(whole, values[whole], worker.par.tp)[worker.tp_rank])
+            cut = lora.split_adapter(whole, values[whole], worker.par.tp, worker.arch.swiglu)
+            params[name].copy_(cut[worker.tp_rank])
 
 
 def _whole_grads(runs: list[dict], par: ParallelConfig) -> dict[str, torch.Tensor]:
@@ -82,7 +83,7 @@ def _whole_grads(runs: list[dict], par: ParallelConfig) -> dict[str, torch.Tenso
         if run["dp"] == 0:
             for name, grad in run["grads"].items():
                 by_name.setdefault(run["full"][name], {})[run["tp"]] = grad
-    return {name: lora.merge_adapter_shards(name, [shards[t] for t in range(par.tp)])
+    return {name: lora.merge_adapter_shards(name, [shards[t] for t in range(par.tp)], True)
             for name, shards in by_name.items()}
 
 

@@ -27,7 +27,7 @@ def _config(lora_cfg: LoraConfig) -> ActorConfig:
                        lora=lora_cfg, loss=LOSS)
 
 
-def _layouts(rank: int, full: dict, adapters: dict) -> list[dict]:
+def _layouts(rank: int, full: dict, adapters: dict, root: str) -> list[dict]:
     arch = load_model_arch("tiny_qwen3_moe")
     batch = _batch(arch.padded_vocab_size)
     out = []
@@ -35,6 +35,8 @@ def _layouts(rank: int, full: dict, adapters: dict) -> list[dict]:
         release_model_parallel()
         actor = ActorWorker(arch, par, _config(LoraConfig(TARGETS, R, ALPHA)), weights=full)
         _set_adapters(actor, adapters)
+        if par.ep > 1:  # a checkpoint for the export test (the adapters as set), its experts on two ranks
+            actor.save_checkpoint(root, 1, {"initial_weights": None})
         actor.update(batch)
         out.append({"tp": actor.tp_rank, "pp": actor.pp_rank, "dp": actor.dp_rank, "ep": actor.ep_rank,
                     "grads": reduced_grads(actor), "full": _adapter_names(actor)})
@@ -56,11 +58,12 @@ def _joined(layout: list[dict], par: ParallelConfig) -> dict[str, torch.Tensor]:
     for run in layout:
         for name, grad in run["grads"].items():
             shards.setdefault(run["full"][name], {}).setdefault(run["tp"], grad)
-    return {name: lora.merge_adapter_shards(name, [held[t] for t in range(par.tp)]) for name, held in shards.items()}
+    return {name: lora.merge_adapter_shards(name, [held[t] for t in range(par.tp)], True)
+            for name, held in shards.items()}
 
 
 @pytest.fixture(scope="module")
-def moe_runs():
+def moe_runs(tmp_path_factory):
     arch = load_model_arch("tiny_qwen3_moe")
     full = sharding.random_full_state_dict(arch, seed=6)
     adapters = _adapter_values(arch, r=R)
@@ -71,11 +74,12 @@ def moe_runs():
             merged[weight] = lora.merged(full[weight], adapters[name],
                                          adapters[name.replace(lora.A_NAME, lora.B_NAME)], SCALE)
     oracle = run_ranks(_merged_grads, 1, merged)[0]
-    return arch, adapters, oracle, run_ranks(_layouts, 2, full, adapters)
+    root = tmp_path_factory.mktemp("moe_lora")
+    return full, adapters, oracle, run_ranks(_layouts, 2, full, adapters, str(root / "ckpt")), root
 
 
 def test_expert_and_attention_adapter_gradients_follow_the_chain_rule_at_tp2_ep2_pp2(moe_runs):
-    _, adapters, oracle, ranks = moe_runs
+    _, adapters, oracle, ranks, _ = moe_runs
     expected = {}
     for name in adapters:
         module, _, half = name.rpartition(f".{lora.ADAPTER}.")
@@ -92,3 +96,27 @@ def test_expert_and_attention_adapter_gradients_follow_the_chain_rule_at_tp2_ep2
         for name, grad in expected.items():
             diff = (got[name] - grad).abs().max().item()
             assert diff <= 1e-5 * largest, f"{where}: gradient of {name} differs from the chain rule's by {diff:.2e}"
+
+
+def test_a_moe_lora_checkpoint_exports_merged_weights_but_no_peft_folder(moe_runs):
+    """At EP=2 the merged HF export holds every expert's W + s·B·A; a PEFT folder is refused in one sentence, since
+    transformers' fused experts have no module PEFT could put the experts' adapters on."""
+    from safetensors.torch import load_file
+
+    from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
+    from mindrl.config import ConfigError
+
+    full, adapters, _, _, root = moe_runs
+    with pytest.raises(ConfigError, match="fuses a mixture of experts' experts into 3-D parameters"):
+        mcore_to_hf(root / "ckpt", root / "refused", lora_adapter_dir=root / "adapter", progress=False)
+    assert not (root / "refused").exists() and not (root / "adapter").exists()
+    target = mcore_to_hf(root / "ckpt", root / "hf", progress=False)
+    hf = {}
+    for file in sorted(target.glob("*.safetensors")):
+        hf.update(load_file(file))
+    for mg_name, hf_name in (("decoder.layers.1.mlp.experts.local_experts.5.linear_fc2",  # on EP rank 1
+                              "model.layers.1.mlp.experts.5.down_proj.weight"),
+                             ("decoder.layers.0.self_attention.linear_proj", "model.layers.0.self_attn.o_proj.weight")):
+        expected = lora.merged(full[f"{mg_name}.weight"], adapters[f"{mg_name}.{lora.A_NAME}"],
+                               adapters[f"{mg_name}.{lora.B_NAME}"], SCALE)
+        assert torch.equal(hf[hf_name], expected), hf_name

@@ -184,3 +184,23 @@ def test_an_adapters_only_run_from_random_weights_ends_without_an_hf_export(refe
     assert (f"final weights not exported to HF: {reference_run} holds LoRA adapters only and the run started from "
             f"random weights, so there is no base checkpoint to merge them into") in log
     assert not (reference_run / "hf").exists()
+
+
+@pytest.mark.job
+def test_a_lora_checkpoint_that_does_not_fit_is_one_sentence_before_ray_starts(tiny_math_data, reference_run):
+    """The driver reads the checkpoint's LoRA record: resuming it without its adapters, or starting a new run from
+    adapters that lack their base, is refused before any worker is built."""
+    from mindrl.trainer.start import JOB_GRPO, start_point
+
+    plain = load_trainer_config("grpo_tiny_cpu", [f"actor_config.load={reference_run}"]).actor_config
+    with pytest.raises(ConfigError) as err:
+        start_point(plain, JOB_GRPO)
+    assert str(err.value) == (
+        f"actor_config.load: checkpoint {reference_run} iteration 4 was trained with LoRA r=8 alpha=16 on "
+        f"linear_fc1, linear_fc2, linear_proj, linear_qkv but the model has no adapters; set lora_target_modules, "
+        f"lora_r and lora_alpha as the checkpoint's (an adapters-only checkpoint resumes with them only).")
+    fresh = load_trainer_config(CONFIG, [f"actor_config.load={reference_run}", "+actor_config.finetune=true"])
+    with pytest.raises(ConfigError, match="holds LoRA adapters without their base weights, so a run cannot start"):
+        start_point(fresh.actor_config, JOB_GRPO)
+    assert start_point(load_trainer_config(CONFIG, [f"actor_config.load={reference_run}"]).actor_config,
+                       JOB_GRPO).iteration == 4

@@ -388,19 +388,13 @@ def _check_contents(state: TrainState, path: Path, contents: dict[str, Any], loa
 def _check_lora(state: TrainState, path: Path, saved: dict[str, Any] | None) -> None:
     """The checkpoint's adapters are the model's (rank, alpha, layers), and an adapters-only checkpoint goes back on
     the base it was trained on; one sentence otherwise, before anything is loaded."""
-    root, lora = path.parents[2], state.lora
-    mine = (lora.r, float(lora.alpha), sorted(lora.target_modules)) if lora.enabled else None
-    theirs = (saved["r"], float(saved["alpha"]), sorted(saved["target_modules"])) if saved else None
-    if mine != theirs:
-        def words(settings: tuple | None) -> str:
-            return (f"LoRA r={settings[0]} alpha={settings[1]:g} on {', '.join(settings[2])}" if settings
-                    else "no adapters")
-        raise ConfigError(f"checkpoint {root} was trained with {words(theirs)} but the model has {words(mine)}; set "
-                          f"lora_target_modules, lora_r and lora_alpha as the checkpoint's, or start from its merged "
-                          f"weights (cli/convert_ckpt.py) with finetune: true.")
+    root = path.parents[2]
+    mismatch = state.lora.resume_mismatch(saved)
+    if mismatch:
+        raise ConfigError(f"checkpoint {root} {mismatch}")
     if saved and saved["adapters_only"] and saved["base_digest"] != state.base_digest():
         raise ConfigError(f"checkpoint {root} holds LoRA adapters only, trained on other base weights than the "
-                          f"actor's (digest {saved['base_digest']}, the actor's {state.base_digest()}); start the run "
+                          f"model's (digest {saved['base_digest']}, the model's {state.base_digest()}); start the run "
                           f"from the base checkpoint they were trained on (its `initial_weights`), unchanged.")
 
 

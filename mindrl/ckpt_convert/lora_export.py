@@ -142,6 +142,17 @@ def peft_tensors(source: MegatronSource) -> dict[str, torch.Tensor]:
             for hf_name, tensor in hfm.lora_to_hf_layer(adapters, source.arch).items()}
 
 
+def peft_cannot_place(source: MegatronSource) -> str | None:
+    """Why PEFT's LoRA modules on the HF model could not hold this checkpoint's adapters, or None. Written anyway,
+    such a folder would load without error and leave the adapters out (PEFT skips what it cannot place)."""
+    if source.arch.vision is not None:
+        return "a vision-language model's language layers sit under model.language_model there, which the folder does "\
+               "not map"
+    if source.arch.is_moe and {"linear_fc1", "linear_fc2"} & set(source.lora["target_modules"]):
+        return "transformers fuses a mixture of experts' experts into 3-D parameters, which no LoRA module wraps"
+    return None
+
+
 def write_peft_adapter(source: MegatronSource, save_dir: str | Path, overwrite: bool = False,
                        base_model: str | None = None) -> Path:
     """`save_dir` as PEFT saves a LoRA adapter (adapter_config.json, adapter_model.safetensors), for

@@ -52,6 +52,10 @@ def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str |
             if not source.lora:
                 raise ConfigError(f"--save-lora-adapter needs a LoRA checkpoint, but {load_dir} has no adapters; "
                                   f"remove it.")
+            unplaceable = adapters.peft_cannot_place(source)
+            if unplaceable:
+                raise ConfigError(f"--save-lora-adapter: PEFT could not place the adapters of {load_dir} on the HF "
+                                  f"model ({unplaceable}); export the merged weights without it.")
             check_target(lora_adapter_dir, overwrite, inputs=(load_dir, hf_config_dir, tokenizer_model, lora_base))
             if Path(lora_adapter_dir).resolve() == Path(save_dir).resolve():
                 raise ConfigError("--save-lora-adapter must be another directory than --save-dir.")

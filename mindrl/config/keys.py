@@ -18,6 +18,7 @@ from mindrl.config.errors import ConfigError
 _KERNEL = "picks a fused kernel or memory layout, which megatron-core chooses itself here"
 _NOT_BUILT = "asks for {}, which mindrl does not build"
 _FIXED = "is fixed in mindrl ({})"
+_ELSEWHERE = "is a key of {}, not of this section"
 
 # MindSpeed-RL keys that mindrl refuses, with why; any other unknown key is treated as a typo.
 MINDSPEED_REASONS: dict[str, str] = {
@@ -35,10 +36,9 @@ MINDSPEED_REASONS: dict[str, str] = {
     "recompute_granularity": _NOT_BUILT.format("activation recompute"),
     "recompute_method": _NOT_BUILT.format("activation recompute"),
     "recompute_num_layers": _NOT_BUILT.format("activation recompute"),
-    "lora_target_modules": _NOT_BUILT.format("LoRA"),
-    "lora_r": _NOT_BUILT.format("LoRA"), "lora_alpha": _NOT_BUILT.format("LoRA"),
-    "lora_fusion": _NOT_BUILT.format("LoRA"), "lora_ckpt_filter": _NOT_BUILT.format("LoRA"),
-    "share_backbone": _NOT_BUILT.format("LoRA"),
+    **dict.fromkeys(("lora_target_modules", "lora_r", "lora_alpha", "lora_fusion", "lora_ckpt_filter"),
+                    _ELSEWHERE.format("the Megatron sections (megatron_training or a role's, docs/lora.md)")),
+    "share_backbone": _ELSEWHERE.format("rl_config or dpo_config (docs/lora.md)"),
     "use_remove_padding": _NOT_BUILT.format("packed (padding-free) batches"),
     "use_dynamic_bsz": _NOT_BUILT.format("token-budget micro-batches"),
     "reset_attention_mask": _NOT_BUILT.format("packed (padding-free) batches"),

@@ -4,7 +4,9 @@ Kept apart from the model code (mindrl/models/lora.py) so a config is judged wit
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mindrl.config.errors import ConfigError
 
@@ -50,3 +52,24 @@ class LoraConfig:
         if self.ckpt_filter and not self.enabled:
             raise ConfigError(f"{section}.lora_ckpt_filter is set but there are no adapters to keep; set "
                               f"lora_target_modules or remove lora_ckpt_filter.")
+
+    def resume_mismatch(self, saved: Mapping[str, Any] | None) -> str | None:
+        """Where a checkpoint's LoRA record (None: it has no adapters) differs from these settings, the rest of a
+        sentence saying so and what to set; None where a resume fits them."""
+        def settings(r: int, alpha: float, modules: Sequence[str]) -> tuple:
+            return r, float(alpha), sorted(modules)
+
+        def words(found: tuple | None) -> str:
+            return f"LoRA r={found[0]} alpha={found[1]:g} on {', '.join(found[2])}" if found else "no adapters"
+
+        mine = settings(self.r, self.alpha, self.target_modules) if self.enabled else None
+        theirs = settings(saved["r"], saved["alpha"], saved["target_modules"]) if saved else None
+        if mine == theirs:
+            return None
+        trained = f"was trained with {words(theirs)} but the model has {words(mine)}"
+        if theirs is None:
+            return f"{trained}; set finetune: true to start the adapters on its weights at step 0."
+        same = "set lora_target_modules, lora_r and lora_alpha as the checkpoint's"
+        if saved["adapters_only"]:
+            return f"{trained}; {same} (an adapters-only checkpoint resumes with them only)."
+        return f"{trained}; {same}, or finetune: true to start from its merged weights at step 0."

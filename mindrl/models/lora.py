@@ -207,13 +207,13 @@ def _cut_half(name: str) -> str | None:
     return f"{prefix}.weight" if (half == "lora_B") == column else None
 
 
-def split_adapter(name: str, tensor: torch.Tensor, tp: int, swiglu: bool = True) -> list[torch.Tensor]:
+def split_adapter(name: str, tensor: torch.Tensor, tp: int, swiglu: bool) -> list[torch.Tensor]:
     """A whole adapter tensor (under its full name) → its slice on each TP rank, cut as its base weight is."""
     base = _cut_half(name)
     return sharding.tp_split(base, tensor, tp, swiglu) if base else [tensor.clone() for _ in range(tp)]
 
 
-def merge_adapter_shards(name: str, shards: list[torch.Tensor], swiglu: bool = True) -> torch.Tensor:
+def merge_adapter_shards(name: str, shards: list[torch.Tensor], swiglu: bool) -> torch.Tensor:
     """The TP ranks' slices of an adapter tensor → the whole tensor (inverse of split_adapter)."""
     base = _cut_half(name)
     return sharding.tp_merge(base, shards, swiglu) if base else shards[0]
@@ -234,8 +234,8 @@ def merge_state_dict(tensors: Mapping[str, torch.Tensor], scale: float) -> dict[
 
 def base_digest(model: torch.nn.Module) -> str:
     """A digest of this rank's frozen base weights (names, dtypes, shapes and bytes): what an adapters-only
-    checkpoint was trained on."""
-    return weights_digest({name: p.detach() for name, p in model.named_parameters() if not is_adapter(name)})
+    checkpoint was trained on, and leaves out (a critic's value head trains beside the adapters and is saved)."""
+    return weights_digest({name: p.detach() for name, p in model.named_parameters() if not p.requires_grad})
 
 
 def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:

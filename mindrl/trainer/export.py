@@ -25,6 +25,13 @@ def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path | None:
             f"weights, so there is no base checkpoint to merge them into")
         return None
     adapter = save / ADAPTER_DIR if source.lora else None
+    if adapter is not None:
+        from mindrl.ckpt_convert.lora_export import peft_cannot_place
+
+        unplaceable = peft_cannot_place(source)
+        if unplaceable:
+            say(f"LoRA adapters not written as a PEFT folder ({unplaceable}); the merged HF weights hold them")
+            adapter = None
     target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False, tokenizer_model=tokenizer,
                          lora_adapter_dir=adapter)
     say(f"final weights exported to {target} (HF format)" + (f", LoRA adapters to {adapter}" if adapter else ""))

@@ -62,6 +62,10 @@ def _start_point(actor: MegatronConfig, job: str, section: str) -> StartPoint:
         _refuse_damaged(root, iteration, section)
     mg.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
     if iteration == "release" or actor.finetune or not mg.holds_training_state(root, iteration):
+        if (_first_rank_state(root, iteration).get("lora") or {}).get("adapters_only"):
+            raise ConfigError(f"{section}.load={root} holds LoRA adapters without their base weights, so a run cannot "
+                              f"start from it; resume it with the job and base that wrote it, or export merged "
+                              f"weights (cli/convert_ckpt.py mg -> hf) and convert those back to start from.")
         if actor.ckpt_step is not None:
             raise ConfigError(f"{section}.ckpt_step={actor.ckpt_step} picks the training checkpoint a run resumes "
                               f"from, but {root} is loaded as starting weights (converted, or finetune: true), "
@@ -74,6 +78,9 @@ def _start_point(actor: MegatronConfig, job: str, section: str) -> StartPoint:
     if "data" not in extra:
         raise ConfigError(f"{root} iteration {iteration} is not a training checkpoint of this trainer (it records no "
                           f"data position); set finetune: true to start from its weights at step 0.")
+    mismatch = actor.lora.resume_mismatch(state.get("lora"))
+    if mismatch:  # here, not in the workers after Ray starts
+        raise ConfigError(f"{section}.load: checkpoint {root} iteration {iteration} {mismatch}")
     return StartPoint(iteration, extra.get("initial_weights"), str(root), extra,
                       bool(getattr(state.get("args"), "bf16", False)))
 

@@ -361,9 +361,9 @@ def start_weights(contents: dict, root: str) -> dict[str, torch.Tensor]:
     if not saved:
         return contents["model"]
     if saved["adapters_only"]:
-        raise ConfigError(f"{root} holds LoRA adapters without their base weights, so no run can start from it alone; "
-                          f"resume it with the same job and base, or export merged weights with cli/convert_ckpt.py "
-                          f"(--lora-base) and start from those.")
+        raise ConfigError(f"{root} holds LoRA adapters without their base weights, so a run cannot start from it; "
+                          f"resume it with the job and base that wrote it, or export merged weights "
+                          f"(cli/convert_ckpt.py mg -> hf) and convert those back to start from.")
     return lora.merge_state_dict(contents["model"], saved["alpha"] / saved["r"])
 
 
@@ -433,6 +433,7 @@ class ActorWorker(MegatronWorker):
         super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed,
                          cfg.prompt_packing)
         self.cfg = cfg
+        self._base_digest: str | None = None
         if cfg.lora.enabled:  # before the wrap: DDP and the optimizer see only what trains
             local = sharding.stage_names(arch, par, self.pp_rank, self.ep_rank)
             lora.add_adapters(self.model, cfg.lora, {name: full for full, name in local.items()}, cfg.seed,
@@ -632,11 +633,18 @@ class ActorWorker(MegatronWorker):
                     tensors.extend(v for v in opt.optimizer.state.get(param, {}).values() if torch.is_tensor(v))
         return tensors
 
+    def base_digest(self) -> str:
+        """The digest of this rank's frozen base (mindrl.models.lora.base_digest), taken once: hashing a 32B stage
+        costs seconds, and the base changes only when a checkpoint is loaded."""
+        if self._base_digest is None:
+            self._base_digest = lora.base_digest(self.model)
+        return self._base_digest
+
     def _train_state(self, action: str) -> training.TrainState:
         if self.offloader.offloaded_bytes:
             raise RuntimeError(f"the actor's training state is offloaded; call onload() before {action}.")
         return training.TrainState(self.model, self.optimizer, self.scheduler, self.arch, self.par, self.updates,
-                                   self.cfg.lora, lambda: lora.base_digest(self.model))
+                                   self.cfg.lora, self.base_digest)
 
     def save_checkpoint(self, root: str | Path, iteration: int, extra: dict | None = None) -> Path:
         """A resumable training checkpoint (mindrl/checkpoint/training.py); every rank calls it.
@@ -670,14 +678,15 @@ class ActorWorker(MegatronWorker):
         Megatron's no_load_optim / no_load_rng. Returns the iteration and the saved extra state."""
         resumed = training.load(self._train_state("load_checkpoint"), root, iteration, load_optim, load_rng)
         self.offloader.forget_copies()
+        self._base_digest = None  # a checkpoint with its base weights may have brought others
         self.updates = resumed.updates
         return resumed
 
 
 class BackboneReference:
     """share_backbone's reference: the actor's own model with its LoRA adapters off, so the KL is taken against the
-    frozen base with no second model in memory. It answers as a reference worker does (log-probs, rows, ranks) and
-    holds nothing to offload."""
+    frozen base with no second model in memory. It answers as a reference worker does (log-probs, rows, ranks); it
+    holds nothing of its own, so it is never among the models offloaded beside the actor."""
 
     def __init__(self, actor: ActorWorker, micro_batch_size: int) -> None:
         if not actor.cfg.lora.enabled:
@@ -686,6 +695,8 @@ class BackboneReference:
         self.actor, self.micro_batch_size = actor, micro_batch_size
 
     def __getattr__(self, name: str):
+        if name == "actor":  # not set yet (a copy being built): no endless lookup
+            raise AttributeError(name)
         return getattr(self.actor, name)  # its layout: ranks, local_rows, is_last_stage …
 
     def compute_log_prob(self, batch: dict, with_entropy: bool = False,
@@ -697,10 +708,4 @@ class BackboneReference:
                 return actor.compute_log_prob(batch, with_entropy, temperature)
         finally:
             actor.micro_batch_size = kept
-
-    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
-        return 0
-
-    def onload(self) -> int:
-        return 0
 

@@ -376,13 +376,14 @@ class DPORank(SFTRank):
         return _held(self.actor, both)
 
 
-def _rows_of(worker: MegatronWorker, batch: dict) -> tuple[int, torch.Tensor] | None:
+def _rows_of(worker: MegatronWorker | BackboneReference, batch: dict) -> tuple[int, torch.Tensor] | None:
     """(data-parallel rank, log-probs of its rows) on the ranks that hold results."""
     out = worker.compute_log_prob(batch)
     return _held(worker, None if out is None else out["log_probs"])
 
 
-def _held(worker: MegatronWorker, rows: torch.Tensor | None) -> tuple[int, torch.Tensor] | None:
+def _held(worker: MegatronWorker | BackboneReference,
+          rows: torch.Tensor | None) -> tuple[int, torch.Tensor] | None:
     """(data-parallel rank, its rows' results) on the one rank per data-parallel rank that returns them
     (last stage, TP rank 0); None elsewhere."""
     if rows is None or worker.tp_rank != 0:
