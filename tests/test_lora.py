@@ -108,10 +108,22 @@ def _after_update(actor: ActorWorker, arch, par: ParallelConfig, batch: dict, ro
     started = MegatronWorker(arch, par, root).compute_log_prob(batch)  # a new run from it: the merged weights
     out["start_diff"] = 0.0 if mine is None else (mine["log_probs"] - started["log_probs"]).abs().max().item()
     release_model_parallel()
-    critic = CriticWorker(arch, par, ActorConfig(lr=1e-3, mini_batch_size=ROWS, micro_batch_size=2, lora=LORA),
-                          ValueLossConfig(), weights=None)
+    cfg = ActorConfig(lr=1e-3, mini_batch_size=ROWS, micro_batch_size=2,
+                      lora=LoraConfig(TARGETS, R, ALPHA, ckpt_filter=True))
+    critic = CriticWorker(arch, par, cfg, ValueLossConfig(), weights=None)
     out["critic_trained"] = sorted({name.rsplit(".", 1)[-1] if lora.is_adapter(name) else name
                                     for name, p in critic.model.named_parameters() if p.requires_grad})
+    # an adapters-only critic checkpoint keeps its trained value head and resumes on the same base
+    with torch.no_grad():
+        for name, p in critic.model.named_parameters():
+            if p.requires_grad:
+                p.add_(0.01)
+    trained = {name: p.detach().clone() for name, p in critic.model.named_parameters() if p.requires_grad}
+    critic.save_checkpoint(f"{root}_critic", 1, {})
+    again = CriticWorker(arch, par, cfg, ValueLossConfig(), weights=None)
+    again.load_checkpoint(f"{root}_critic", load_optim=False, load_rng=False)
+    out["critic_resumed"] = all(torch.equal(p, trained[n]) for n, p in again.model.named_parameters()
+                                if p.requires_grad)
     return out
 
 
@@ -243,10 +255,11 @@ def test_a_run_started_from_a_lora_checkpoint_gets_the_merged_weights(runs):
         assert rank["start_diff"] <= 1e-5
 
 
-def test_a_lora_critic_trains_its_adapters_and_its_new_value_head(runs):
+def test_a_lora_critic_trains_its_adapters_and_its_new_value_head_and_resumes_them(runs):
     *_, ranks = runs
     for rank in ranks:
         assert rank["critic_trained"] == ["lora_A", "lora_B", "rm_head.weight"]
+        assert rank["critic_resumed"]
 
 
 @pytest.mark.parametrize("settings, message", [
