@@ -115,7 +115,7 @@ def _after_update(actor: ActorWorker, arch, par: ParallelConfig, batch: dict, ro
                                     for name, p in critic.model.named_parameters() if p.requires_grad})
     # an adapters-only critic checkpoint keeps its trained value head and resumes on the same base
     with torch.no_grad():
-        for name, p in critic.model.named_parameters():
+        for p in critic.model.parameters():
             if p.requires_grad:
                 p.add_(0.01)
     trained = {name: p.detach().clone() for name, p in critic.model.named_parameters() if p.requires_grad}
