@@ -15,7 +15,7 @@ sequence parallelism and into the experts (whose layers leave their communicatio
   along the sequence like the layer's output; an expert's layer leaves the output partial, as its base does, and
   sums B's gradient instead.
 
-Megatron-Bridge's PEFT would have done this, but its newest release installable here (0.3.1) needs
+Megatron-Bridge's PEFT would have done this, but the release pip resolves for Python 3.11 (0.3.1) needs
 transformers < 5, Transformer Engine and mamba-ssm, none of which mindrl runs.
 
 The merge W + (alpha / r)·B·A is local to each rank's shard for both kinds of layer (B·A of the shards is the

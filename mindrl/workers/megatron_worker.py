@@ -708,4 +708,3 @@ class BackboneReference:
                 return actor.compute_log_prob(batch, with_entropy, temperature)
         finally:
             actor.micro_batch_size = kept
-

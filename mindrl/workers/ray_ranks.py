@@ -350,9 +350,8 @@ class DPORank(SFTRank):
         else:
             self.reference = MegatronWorker(spec.arch, spec.par, spec.reference, dtype, 1.0,
                                             spec.actor.micro_batch_size, spec.actor.seed, spec.actor.prompt_packing)
-        if spec.reference is None and not spec.share_backbone:  # the weights the run started from, copied before a
-            # resume loads others
-            load_stage_weights(self.reference.model, dict(merged_parameters(self.actor.model)))
+            if spec.reference is None:  # the weights the run started from, copied before a resume loads others
+                load_stage_weights(self.reference.model, dict(merged_parameters(self.actor.model)))
         return {"dp_size": self.actor.dp_size, **self._resume(spec), "precision": precision}
 
     def step(self, batch: dict) -> dict[str, float]:
