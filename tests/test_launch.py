@@ -2,6 +2,7 @@
 
 import os
 import socket
+import sys
 
 import pytest
 import torch.distributed as dist
@@ -90,7 +91,10 @@ def test_a_rank_starts_with_nothing_an_earlier_launch_left_and_ends_as_its_own_i
 
 
 def _say(rank: int) -> None:
-    print(f"rank {rank} says hello", flush=True)
+    # one write of the whole line: under PYTHONUNBUFFERED print's text and its newline are two writes, which the
+    # other rank's line can fall between
+    sys.stdout.write(f"rank {rank} says hello\n")
+    sys.stdout.flush()
 
 
 def test_a_rank_writes_where_its_launchers_stdout_points_at_the_launch(tmp_path):
