@@ -32,15 +32,11 @@ ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetens
 PEFT_PREFIX = "base_model.model."
 
 
-def is_adapters_only(source: MegatronSource) -> bool:
-    return bool(source.lora and source.lora["adapters_only"])
-
-
 def open_base(source: MegatronSource, lora_base: str | Path | None = None) -> MegatronSource | None:
     """The base an adapters-only checkpoint was trained on (`lora_base`, else its recorded `initial_weights`),
     checked: same model and layout, and on every rank file the digest the run recorded. None for a checkpoint
     that holds its own base weights. Raises one sentence before anything is written."""
-    if not is_adapters_only(source):
+    if not source.adapters_only:
         if lora_base is not None:
             raise ConfigError(f"--lora-base applies to an adapters-only LoRA checkpoint (lora_ckpt_filter), but "
                               f"{source.root} holds its base weights itself; remove --lora-base.")
@@ -51,7 +47,7 @@ def open_base(source: MegatronSource, lora_base: str | Path | None = None) -> Me
                           f"run started from random weights or was not saved by a trainer); pass --lora-base "
                           f"<Megatron checkpoint they were trained on>.")
     base = open_megatron(root, model_type_hf=source.model_type_hf)
-    if base.lora and base.lora["adapters_only"]:
+    if base.adapters_only:
         raise ConfigError(f"the LoRA base {root} is itself an adapters-only checkpoint; pass the Megatron "
                           f"checkpoint with the base weights instead.")
     mine, theirs = _layout(source), _layout(base)
@@ -156,10 +152,8 @@ def peft_cannot_place(source: MegatronSource) -> str | None:
 def write_peft_adapter(source: MegatronSource, save_dir: str | Path, overwrite: bool = False,
                        base_model: str | None = None) -> Path:
     """`save_dir` as PEFT saves a LoRA adapter (adapter_config.json, adapter_model.safetensors), for
-    `PeftModel.from_pretrained(base HF model, save_dir)`; `base_model` is what its config names as the base."""
-    if not source.lora:
-        raise ConfigError(f"--save-lora-adapter needs a LoRA checkpoint, but {source.root} has no adapters; "
-                          f"remove it.")
+    `PeftModel.from_pretrained(base HF model, save_dir)`; `base_model` is what its config names as the base.
+    mcore_to_hf checks, before writing anything, that `source` has adapters PEFT can place."""
     tensors = peft_tensors(source)
     modules = sorted({name.rsplit(".", 3)[-3] for name in tensors})  # ….q_proj.lora_A.weight → q_proj
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": source.lora["r"],

@@ -52,6 +52,11 @@ class MegatronSource:
     initial_weights: str | None = None
 
     @property
+    def adapters_only(self) -> bool:
+        """A LoRA checkpoint holding its adapters without the base they were trained on (lora_ckpt_filter)."""
+        return bool(self.lora and self.lora["adapters_only"])
+
+    @property
     def hf_vocab(self) -> int:
         """Vocabulary rows of the HF model: its config's, else the architecture's."""
         return int(hfm.text_config_of(self.hf_config)["vocab_size"]) if self.hf_config else self.arch.padded_vocab_size

@@ -53,6 +53,13 @@ class LoraConfig:
             raise ConfigError(f"{section}.lora_ckpt_filter is set but there are no adapters to keep; set "
                               f"lora_target_modules or remove lora_ckpt_filter.")
 
+    @staticmethod
+    def no_base(root: object) -> str:
+        """The sentence for a run asked to start from an adapters-only checkpoint: its base is not in it."""
+        return (f"{root} holds LoRA adapters without their base weights, so a run cannot start from it; resume it "
+                f"with the job and base that wrote it, or export merged weights (cli/convert_ckpt.py mg -> hf) and "
+                f"convert those back to start from.")
+
     def resume_mismatch(self, saved: Mapping[str, Any] | None) -> str | None:
         """Where a checkpoint's LoRA record (None: it has no adapters) differs from these settings, the rest of a
         sentence saying so and what to set; None where a resume fits them."""

@@ -20,7 +20,7 @@ def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path | None:
 
     save = Path(save)
     source = open_megatron(save)
-    if source.lora and source.lora["adapters_only"] and not source.initial_weights:
+    if source.adapters_only and not source.initial_weights:
         say(f"final weights not exported to HF: {save} holds LoRA adapters only and the run started from random "
             f"weights, so there is no base checkpoint to merge them into")
         return None

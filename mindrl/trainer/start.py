@@ -20,6 +20,7 @@ from typing import Any
 
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
+from mindrl.config.lora import LoraConfig
 from mindrl.trainer.megatron import MegatronConfig
 
 #: what a training checkpoint's `job` says wrote it (checkpoints without one are GRPO's)
@@ -63,9 +64,7 @@ def _start_point(actor: MegatronConfig, job: str, section: str) -> StartPoint:
     mg.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
     if iteration == "release" or actor.finetune or not mg.holds_training_state(root, iteration):
         if (_first_rank_state(root, iteration).get("lora") or {}).get("adapters_only"):
-            raise ConfigError(f"{section}.load={root} holds LoRA adapters without their base weights, so a run cannot "
-                              f"start from it; resume it with the job and base that wrote it, or export merged "
-                              f"weights (cli/convert_ckpt.py mg -> hf) and convert those back to start from.")
+            raise ConfigError(f"{section}.load=" + LoraConfig.no_base(root))
         if actor.ckpt_step is not None:
             raise ConfigError(f"{section}.ckpt_step={actor.ckpt_step} picks the training checkpoint a run resumes "
                               f"from, but {root} is loaded as starting weights (converted, or finetune: true), "

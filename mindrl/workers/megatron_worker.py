@@ -361,9 +361,7 @@ def start_weights(contents: dict, root: str) -> dict[str, torch.Tensor]:
     if not saved:
         return contents["model"]
     if saved["adapters_only"]:
-        raise ConfigError(f"{root} holds LoRA adapters without their base weights, so a run cannot start from it; "
-                          f"resume it with the job and base that wrote it, or export merged weights "
-                          f"(cli/convert_ckpt.py mg -> hf) and convert those back to start from.")
+        raise ConfigError(LoraConfig.no_base(root))
     return lora.merge_state_dict(contents["model"], saved["alpha"] / saved["r"])
 
 
