@@ -76,15 +76,16 @@ def _set_adapters(worker: ActorWorker, values: dict[str, torch.Tensor]) -> None:
             params[name].copy_(cut[worker.tp_rank])
 
 
-def _whole_grads(runs: list[dict], par: ParallelConfig) -> dict[str, torch.Tensor]:
-    """The adapters' gradients of one layout, under full names, TP slices joined."""
-    by_name: dict[str, dict[int, torch.Tensor]] = {}
-    for run in runs:
-        if run["dp"] == 0:
-            for name, grad in run["grads"].items():
-                by_name.setdefault(run["full"][name], {})[run["tp"]] = grad
-    return {name: lora.merge_adapter_shards(name, [shards[t] for t in range(par.tp)], True)
-            for name, shards in by_name.items()}
+def _joined(layout: list[dict], par: ParallelConfig) -> dict[str, torch.Tensor]:
+    """The adapters' gradients of one layout under full names, TP slices joined; the ranks' runs in rank order, so
+    the first of each TP rank is data-parallel rank 0's (every replica holds the same reduced values), and at EP > 1
+    each expert-parallel rank brings its own experts'."""
+    shards: dict[str, dict[int, torch.Tensor]] = {}
+    for run in layout:
+        for name, grad in run["grads"].items():
+            shards.setdefault(run["full"][name], {}).setdefault(run["tp"], grad)
+    return {name: lora.merge_adapter_shards(name, [held[t] for t in range(par.tp)], True)
+            for name, held in shards.items()}
 
 
 def _after_update(actor: ActorWorker, arch, par: ParallelConfig, batch: dict, root: str) -> dict:
@@ -219,7 +220,7 @@ def test_adapter_gradients_equal_hf_peft_at_tp2_pp2_dp2_sequence_parallel_and_pa
         where = f"TP={par.tp}{' SP' if par.sequence_parallel else ''} PP={par.pp} packing {packing}"
         layout = [rank["layouts"][index] for rank in ranks]
         assert all(run["metrics"]["prompt_packed"] == float(packing == "on") for run in layout), where
-        got = _whole_grads(layout, par)
+        got = _joined(layout, par)
         assert got.keys() == expected.keys(), where
         for name, grad in expected.items():
             diff = (got[name] - grad).abs().max().item()

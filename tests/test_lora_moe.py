@@ -14,7 +14,7 @@ from mindrl.launch import run_ranks
 from mindrl.models import lora, sharding
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 from tests.grads import reduced_grads
-from tests.test_lora import ROWS, _adapter_names, _adapter_values, _batch, _set_adapters
+from tests.test_lora import ROWS, _adapter_names, _adapter_values, _batch, _joined, _set_adapters
 
 R, ALPHA = 4, 8.0
 SCALE = ALPHA / R
@@ -49,17 +49,6 @@ def _merged_grads(rank: int, merged: dict) -> dict[str, torch.Tensor]:
     actor = ActorWorker(arch, ParallelConfig(1, 1), _config(LoraConfig()), weights=merged)
     actor.update(_batch(arch.padded_vocab_size))
     return reduced_grads(actor)
-
-
-def _joined(layout: list[dict], par: ParallelConfig) -> dict[str, torch.Tensor]:
-    """The adapters' gradients of one layout under full names, TP slices joined; each expert-parallel rank brings
-    its own experts' (and every data-parallel replica holds the same reduced values of the rest)."""
-    shards: dict[str, dict[int, torch.Tensor]] = {}
-    for run in layout:
-        for name, grad in run["grads"].items():
-            shards.setdefault(run["full"][name], {}).setdefault(run["tp"], grad)
-    return {name: lora.merge_adapter_shards(name, [held[t] for t in range(par.tp)], True)
-            for name, held in shards.items()}
 
 
 @pytest.fixture(scope="module")

@@ -114,9 +114,9 @@ def test_lora_sigkill_after_checkpoint_2_then_resume_equals_the_unbroken_run(tin
 LORA = "actor_config.lora_target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]"
 
 
-def _refusal(overrides: list[str], config: str = "grpo_tiny_cpu") -> str:
+def _refusal(overrides: list[str], config: str = "grpo_tiny_cpu", load=load_trainer_config) -> str:
     with pytest.raises(ConfigError) as err:
-        load_trainer_config(config, overrides)
+        load(config, overrides)
     return str(err.value)
 
 
@@ -146,21 +146,16 @@ def test_an_hf_module_name_is_refused_with_its_megatron_name():
         "linear_qkv, linear_proj, linear_fc1, linear_fc2; HF's q_proj is linear_qkv here.")
 
 
-def _dpo_refusal(overrides: list[str]) -> str:
-    with pytest.raises(ConfigError) as err:
-        load_dpo_config("dpo_facts_cpu", overrides)
-    return str(err.value)
-
-
 def test_dpo_share_backbone_needs_adapters():
-    assert _dpo_refusal(["+dpo_config.share_backbone=true"]) == (
+    assert _refusal(["+dpo_config.share_backbone=true"], "dpo_facts_cpu", load_dpo_config) == (
         "dpo_config.share_backbone: true makes the reference the actor with its LoRA adapters off, but "
         "megatron_training sets no lora_target_modules; add adapters or turn share_backbone off.")
 
 
 def test_dpo_share_backbone_with_a_ref_model_is_refused():
     lora = "+megatron_training.lora_target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]"
-    assert _dpo_refusal(["+dpo_config.share_backbone=true", lora, "+dpo_config.ref_model=ckpt/ref"]) == (
+    assert _refusal(["+dpo_config.share_backbone=true", lora, "+dpo_config.ref_model=ckpt/ref"], "dpo_facts_cpu",
+                    load_dpo_config) == (
         "dpo_config.share_backbone: true makes the reference the actor's own base, but ref_model (ckpt/ref) names "
         "another; remove one of them.")
 
