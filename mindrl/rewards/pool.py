@@ -95,8 +95,9 @@ class VerifierPool:
         # A scorer dropped without close() must not leave its children running until exit.
         weakref.finalize(self, _stop_all, self._children)
 
-    def score(self, items: list[tuple[str, str]]) -> list[Row]:
-        """(score, status) per verifier for each (response, label); a timed-out call has status TIMEOUT."""
+    def score(self, items: list[tuple[str, str, int]]) -> list[Row]:
+        """(score, status) per verifier for each (response, label, tool calls); a timed-out call has status
+        TIMEOUT."""
         rows: list[list[tuple[float, int] | None]] = [[None] * len(self.names) for _ in items]
         work = deque(self._chunks(items))
         ahead = len(work[0]) if work else 0
@@ -128,10 +129,10 @@ class VerifierPool:
     def close(self) -> None:
         _stop_all(self._children)
 
-    def _chunks(self, items: list[tuple[str, str]]) -> list[list[int]]:
+    def _chunks(self, items: list[tuple[str, str, int]]) -> list[list[int]]:
         """Samples sharing a label go together, so each child works out a label once per group."""
         by_label: dict[str, list[int]] = {}
-        for index, (_, label) in enumerate(items):
+        for index, (_, label, _) in enumerate(items):
             by_label.setdefault(label, []).append(index)
         order = [index for group in by_label.values() for index in group]
         size = max(1, min(_MAX_CHUNK, -(-len(order) // (self.processes * 4))))
@@ -147,7 +148,7 @@ class VerifierPool:
         child_end.close()
         return _Child(process, parent_end, state)
 
-    def _send(self, child: _Child, chunk: list[int], items: list[tuple[str, str]],
+    def _send(self, child: _Child, chunk: list[int], items: list[tuple[str, str, int]],
               rows: list[list[tuple[float, int] | None]]) -> bool:
         task = [(index, *items[index], _decided(rows[index])) for index in chunk]
         child.sent.extend(chunk)

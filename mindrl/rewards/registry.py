@@ -87,18 +87,31 @@ def _load_custom(spec: str) -> Verifier:
 
 
 def _check_signature(spec: str, name: str, fn: Verifier) -> None:
-    """A verifier is called as fn(response, label) in every scoring process: a function that cannot take that
-    call would fail on every sample, each failure scored as the worst score, and the run would train on noise."""
+    """A verifier is called as fn(response, label), or fn(response, label, tool_calls=k) when it declares
+    `tool_calls`, in every scoring process: a function that cannot take that call would fail on every sample,
+    each failure scored as the worst score, and the run would train on noise."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a C function may not describe itself: nothing to compare with
         return
+    counted = takes_tool_calls(fn)
     try:
-        signature.bind("response", "label")
+        signature.bind("response", "label", **({"tool_calls": 0} if counted else {}))
     except TypeError:
-        raise ConfigError(f"custom verifier {spec!r}: {name}{signature} cannot be called as {name}(response, label); a "
-                          f"verifier takes the response text and the label (two positional parameters) and returns a "
-                          f"float.") from None
+        call = f"{name}(response, label{', tool_calls=0' if counted else ''})"
+        raise ConfigError(f"custom verifier {spec!r}: {name}{signature} cannot be called as {call}; a verifier takes "
+                          f"the response text and the label (two positional parameters), optionally a parameter "
+                          f"named tool_calls (the sample's number of tool calls), and returns a float.") from None
+
+
+def takes_tool_calls(fn: Verifier) -> bool:
+    """Whether `fn` declares a parameter named `tool_calls` that can be passed by name: only such a verifier is
+    given the sample's tool-call count, so every other one is called exactly as before. Asked once per verifier."""
+    try:
+        parameter = inspect.signature(fn).parameters.get("tool_calls")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
 
 
 def _load_builtins() -> None:

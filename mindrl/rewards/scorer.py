@@ -2,6 +2,8 @@
 
 reward_i = Σ_k weight_k · verifier_k(response_i, label_i)  (+ the overlong penalty)
 
+A verifier that declares a `tool_calls` parameter is also given sample i's number of tool calls.
+
 The verifiers run in worker processes (see pool). A call that overruns `verifier_timeout`
 is cut off; one that raises or returns no finite number fails. Either way the sample gets
 that verifier's fail score — its worst score unless `verifier_fail_score` says otherwise —
@@ -64,17 +66,24 @@ class RewardScorer:
         self.fail_scores = fail_scores(config)
         self._pool: VerifierPool | None = None
 
-    def score(self, responses: list[str], labels: list[str],
-              response_lengths: list[int] | None = None) -> ScoreResult:
-        """Rewards for `responses` against `labels` (token lengths needed for the overlong penalty)."""
+    def score(self, responses: list[str], labels: list[str], response_lengths: list[int] | None = None,
+              tool_calls: list[int] | None = None) -> ScoreResult:
+        """Rewards for `responses` against `labels` (token lengths needed for the overlong penalty). `tool_calls`,
+        each response's number of tool calls (a multi-turn rollout's), goes to the verifiers that declare it;
+        None, as in a single-turn run, gives them 0 each."""
         if len(responses) != len(labels):
             raise ValueError(f"{len(responses)} responses but {len(labels)} labels; give one label each.")
+        if tool_calls is None:
+            tool_calls = [0] * len(responses)
+        elif len(tool_calls) != len(responses):
+            raise ValueError(f"{len(responses)} responses but {len(tool_calls)} tool-call counts; give one count "
+                             f"each.")
         cfg = self.config
         if cfg.overlong_buffer_enable and (response_lengths is None or len(response_lengths) != len(responses)):
             raise ValueError("overlong_buffer_enable needs the token length of every response.")
         if self._pool is None:
             self._pool = VerifierPool(self.names, cfg.verifier_timeout, cfg.verifier_parallel)
-        rows = self._pool.score(list(zip(responses, labels, strict=True))) if responses else []
+        rows = self._pool.score(list(zip(responses, labels, tool_calls, strict=True))) if responses else []
         scores = {name: [row[k][0] if row[k][1] == OK else self.fail_scores[k] for row in rows]
                   for k, name in enumerate(self.names)}
         rewards = [sum(w * scores[name][i] for name, w in zip(self.names, cfg.verifier_weight, strict=True))

@@ -17,14 +17,14 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
-from mindrl.rewards.registry import Verifier, get_verifier
+from mindrl.rewards.registry import Verifier, get_verifier, takes_tool_calls
 
 OK, TIMEOUT, ERROR = 0, 1, 2
 BETWEEN_CALLS = 0.0
 FLUSH_S = 0.02
 
-# (sample index, response, label, verifier indices already decided for this sample)
-Task = list[tuple[int, str, str, frozenset[int]]]
+# (sample index, response, label, its tool calls, verifier indices already decided for this sample)
+Task = list[tuple[int, str, str, int, frozenset[int]]]
 
 
 class _Overrun(BaseException):
@@ -39,14 +39,17 @@ def _on_alarm(signum, frame):
         raise _Overrun
 
 
-def score_one(verifier: Verifier, response: str, label: str, limit_s: float) -> tuple[float, int]:
-    """(score, status) of one call; a non-finite score is an error, it would poison the advantages."""
+def score_one(verifier: Verifier, response: str, label: str, limit_s: float,
+              tool_calls: int | None = None) -> tuple[float, int]:
+    """(score, status) of one call; a non-finite score is an error, it would poison the advantages.
+    `tool_calls` is passed only when not None: a verifier that does not declare it is called as it always was."""
     global _armed
     try:
         try:
             _armed = True
             signal.setitimer(signal.ITIMER_REAL, limit_s)
-            score = float(verifier(response, label))
+            score = float(verifier(response, label) if tool_calls is None
+                          else verifier(response, label, tool_calls=tool_calls))
         finally:
             _armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -64,20 +67,21 @@ def serve(conn: Connection, state: Sequence[float], names: tuple[str, ...], limi
     when the parent kills this process are simply scored again, so reports can be batched.
     """
     verifiers = [get_verifier(name) for name in names]
+    counted = [takes_tool_calls(verifier) for verifier in verifiers]  # once per verifier, not per sample
     signal.signal(signal.SIGALRM, _on_alarm)
     state[3] = time.monotonic()
     while (task := conn.recv()) is not None:
         state[3] = time.monotonic()
         finished: list[tuple[int, list[tuple[float, int] | None]]] = []
         reported_at = time.monotonic()
-        for index, response, label, decided in task:
+        for index, response, label, tool_calls, decided in task:
             row: list[tuple[float, int] | None] = []
             for k, verifier in enumerate(verifiers):
                 if k in decided:
                     row.append(None)
                     continue
                 state[0], state[1], state[2] = index, k, time.monotonic()
-                row.append(score_one(verifier, response, label, limit_s))
+                row.append(score_one(verifier, response, label, limit_s, tool_calls if counted[k] else None))
                 state[2], state[3] = BETWEEN_CALLS, time.monotonic()
             finished.append((index, row))
             if time.monotonic() - reported_at >= FLUSH_S:

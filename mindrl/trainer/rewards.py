@@ -26,8 +26,9 @@ class ScorerActor:
     def __init__(self, config: RewardConfig) -> None:
         self.scorer = RewardScorer(config)
 
-    def score(self, responses: list[str], labels: list[str], lengths: list[int]) -> ScoreResult:
-        return self.scorer.score(responses, labels, lengths)
+    def score(self, responses: list[str], labels: list[str], lengths: list[int],
+              tool_calls: list[int] | None = None) -> ScoreResult:
+        return self.scorer.score(responses, labels, lengths, tool_calls)
 
     def close(self) -> None:
         self.scorer.close()
@@ -57,11 +58,13 @@ class RuleRewards:
         #: scorers still scoring when their time ran out: they take no other call (close) before that ends
         self.stuck: set[int] = set()
 
-    def submit(self, responses: list[str], labels: list[str], lengths: list[int]) -> tuple[float, list[Any]]:
-        """(when, the parts' refs): the deadline counts from the submission."""
+    def submit(self, responses: list[str], labels: list[str], lengths: list[int],
+               tool_calls: list[int] | None = None) -> tuple[float, list[Any]]:
+        """(when, the parts' refs): the deadline counts from the submission. `tool_calls`: see RewardScorer.score."""
         count = len(self.actors)
         bounds = [len(responses) * i // count for i in range(count + 1)]
-        return time.perf_counter(), [actor.score.remote(responses[a:b], labels[a:b], lengths[a:b])
+        return time.perf_counter(), [actor.score.remote(responses[a:b], labels[a:b], lengths[a:b],
+                                                        None if tool_calls is None else tool_calls[a:b])
                                      for actor, a, b in zip(self.actors, bounds, bounds[1:], strict=False)]
 
     def collect(self, pending: tuple[float, list[Any]]) -> ScoreResult:
@@ -111,10 +114,13 @@ class Rewards:
         self.model_weight, self.normalize, self.group_size = model_weight, normalize, group_size
         self.stats = RunningStats()
 
-    def submit(self, texts: list[str], labels: list[str], batch: dict[str, torch.Tensor]) -> tuple[Any, Any]:
-        """Start scoring `batch`'s rows (tokens, prompt_lengths, response_lengths) and their decoded responses."""
+    def submit(self, texts: list[str], labels: list[str], batch: dict[str, torch.Tensor],
+               tool_calls: list[int] | None = None) -> tuple[Any, Any]:
+        """Start scoring `batch`'s rows (tokens, prompt_lengths, response_lengths) and their decoded responses;
+        `tool_calls`, each row's number of tool calls in a multi-turn rollout, goes to the verifiers that declare
+        it (None for a single-turn one)."""
         lengths = batch["response_lengths"]
-        rule = self.rule.submit(texts, labels, lengths.tolist()) if self.rule else None
+        rule = self.rule.submit(texts, labels, lengths.tolist(), tool_calls) if self.rule else None
         model = self.model.submit(batch["tokens"], batch["prompt_lengths"], lengths) if self.model else None
         return rule, model
 
