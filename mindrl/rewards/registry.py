@@ -14,13 +14,11 @@ without one needs its `verifier_fail_score` entry set.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import math
-from pathlib import Path
 
 from mindrl.config.errors import ConfigError
+from mindrl.config.imports import is_spec, load_callable
 from mindrl.rewards.registration import REGISTRY, Verifier
 
 
@@ -29,17 +27,14 @@ def known_verifiers() -> list[str]:
     return sorted(REGISTRY)
 
 
-def is_custom(name: str) -> bool:
-    return ":" in name
-
-
 def get_verifier(name: str) -> Verifier:
     """The verifier for a registered name or a `file.py:function` / `module:function` spec."""
     _load_builtins()
     if name in REGISTRY:
         return REGISTRY[name]
-    if is_custom(name):
-        fn = _load_custom(name)
+    if is_spec(name):
+        fn = load_callable(name, "custom verifier")
+        _check_signature(name, name.rpartition(":")[2], fn)
         REGISTRY[name] = fn
         return fn
     raise ConfigError(f"unknown verifier {name!r} in verifier_function; known: {', '.join(known_verifiers())} "
@@ -58,32 +53,6 @@ def fail_score(name: str, configured: float | None) -> float:
     if isinstance(worst, bool) or not isinstance(worst, int | float) or not math.isfinite(worst):
         raise ConfigError(f"verifier {name!r} has worst_score={worst!r}; it must be a finite number.")
     return float(worst)
-
-
-def _load_custom(spec: str) -> Verifier:
-    target, _, attr = spec.rpartition(":")
-    if target.endswith(".py"):
-        path = Path(target).expanduser().resolve()
-        if not path.is_file():
-            raise ConfigError(f"custom verifier {spec!r}: {path} does not exist.")
-        module_spec = importlib.util.spec_from_file_location(f"mindrl_custom_verifier_{path.stem}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as err:  # the user's module: anything it raises while loading is its mistake
-            raise ConfigError(f"custom verifier {spec!r}: {path} fails to load ({type(err).__name__}: "
-                              f"{err}).") from None
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as err:  # ImportError, or whatever the module raises while it loads
-            raise ConfigError(f"custom verifier {spec!r}: cannot import {target!r} ({type(err).__name__}: "
-                              f"{err}).") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"custom verifier {spec!r}: {target} has no function {attr!r}.")
-    _check_signature(spec, attr, fn)
-    return fn
 
 
 def _check_signature(spec: str, name: str, fn: Verifier) -> None:
