@@ -11,7 +11,7 @@ ended. The n samples of a prompt are contiguous: sample j of prompt i is at inde
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,10 +35,38 @@ class RolloutResult:
     #: the engine fed was routed to, [len(prompt) + len(response) − 1, layers, top-k]; the last response token is
     #: never fed
     routes: list[torch.Tensor] | None = None
+    #: a multi-turn rollout's (mindrl/rollout/agent_loop.py): per response, 1 where the model sampled the token and 0
+    #: where a tool turn put it (its log-prob is then 0.0); None: every token is the model's
+    response_masks: list[list[int]] | None = None
+    #: a multi-turn rollout's per-sample record: model turns, tool calls run, and each call's status
+    tool_stats: list[ToolStats] | None = None
 
     def __post_init__(self) -> None:
         if not len(self.responses) == len(self.log_probs) == len(self.finish_reasons):
             raise ValueError("a rollout result needs one log-prob list and one finish reason per response.")
+
+    @classmethod
+    def joined(cls, parts: Sequence[RolloutResult]) -> RolloutResult:
+        """The parts' samples in order, as one result."""
+        def every(field: str) -> list | None:
+            values = [getattr(part, field) for part in parts]
+            return None if not values or any(v is None for v in values) else [x for v in values for x in v]
+
+        return cls(every("responses") or [], every("log_probs") or [], every("finish_reasons") or [],
+                   every("routes"), every("response_masks"), every("tool_stats"))
+
+
+@dataclass(frozen=True)
+class ToolStats:
+    """One multi-turn sample: how many turns the model took, and the status of each tool call it made
+    (mindrl.tools.ToolResult.status: ok, error, timeout, killed)."""
+
+    turns: int
+    statuses: tuple[str, ...] = ()
+
+    @property
+    def calls(self) -> int:
+        return len(self.statuses)
 
 
 class RolloutEngine(ABC):
@@ -51,8 +79,10 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
-                 images: list[PromptImages | None] | None = None) -> RolloutResult:
-        """`n` samples for each prompt (token ids), at most `sampling.max_tokens` new tokens each. A
+                 images: list[PromptImages | None] | None = None,
+                 max_tokens: Sequence[int] | None = None) -> RolloutResult:
+        """`n` samples for each prompt (token ids), at most `sampling.max_tokens` new tokens each (or, given
+        `max_tokens`, that many for each prompt: a multi-turn rollout's samples have different budgets left). A
         vision-language model's prompts come with their images (one entry per prompt), each image's
         placeholder already expanded to its grid in the token ids."""
 

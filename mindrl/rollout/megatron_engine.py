@@ -135,10 +135,14 @@ class MegatronEngine(RolloutEngine):
         self.lockstep = ExpertLockstep(self.device)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
-                 images: list[PromptImages | None] | None = None) -> RolloutResult:
+                 images: list[PromptImages | None] | None = None,
+                 max_tokens: Sequence[int] | None = None) -> RolloutResult:
         """Collective over the model-parallel group; the same result on every rank of it."""
         self._check_request(prompts, n, images)
         images = images or [None] * len(prompts)
+        caps = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
+        if len(caps) != len(prompts) or min(caps, default=1) < 1:
+            raise ValueError(f"max_tokens needs a positive budget for each of the {len(prompts)} prompts, got {caps}.")
         result = RolloutResult([], [], [])
         # Sample i * n + j draws with its own generator seeded seed + i * n + j (the vLLM backend's
         # per-request seeds), so it does not depend on how the rows are batched.
@@ -150,7 +154,7 @@ class MegatronEngine(RolloutEngine):
                 routes_recorded(self.model, self.recording):
             for start in range(0, len(prompts), per_wave):
                 wave = self._wave(prompts[start:start + per_wave], sampling, n, seed + start * n,
-                                  images[start:start + per_wave])
+                                  images[start:start + per_wave], caps[start:start + per_wave])
                 result.responses += wave.responses
                 result.log_probs += wave.log_probs
                 result.finish_reasons += wave.finish_reasons
@@ -192,13 +196,13 @@ class MegatronEngine(RolloutEngine):
                                  f"[0, {self.vocab_size}).")
 
     def _wave(self, prompts: list[list[int]], sampling: SamplingConfig, n: int, seed: int,
-              images: list[PromptImages | None]) -> RolloutResult:
+              images: list[PromptImages | None], caps: list[int]) -> RolloutResult:
         """`prompts` × n rows as one batch, left-padded to the longest prompt; row r draws with a
         generator seeded `seed + r`."""
         device, count = self.device, len(prompts) * n
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         width = int(lengths.max())
-        budgets = (self.max_model_len - lengths).clamp(max=sampling.max_tokens).repeat_interleave(n)
+        budgets = torch.minimum(self.max_model_len - lengths, torch.tensor(caps, device=device)).repeat_interleave(n)
         longest = int(budgets.max())
         tokens = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
         pads = (width - lengths).unsqueeze(1)

@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -203,18 +203,20 @@ class VllmEngine(RolloutEngine):
                                   f"the data holds {len(prompt)}; preprocess the data with this model's image sizing.")
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
-                 images: list[PromptImages | None] | None = None) -> RolloutResult:
+                 images: list[PromptImages | None] | None = None,
+                 max_tokens: Sequence[int] | None = None) -> RolloutResult:
         from vllm import SamplingParams
 
         self._check_usable()
-        _check_prompts(prompts, sampling, self.cfg.max_model_len)
+        caps = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
+        _check_prompts(prompts, caps, self.cfg.max_model_len)
         per_prompt = self._requests(prompts, images)
         requests, params = [], []
         for i in range(len(prompts)):
             for j in range(n):  # one request per sample: a per-request seed must differ between samples
                 requests.append(per_prompt[i])
                 params.append(SamplingParams(
-                    n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                    n=1, max_tokens=caps[i], temperature=sampling.temperature, top_p=sampling.top_p,
                     top_k=sampling.top_k, min_p=sampling.min_p, logprobs=sampling.logprobs,
                     detokenize=False, stop_token_ids=self.eos_token_ids,
                     seed=None if sampling.seed is None else sampling.seed + i * n + j))
@@ -320,10 +322,14 @@ def _default_group_kept() -> Iterator[None]:
         dist.destroy_process_group = destroy
 
 
-def _check_prompts(prompts: list[list[int]], sampling: SamplingConfig, max_model_len: int) -> None:
-    for i, prompt in enumerate(prompts):
+def _check_prompts(prompts: list[list[int]], max_tokens: list[int], max_model_len: int) -> None:
+    if len(max_tokens) != len(prompts):
+        raise ValueError(f"{len(max_tokens)} max_tokens for {len(prompts)} prompts; give one per prompt.")
+    for i, (prompt, cap) in enumerate(zip(prompts, max_tokens, strict=True)):
         if not prompt:
             raise ValueError(f"prompt {i} is empty; every prompt needs at least one token.")
-        if len(prompt) + sampling.max_tokens > max_model_len:
-            raise ValueError(f"prompt {i} has {len(prompt)} tokens, which with max_tokens={sampling.max_tokens} "
+        if cap < 1:
+            raise ValueError(f"prompt {i} may have {cap} new tokens; a request needs at least one.")
+        if len(prompt) + cap > max_model_len:
+            raise ValueError(f"prompt {i} has {len(prompt)} tokens, which with max_tokens={cap} "
                              f"exceeds max_model_len={max_model_len}; shorten it or raise max_model_len.")
