@@ -5,6 +5,11 @@ prefix + system block (the sample's system text, else the template's default, om
 when both are empty) + user block. Slots are literal strings with `{{content}}`, or
 one-element lists naming a special token of the tokenizer (`["bos_token"]`). The name
 `tokenizer` uses the tokenizer's chat template (`apply_chat_template`) instead.
+
+A multi-turn rollout also needs the template's tool turn (`format_observation`, MindSpeed-RL's key) and
+what the template writes after the assistant's end of turn (`format_assistant`'s text after its stop
+word, "\n" in ChatML): a loop that leaves that newline out trains on sequences the chat format never
+produces, and the gap grows by one token a turn (verl PR 6921).
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ class Template:
     prefix: tuple[Any, ...] = ()
     default_system: str = ""
     stop_words: tuple[str, ...] = ()
+    #: format_observation: a tool turn, from the end of the model's turn to the start of its next one
+    observation: tuple[Any, ...] = ()
+    #: format_assistant: the model's turn as the template writes it
+    assistant: tuple[Any, ...] = ()
 
     def render(self, prompt: str, system: str | None = None, tokenizer: Any = None) -> str:
         text = _slots(self.prefix, "", tokenizer)
@@ -36,6 +45,23 @@ class Template:
         if system_text and self.system:
             text += _slots(self.system, system_text, tokenizer)
         return text + _slots(self.user, prompt, tokenizer)
+
+    def tool_turn(self, tokenizer: Any = None) -> tuple[str, str, str]:
+        """(after the model's end of turn, the tool turn before its content, after it), as text."""
+        if not self.observation:
+            raise ConfigError(f"template {self.name!r} has no tool turn (format_observation), so a multi-turn "
+                              f"rollout cannot hand tool results back; use a template with one (qwen, chatml, "
+                              f"qwen_retool) or add format_observation to it.")
+        opening, marker, closing = _slots(self.observation, "\0", tokenizer).partition("\0")
+        if not marker:
+            raise ConfigError(f"template {self.name!r}'s format_observation has no {{{{content}}}} slot for the tool "
+                              f"result.")
+        after = _slots(self.assistant, "\0", tokenizer).partition("\0")[2] if self.assistant else ""
+        for word in self.stop_words:
+            if after.startswith(word):
+                after = after[len(word):]
+                break
+        return after, opening, closing
 
 
 def _slots(slots: tuple[Any, ...], content: str, tokenizer: Any) -> str:
@@ -72,6 +98,8 @@ def load_templates(path: str | Path | None = None) -> dict[str, Template]:
             default_system="".join(entry["default_system"]) if isinstance(entry.get("default_system"), list)
             else entry.get("default_system", ""),
             stop_words=tuple(entry.get("stop_words", ())),
+            observation=tuple(entry.get("format_observation", {}).get("slots", ())),
+            assistant=tuple(entry.get("format_assistant", {}).get("slots", ())),
         )
     return templates
 
@@ -82,6 +110,10 @@ class ChatTemplate:
     name = TOKENIZER_TEMPLATE
     #: the tokenizer's chat template names no end of turn apart from its eos
     stop_words: tuple[str, ...] = ()
+
+    def tool_turn(self, tokenizer: Any = None) -> tuple[str, str, str]:
+        raise ConfigError("prompt_type: tokenizer names no tool turn mindrl can add token by token; preprocess the "
+                          "data with a template that has format_observation (qwen, chatml, qwen_retool).")
 
     def render(self, prompt: str, system: str | None = None, tokenizer: Any = None) -> str:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):

@@ -198,6 +198,42 @@ class GenerateConfig:
         return self.offload_train_param or self.offload_train_grad or self.offload_train_optimizer
 
 
+TRUNCATE_SIDES = ("left", "right", "middle")
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """The agent loop's limits (rl_config's multi-turn keys, MindSpeed-RL's names; docs/multi_turn.md)."""
+
+    #: a trajectory stops asking for tools after this many calls (its next call ends it)
+    max_tool_calls: int
+    #: calls run from one model turn; the rest of that turn's calls get a tool response saying so
+    max_parallel_calls: int
+    #: tokens of the whole response, model and tool turns together
+    max_total_response_length: int
+    #: characters of one tool result the model sees; 0: the whole result
+    max_tool_response_length: int
+    #: which part of an over-long result goes: left keeps the head, right the tail, middle half of each
+    tool_response_truncate_side: str
+    tool_parser_format: str
+    #: the tools (configs/tools/*.yaml); None: the built-in python and calculator tools
+    tool_config_path: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("max_tool_calls", "max_parallel_calls", "max_total_response_length"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"rl_config.{key} must be a positive integer with multi_turn_enable, got "
+                                  f"{value!r}.")
+        if isinstance(self.max_tool_response_length, bool) or not isinstance(self.max_tool_response_length, int) \
+                or self.max_tool_response_length < 0:
+            raise ConfigError(f"rl_config.max_tool_response_length must be an integer >= 0 (0: no cut), got "
+                              f"{self.max_tool_response_length!r}.")
+        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ConfigError(f"rl_config.tool_response_truncate_side must be one of {', '.join(TRUNCATE_SIDES)}, "
+                              f"got {self.tool_response_truncate_side!r}.")
+
+
 def _is_off(value: Any) -> bool:
     """MindSpeed-RL files carry these keys at their defaults: null, false, 0 / 1 sizes, "./" paths.
     `true == 1` in Python, so booleans are told apart from sizes here."""

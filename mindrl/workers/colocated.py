@@ -13,7 +13,9 @@ One `generate` call, on every actor rank, in the order that keeps the peak lowes
 4. wake the engine's KV cache, now that the training state is off the device,
 5. generate: each engine takes its share of the prompts (rollout data parallelism: world size /
    infer_tensor_parallel_size vLLM engines, or the actor's data-parallel replicas for the
-   Megatron-native engine), and the shares are gathered so every rank returns the whole result,
+   Megatron-native engine), and the shares are gathered so every rank returns the whole result; with
+   multi-turn rollouts an agent loop drives each engine, and a turn's tools run once per engine, on its
+   first rank, which hands the results to the others (they must feed the engine the same ids),
 6. release the engine's memory and bring the training state back, bit for bit.
 """
 
@@ -22,12 +24,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from mindrl.data.images import PromptImages
+from mindrl.rollout.agent_loop import AgentLoop, AgentSpec, ToolTurns, run_here
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.rollout.engines import make_engine, resolve_backend
@@ -35,6 +39,7 @@ from mindrl.rollout.weight_sync import SyncStats, WeightSyncError, sync_weights
 from mindrl.workers.megatron_worker import ActorWorker, MegatronWorker
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Largest |engine − actor| log-prob on the probe sequence a checked sync accepts, by engine dtype.
 _PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.1}
@@ -42,7 +47,7 @@ _PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.
 
 class ColocatedRollout:
     def __init__(self, actor: ActorWorker, engine: RolloutEngine, cfg: GenerateConfig,
-                 beside: Sequence[MegatronWorker] = ()) -> None:
+                 beside: Sequence[MegatronWorker] = (), agent: AgentSpec | None = None) -> None:
         world = dist.get_world_size()
         if not engine.shares_actor_weights and world % cfg.infer_tensor_parallel_size:
             raise ValueError(f"infer_tensor_parallel_size={cfg.infer_tensor_parallel_size} does not divide the "
@@ -53,10 +58,32 @@ class ColocatedRollout:
         self.dtype = _DTYPES[self.cfg.dtype]
         self.synced_update: int | None = None  # the actor's update count the engine's weights come from
         self.last_sync: SyncStats | None = None
+        self.agent = None if agent is None else self._agent_loop(agent)
+
+    def _agent_loop(self, spec: AgentSpec) -> AgentLoop:
+        """The loop around this rank's engine; the ranks of one engine share a gloo group through which the
+        first of them hands the others each turn's tool results (collective: every rank builds one)."""
+        from mindrl.data.tokenizer import load_tokenizer
+        from mindrl.tools import load_toolbox
+
+        group, _ = self._rollout_group()
+        members: list[int | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(members, group)
+        share, mine = run_here, [rank for rank, g in enumerate(members) if g == group]
+        for g in dict.fromkeys(members):  # every rank creates every group, in the same order
+            ranks = [rank for rank, other in enumerate(members) if other == g]
+            handle = dist.new_group(ranks, backend="gloo") if len(ranks) > 1 else None
+            if g == group and handle is not None:
+                share = _shared_from(mine[0], handle)
+        cfg = spec.cfg
+        tools = load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
+                             cfg.tool_response_truncate_side)
+        turns = ToolTurns(load_tokenizer(spec.tokenizer_path, self.actor.arch), spec.tool_turn, cfg.tool_parser_format)
+        return AgentLoop(self.engine, tools, turns, cfg, share)
 
     @classmethod
     def build(cls, actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int],
-              beside: Sequence[MegatronWorker] = ()) -> ColocatedRollout:
+              beside: Sequence[MegatronWorker] = (), agent: AgentSpec | None = None) -> ColocatedRollout:
         """The configured engine on the actor's ranks (every actor rank calls this), driven by the actor. vLLM
         sizes its memory by what is free when it starts (and refuses to start below its share of the device), so
         the state the rollouts will offload is off the device while it starts too."""
@@ -70,7 +97,7 @@ class ColocatedRollout:
         finally:
             for worker in workers:
                 worker.onload()
-        return cls(actor, engine, cfg, beside)
+        return cls(actor, engine, cfg, beside, agent)
 
     def _rollout_group(self) -> tuple[int, int]:
         """(this rank's engine group, number of groups): the engines split the prompts between them.
@@ -106,6 +133,8 @@ class ColocatedRollout:
             result = self._generate_share(prompts, n, sampling, images)
             metrics["rollout/generate_seconds"] = time.perf_counter() - generate_start
             metrics["rollout/response_tokens"] = float(sum(len(r) for r in result.responses))
+            if self.agent is not None:
+                metrics["rollout/tool_seconds"] = self.agent.tool_seconds
             start = time.perf_counter()
             self.engine.release_memory()
         finally:
@@ -131,15 +160,13 @@ class ColocatedRollout:
         if sampling.seed is not None:  # sample r of the whole batch draws with seed + r, whichever engine has it
             sampling = dataclasses.replace(sampling, seed=sampling.seed + bounds[group] * n)
         mine = slice(bounds[group], bounds[group + 1])
-        share = self.engine.generate(prompts[mine], sampling, n, images[mine] if images else None)
+        share = (self.agent or self.engine).generate(prompts[mine], sampling, n, images[mine] if images else None)
         shares: list[tuple[int, RolloutResult] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(shares, (group, share))
         by_group: dict[int, RolloutResult] = {}
         for index, result in shares:  # every rank of a group holds the same result: keep the first
             by_group.setdefault(index, result)
-        ordered = [by_group[g] for g in range(groups)]
-        return RolloutResult([r for s in ordered for r in s.responses], [lp for s in ordered for lp in s.log_probs],
-                             [f for s in ordered for f in s.finish_reasons])
+        return RolloutResult.joined([by_group[g] for g in range(groups)])
 
     def _check(self, stats: SyncStats) -> dict[str, float]:
         """Every rank's engine got the same bytes, and scores a probe sequence like the actor does."""
@@ -164,6 +191,16 @@ class ColocatedRollout:
                 f"(e.g. {differing[:3]}), probe log-probs differ from the actor's by up to {worst.item():.3g}; "
                 f"the engine refuses to generate until the next complete sync.")
         return metrics
+
+
+def _shared_from(leader: int, group: Any) -> Callable[[Callable[[], T]], T]:
+    """Run on `leader` (a global rank), broadcast over `group` to its other ranks."""
+    def share(make: Callable[[], T]) -> T:
+        box = [make() if dist.get_rank() == leader else None]
+        dist.broadcast_object_list(box, src=leader, group=group)
+        return box[0]
+
+    return share
 
 
 def _probe_tokens(vocab: int, rows: int, length: int = 24) -> torch.Tensor:

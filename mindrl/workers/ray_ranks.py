@@ -32,6 +32,7 @@ from mindrl.models.dtypes import DTYPES
 from mindrl.models.gpt import load_stage_weights
 from mindrl.models.lora import merged_parameters
 from mindrl.platform.precision import Precision
+from mindrl.rollout.agent_loop import AgentSpec
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.workers.megatron_worker import ActorConfig, BackboneReference, MegatronWorker
@@ -120,6 +121,8 @@ class PolicySpec:
     critic: CriticSpec | None = None
     #: the reference is the actor with its LoRA adapters off (rl_config.share_backbone): no second model
     share_backbone: bool = False
+    #: rollouts call tools between turns (rl_config.multi_turn_enable)
+    agent: AgentSpec | None = None
 
 
 class RankProcess:
@@ -206,7 +209,7 @@ class PolicyRank(ActorRank, CriticHost):
         resumed = self._resume(spec)
         beside = [worker for worker in (self.reference, self.reward, self.critic)
                   if worker is not None and not isinstance(worker, BackboneReference)]
-        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, beside)
+        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, beside, spec.agent)
         return {"dp_size": self.actor.dp_size, **resumed, "precision": precision,
                 "engine_dtype": self.rollout.cfg.dtype}
 
@@ -224,6 +227,8 @@ class PolicyRank(ActorRank, CriticHost):
         return _held(self.reward, self.reward.score(batch))
 
     def close(self) -> None:
+        if self.rollout.agent is not None:
+            self.rollout.agent.tools.close()
         self.rollout.engine.close()
         destroy()
 

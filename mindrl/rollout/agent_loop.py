@@ -1,0 +1,155 @@
+"""Multi-turn rollouts: the model calls tools between turns, token in and token out.
+
+Each turn is one batched `generate` over the samples still running, so samples never wait for each
+other one by one. A turn ends at the template's end of turn; the loop reads the turn's calls from its
+text, runs them, and appends the tool turn as token ids: the template's fixed pieces each tokenized once
+on their own, and each tool result tokenized on its own (special-token text in a result stays text, so a
+tool cannot end a turn). The model's own tokens are never decoded and encoded again: re-tokenizing a
+trajectory moves BPE boundaries and the trained ids drift from the sampled ones (verl RFC 6719).
+
+A trajectory ends when a turn makes no call, when it is cut at max_tokens, when its calls would pass
+max_tool_calls, or when the next tool turn would leave the model no room in max_total_response_length;
+its last turn is always the model's, so the outcome reward lands on a model token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from mindrl.data.images import PromptImages
+from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult, ToolStats
+from mindrl.rollout.config import MultiTurnConfig, SamplingConfig
+from mindrl.rollout.tool_parser import get_parser
+from mindrl.tools import ToolBox, ToolCall, ToolResult
+
+T = TypeVar("T")
+#: turn k of a seeded rollout draws with seed + k · this, clear of the seeds its other turns' samples use
+TURN_SEED_STRIDE = 1 << 24
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What the ranks need to build an agent loop: the limits, the tokenizer, and the template's tool turn as text
+    (mindrl.data.templates.Template.tool_turn)."""
+
+    cfg: MultiTurnConfig
+    tokenizer_path: str
+    tool_turn: tuple[str, str, str]
+
+
+class ToolTurns:
+    """The tool turn as token ids, and a model turn's calls."""
+
+    def __init__(self, tokenizer: Any, tool_turn: tuple[str, str, str], parser: str) -> None:
+        self.tokenizer = tokenizer
+        after, opening, closing = tool_turn
+        self.after, self.opening, self.closing = (self._fixed(text) for text in (after, opening, closing))
+        #: between two results of one turn
+        self.join = self._fixed("\n")
+        self.parse = get_parser(parser)
+
+    def _fixed(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def ids(self, results: Sequence[ToolResult]) -> list[int]:
+        """After the model's end of turn: the tool turn holding `results`, up to the model's next turn."""
+        ids = self.after + self.opening
+        for i, result in enumerate(results):
+            if i:
+                ids = ids + self.join
+            ids = ids + self.tokenizer.encode(result.text, add_special_tokens=False, split_special_tokens=True)
+        return ids + self.closing
+
+    def calls(self, turn: Sequence[int]) -> list[ToolCall]:
+        return self.parse(self.tokenizer.decode(list(turn), skip_special_tokens=False))
+
+
+def not_run(call: ToolCall, why: str) -> ToolResult:
+    name = call.name or "the malformed call"
+    return ToolResult(f"error: {name} was not run: {why}.", "error", 0.0)
+
+
+def run_here(make: Callable[[], T]) -> T:
+    """Tools run in this process (an engine alone on its ranks); a group of ranks runs them once and shares them."""
+    return make()
+
+
+class AgentLoop:
+    """Drives one engine turn by turn; `share` runs a turn's tools once for the ranks that drive one engine
+    together (they must feed it the same ids) and hands every rank the results."""
+
+    def __init__(self, engine: RolloutEngine, tools: ToolBox, turns: ToolTurns, cfg: MultiTurnConfig,
+                 share: Callable[[Callable[[], list[ToolResult]]], list[ToolResult]] = run_here) -> None:
+        self.engine, self.tools, self.turns, self.cfg, self.share = engine, tools, turns, cfg, share
+        #: seconds the last `generate` spent running tools
+        self.tool_seconds = 0.0
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, n: int = 1,
+                 images: list[PromptImages | None] | None = None) -> RolloutResult:
+        """`n` trajectories for each prompt, the n of a prompt next to each other (as RolloutEngine.generate)."""
+        cfg, rows = self.cfg, len(prompts) * n
+        prompt_of = [row // n for row in range(rows)]
+        responses: list[list[int]] = [[] for _ in range(rows)]
+        masks: list[list[int]] = [[] for _ in range(rows)]
+        log_probs: list[list[float]] = [[] for _ in range(rows)]
+        statuses: list[list[str]] = [[] for _ in range(rows)]
+        turns, finish = [0] * rows, [STOP] * rows
+        self.tool_seconds, active = 0.0, list(range(rows))
+        first = min(sampling.max_tokens, cfg.max_total_response_length)
+        out = self.engine.generate(prompts, sampling, n, images, max_tokens=[first] * len(prompts))
+        for turn in itertools.count(1):  # each turn that goes on runs a call: at most max_tool_calls + 1 turns
+            asking: list[tuple[int, list[ToolCall]]] = []
+            for row, ids, lps, reason in zip(active, out.responses, out.log_probs, out.finish_reasons, strict=True):
+                responses[row] += ids
+                masks[row] += [1] * len(ids)
+                log_probs[row] += lps
+                turns[row] += 1
+                finish[row] = reason
+                calls = self.turns.calls(ids) if reason == STOP else []
+                if calls and len(statuses[row]) < cfg.max_tool_calls:
+                    asking.append((row, calls))
+            active = self._answer(asking, responses, masks, log_probs, statuses, finish)
+            if not active:
+                break
+            budgets = [min(sampling.max_tokens, cfg.max_total_response_length - len(responses[row]))
+                       for row in active]
+            seeded = sampling if sampling.seed is None else dataclasses.replace(
+                sampling, seed=sampling.seed + turn * TURN_SEED_STRIDE)
+            out = self.engine.generate([prompts[prompt_of[row]] + responses[row] for row in active], seeded, 1,
+                                       [images[prompt_of[row]] for row in active] if images else None,
+                                       max_tokens=budgets)
+        return RolloutResult(responses, log_probs, finish, response_masks=masks,
+                             tool_stats=[ToolStats(t, tuple(s)) for t, s in zip(turns, statuses, strict=True)])
+
+    def _answer(self, asking: list[tuple[int, list[ToolCall]]], responses: list[list[int]],
+                masks: list[list[int]], log_probs: list[list[float]], statuses: list[list[str]],
+                finish: list[str]) -> list[int]:
+        """Run the calls of every sample that asked (all at once: the pool overlaps them), append each sample's
+        tool turn, and return the samples that go on."""
+        cfg, plans = self.cfg, []
+        for row, calls in asking:
+            allowed = min(cfg.max_parallel_calls, cfg.max_tool_calls - len(statuses[row]))
+            plans.append((row, calls[:allowed], calls[allowed:]))
+        start = time.perf_counter()
+        results = iter(self.share(lambda: self.tools.run([call for _, run, _ in plans for call in run])))
+        self.tool_seconds += time.perf_counter() - start
+        going = []
+        for row, run, refused in plans:
+            why = (f"at most {cfg.max_parallel_calls} calls run per turn" if len(run) == cfg.max_parallel_calls
+                   else f"this answer has used its {cfg.max_tool_calls} tool calls")
+            answered = [next(results) for _ in run] + [not_run(call, why) for call in refused]
+            ids = self.turns.ids(answered)
+            if len(responses[row]) + len(ids) >= cfg.max_total_response_length:
+                finish[row] = LENGTH  # no room left for the model to read the results and answer
+                continue
+            responses[row] += ids
+            masks[row] += [0] * len(ids)
+            log_probs[row] += [0.0] * len(ids)
+            statuses[row] += [result.status for result in answered[:len(run)]]
+            going.append(row)
+        return going
