@@ -3,6 +3,10 @@
     python cli/evaluate.py --load runs/grpo_tiny_cpu/ckpt --data data/synthetic_math \\
         --tokenizer data/tiny_tokenizer [--n-samples 8 --temperature 1.0 --k 4 8] [--output gen.parquet]
 
+With `--multi-turn` each answer may call tools between turns (the trainer's agent loop and tools:
+`--tool-config`, `--max-tool-calls`, `--max-total-response-length`); the summary adds the share of answers
+that called a tool and the turns per answer.
+
 `--load` is a Megatron checkpoint (converted, SFT or GRPO; its latest iteration) or an HF model
 folder. Greedy by default, exactly as the trainer's validation. Prints one JSON line: pass@1
 (and each pass@k), mean score and response length, overall and per data_source. What the engines and
@@ -47,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
                              "records)")
     parser.add_argument("--prompt-type-path", default=None, help="templates file for --prompt-type (default: "
                                                                  "configs/model/templates.json)")
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="answers may call tools between turns (the data's template needs a tool turn)")
+    parser.add_argument("--tool-config", default=None,
+                        help="tools YAML (default: the built-in python and calculator tools)")
+    parser.add_argument("--max-tool-calls", type=int, default=8, help="tool calls per answer (default 8)")
+    parser.add_argument("--max-total-response-length", type=int, default=None,
+                        help="tokens of a whole multi-turn answer (default: --max-model-len minus the longest prompt)")
     parser.add_argument("--log", default="runs/evaluate.log",
                         help="where the engines' and libraries' own output goes (appended; default %(default)s)")
     args = parser.parse_args(argv)
@@ -59,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                          verifiers=args.verifiers, weights=weights, ks=args.k, backend=args.backend,
                          dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                          output=args.output, prompt_type=args.prompt_type,
-                         prompt_type_path=args.prompt_type_path)
+                         prompt_type_path=args.prompt_type_path, multi_turn=args.multi_turn,
+                         tool_config=args.tool_config, max_tool_calls=args.max_tool_calls,
+                         max_total_response_length=args.max_total_response_length)
         with run_log(args.log):
             summary = evaluate(cfg)
     except ConfigError as err:

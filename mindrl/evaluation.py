@@ -57,6 +57,12 @@ class EvalConfig:
     prompt_type: str | None = None
     #: the templates file prompt_type is looked up in (None: configs/model/templates.json)
     prompt_type_path: str | None = None
+    #: answers may call tools between turns (the trainer's agent loop, rl_config's multi-turn keys)
+    multi_turn: bool = False
+    tool_config: str | None = None
+    max_tool_calls: int = 8
+    #: None: what max_model_len leaves after the longest prompt
+    max_total_response_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
@@ -122,7 +128,7 @@ def megatron_checkpoint(load: str, workdir: Path) -> str:
 
 
 def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[list[int]],
-                   eos_token_ids: tuple[int, ...], images: list | None = None) -> Any:
+                   eos_token_ids: tuple[int, ...], images: list | None = None, agent: Any = None) -> Any:
     from mindrl.checkpoint import megatron as mg
     from mindrl.workers.colocated import ColocatedRollout
     from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
@@ -130,10 +136,12 @@ def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[li
     args = mg.load_args(checkpoint)
     gen = cfg.generate_config()
     actor = ActorWorker(mg.arch_of(args, checkpoint), mg.parallel_of(args), ActorConfig(seed=cfg.seed), checkpoint)
-    rollout = ColocatedRollout.build(actor, gen, eos_token_ids)
+    rollout = ColocatedRollout.build(actor, gen, eos_token_ids, agent=agent)
     try:
         result, _ = rollout.generate(prompts, cfg.n_samples, gen.sampling_config, images)
     finally:
+        if rollout.agent is not None:
+            rollout.agent.tools.close()
         rollout.engine.close()
     return result if rank == 0 else None
 
@@ -142,7 +150,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Generate, score and summarise; writes the generations to `cfg.output` if set. Returns the summary."""
     from mindrl.checkpoint import megatron as mg
     from mindrl.config.reward import RewardConfig
-    from mindrl.data.stops import response_text, run_stop_words, stop_token_ids
+    from mindrl.data.stops import response_text, run_stop_words, stop_token_ids, trajectory_text
     from mindrl.data.tokenizer import load_tokenizer
     from mindrl.launch import run_ranks
     from mindrl.rewards.scorer import RewardScorer
@@ -157,20 +165,25 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     if longest + cfg.max_tokens > cfg.max_model_len:
         raise ConfigError(f"the longest prompt ({longest} tokens) plus --max-tokens {cfg.max_tokens} exceeds "
                           f"--max-model-len {cfg.max_model_len}; raise it.")
+    agent = _agent(cfg, longest, tokenizer) if cfg.multi_turn else None
     with tempfile.TemporaryDirectory(prefix="mindrl-eval-") as workdir:
         checkpoint = megatron_checkpoint(cfg.load, Path(workdir))
         par = mg.parallel_of(mg.load_args(checkpoint))
         result = run_ranks(_generate_rank, par.tp * par.pp, checkpoint, cfg, [p.ids for p in prompts],
-                           stop_ids, images_of(prompts))[0]
+                           stop_ids, images_of(prompts), agent)[0]
     n = cfg.n_samples
-    texts = [response_text(tokenizer, r, stop_ids) for r in result.responses]
+    text = trajectory_text if agent else response_text
+    texts = [text(tokenizer, r, stop_ids) for r in result.responses]
     labels = [p.label for p in prompts for _ in range(n)]
+    calls = [s.calls for s in result.tool_stats] if result.tool_stats else [0] * len(texts)
+    turns = [s.turns for s in result.tool_stats] if result.tool_stats else [1] * len(texts)
     with RewardScorer(reward) as scorer:
-        scored = scorer.score(texts, labels, [len(r) for r in result.responses])
+        scored = scorer.score(texts, labels, [len(r) for r in result.responses], tool_calls=calls)
     correct = [s == 1.0 for s in scored.scores[cfg.judge]]
     rows = [{"index": i // n, "sample": i % n, "data_source": prompts[i // n].data_source, "answer": labels[i],
              "response": texts[i], "response_length": len(result.responses[i]),
              "finish_reason": result.finish_reasons[i], "score": scored.rewards[i], "correct": correct[i],
+             "tool_calls": calls[i], "turns": turns[i], "used_tool": float(calls[i] > 0),
              **{f"score/{name}": values[i] for name, values in scored.scores.items()}} for i in range(len(texts))]
     summary = summarise(rows, n, cfg.ks)
     summary.update(load=cfg.load, data=str(split_path(cfg.data, "test")), n_samples=n,
@@ -179,6 +192,28 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         write_generations(rows, cfg.output)
         summary["output"] = cfg.output
     return summary
+
+
+def _agent(cfg: EvalConfig, longest: int, tokenizer: Any) -> Any:
+    """The trainer's agent loop, with the tool turn of the template the prompts were rendered with."""
+    from mindrl.data.stops import run_template
+    from mindrl.rollout.agent_loop import AgentSpec
+    from mindrl.rollout.config import MultiTurnConfig
+    from mindrl.tools import check_sandbox, load_toolbox
+    from mindrl.trainer.prompts import split_path
+
+    total = cfg.max_total_response_length or cfg.max_model_len - longest
+    multi_turn = MultiTurnConfig(cfg.max_tool_calls, 4, total, 1024, "middle", "hermes", cfg.tool_config)
+    if longest + total > cfg.max_model_len:
+        raise ConfigError(f"the longest prompt ({longest} tokens) plus --max-total-response-length {total} exceeds "
+                          f"--max-model-len {cfg.max_model_len}; raise it.")
+    load_toolbox(cfg.tool_config, 4, 1024, "middle").close()
+    check_sandbox()
+    template = run_template(split_path(cfg.data, "test"), cfg.prompt_type, cfg.prompt_type_path)
+    if template is None:
+        raise ConfigError(f"--multi-turn needs the chat template's tool turn, but {cfg.data} records no template; "
+                          f"pass --prompt-type (e.g. qwen).")
+    return AgentSpec(multi_turn, cfg.tokenizer, template.tool_turn(tokenizer))
 
 
 def summarise(rows: list[dict], n: int, ks: list[int]) -> dict[str, Any]:
@@ -197,7 +232,8 @@ def summarise(rows: list[dict], n: int, ks: list[int]) -> dict[str, Any]:
         for k in sorted({1, *ks}):
             out[f"pass@{k}"] = sum(pass_at_k(n, sum(s["correct"] for s in p), k) for p in prompts) / len(prompts)
         samples = [s for p in prompts for s in p]
-        for key in ("score", "response_length", *(k for k in samples[0] if k.startswith("score/"))):
+        for key in ("score", "response_length", "turns", "used_tool",
+                    *(k for k in samples[0] if k.startswith("score/"))):
             out[f"{key}_mean"] = sum(s[key] for s in samples) / len(samples)
         return out
 

@@ -61,8 +61,8 @@ MINDSPEED_REASONS: dict[str, str] = {
     "hccl_buffersize": _FIXED.format("the platform sets communication buffers"),
     "runtime_env_path": _FIXED.format("workers inherit the driver's environment"),
     "num_cpus_for_placement_group": _FIXED.format("each rank gets one CPU"),
-    "async_engine": _NOT_BUILT.format("an asynchronous rollout engine"),
-    "multi_turn_enable": _NOT_BUILT.format("multi-turn tool rollouts"),
+    "async_engine": "asks for vLLM's asynchronous engine, which mindrl does not use: multi-turn rollouts batch "
+                    "each turn across the samples without it (docs/multi_turn.md)",
     "partial_rollout_max_split": _NOT_BUILT.format("partial rollouts"),
     "is_multimodal": _NOT_BUILT.format("multimodal models"),
     "use_wandb": _NOT_BUILT.format("Weights & Biases logging (TensorBoard only)"),

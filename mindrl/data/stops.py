@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mindrl.config.errors import ConfigError
-from mindrl.data.templates import get_template
+from mindrl.data.templates import ChatTemplate, Template, get_template
 
 #: the parquet schema-metadata key under which preprocessing records its template
 TEMPLATE_METADATA = b"mindrl.template"
@@ -45,18 +45,28 @@ def recorded_template(path: str | Path) -> dict[str, Any] | None:
     return json.loads(metadata[TEMPLATE_METADATA]) if TEMPLATE_METADATA in metadata else None
 
 
-def run_stop_words(data_file: str | Path, prompt_type: str | None = None,
-                   prompt_type_path: str | Path | None = None) -> tuple[str, ...]:
-    """The stop words of the template the data was rendered with: `prompt_type`'s if given (it must agree with
-    the one the data records), else the recorded one's; none for data that records none."""
+def run_template(data_file: str | Path, prompt_type: str | None = None,
+                 prompt_type_path: str | Path | None = None) -> Template | ChatTemplate | None:
+    """The template the data was rendered with: `prompt_type`'s if given (it must agree with the one the data
+    records), else the recorded one; None for data that records none."""
     recorded = recorded_template(data_file)
     if prompt_type is None:
-        return tuple(recorded["stop_words"]) if recorded else ()
+        return get_template(recorded["prompt_type"]) if recorded else None
     if recorded and recorded["prompt_type"] != prompt_type:
         raise ConfigError(f"prompt_type={prompt_type!r} but {data_file} was preprocessed with template "
                           f"{recorded['prompt_type']!r}; remove prompt_type (the data's template is read from it) or "
                           f"preprocess the data with {prompt_type!r}.")
-    return get_template(prompt_type, prompt_type_path).stop_words
+    return get_template(prompt_type, prompt_type_path)
+
+
+def run_stop_words(data_file: str | Path, prompt_type: str | None = None,
+                   prompt_type_path: str | Path | None = None) -> tuple[str, ...]:
+    """The stop words of the template the data was rendered with (the recorded ones where the data records
+    them); none for data that records none."""
+    recorded = recorded_template(data_file)
+    if prompt_type is None:
+        return tuple(recorded["stop_words"]) if recorded else ()
+    return run_template(data_file, prompt_type, prompt_type_path).stop_words
 
 
 def stop_token_ids(tokenizer: Any, stop_words: Sequence[str] = ()) -> tuple[int, ...]:
@@ -89,5 +99,14 @@ def response_text(tokenizer: Any, response: Sequence[int], stop_ids: Sequence[in
     stops = set(stop_ids)
     end = next((i + 1 for i, token in enumerate(response) if token in stops), len(response))
     if end and response[end - 1] in stops and response[end - 1] in set(tokenizer.all_special_ids):
+        end -= 1
+    return tokenizer.decode(list(response[:end]), skip_special_tokens=False)
+
+
+def trajectory_text(tokenizer: Any, response: Sequence[int], stop_ids: Sequence[int]) -> str:
+    """A multi-turn response as the scorer reads it: every turn, the model's and the tools', so a verifier can
+    grade the final answer and see how it was reached; the last stop token is left out as `response_text` does."""
+    end = len(response)
+    if end and response[-1] in set(stop_ids) and response[-1] in set(tokenizer.all_special_ids):
         end -= 1
     return tokenizer.decode(list(response[:end]), skip_special_tokens=False)

@@ -205,6 +205,37 @@ def check_lengths(cfg: TrainerConfig) -> None:
                           f"max_tokens={max_tokens} when overlong_buffer_enable is true; make them equal.")
 
 
+def check_multi_turn(cfg: TrainerConfig) -> None:
+    """The agent loop's limits against the engine's room, what it cannot be combined with, and its tools: loaded
+    (a custom tool's signature checked) and the sandbox started once, here rather than in the first rollout."""
+    rl, gen = cfg.rl_config, cfg.generate_config
+    multi_turn = rl.multi_turn(gen.max_model_len)
+    if multi_turn is None:
+        return
+    total, max_tokens = multi_turn.max_total_response_length, gen.sampling_config.max_tokens
+    if total < max_tokens:
+        raise ConfigError(f"rl_config.max_total_response_length={total} is below sampling_config.max_tokens="
+                          f"{max_tokens}, the budget of one turn; raise it to at least {max_tokens}.")
+    if rl.max_prompt_length + total > gen.max_model_len:
+        raise ConfigError(f"max_prompt_length + max_total_response_length = {rl.max_prompt_length} + {total} exceeds "
+                          f"generate_config.max_model_len={gen.max_model_len}; lower max_total_response_length or "
+                          f"raise max_model_len.")
+    if gen.rollout_routing_replay:
+        raise ConfigError("generate_config.rollout_routing_replay records the engine's routes per turn, which a "
+                          "multi-turn response (model and tool turns) does not replay yet; turn one of them off.")
+    if rl.reward.overlong_buffer_enable:
+        raise ConfigError("rl_config.overlong_buffer_enable penalises responses near max_tokens, one turn's budget, "
+                          "but a multi-turn response runs to max_total_response_length and counts the tools' tokens; "
+                          "turn the overlong penalty off.")
+    from mindrl.rollout.tool_parser import get_parser
+    from mindrl.tools import check_sandbox, load_toolbox
+
+    get_parser(multi_turn.tool_parser_format)
+    load_toolbox(multi_turn.tool_config_path, multi_turn.max_parallel_calls, multi_turn.max_tool_response_length,
+                 multi_turn.tool_response_truncate_side).close()
+    check_sandbox()
+
+
 def check_rewards(cfg: TrainerConfig) -> None:
     rl = cfg.rl_config
     if rl.rule_reward:
@@ -258,6 +289,10 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
         off(("kl_target", "kl_horizon"), "without use_kl_in_reward: true (the adaptive KL penalty in the reward)")
     if not rl.uses_reference:
         off(("share_backbone",), "with init_kl_coef: 0 (no reference runs)")
+    if not rl.multi_turn_enable:
+        off(("tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
+             "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format"),
+            "without multi_turn_enable: true (docs/multi_turn.md)")
     if cfg.reward_config is None:
         off(("reward_model_normalize", "reward_model_weight"), "without a reward model (rl_config.reward_resource "
                                                                "or colocate_all_models with reward_config)")

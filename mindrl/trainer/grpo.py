@@ -24,13 +24,14 @@ from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
 from mindrl.config import ConfigError, ModelArch
 from mindrl.console import say
 from mindrl.data.images import check_image_tokens
-from mindrl.data.stops import response_text, run_stop_words, stop_token_ids
+from mindrl.data.stops import response_text, run_stop_words, run_template, stop_token_ids, trajectory_text
 from mindrl.rewards.scorer import ScoreResult
-from mindrl.rollout.config import SamplingConfig
+from mindrl.rollout.agent_loop import AgentSpec
+from mindrl.rollout.config import MultiTurnConfig, SamplingConfig
 from mindrl.trainer.config import check_resources
 from mindrl.trainer.experience import rollout_batch
 from mindrl.trainer.export import export_hf
-from mindrl.trainer.grpo_config import TrainerConfig
+from mindrl.trainer.grpo_config import TrainerConfig, max_response_length
 from mindrl.trainer.metrics import (
     METRICS_FILE,
     RESHARDING_PHASES,
@@ -38,6 +39,7 @@ from mindrl.trainer.metrics import (
     StepTimer,
     actor_metrics,
     add_round,
+    multi_turn_metrics,
     rollout_metrics,
     throughput_metrics,
 )
@@ -116,6 +118,8 @@ class GRPOTrainer:
         #: where a response ends: the tokenizer's eos and the end of turn of the data's template
         self.stop_ids = stop_token_ids(self.tokenizer, run_stop_words(train_path, actor.prompt_type,
                                                                       actor.prompt_type_path))
+        self.agent = agent_spec(rl.multi_turn(cfg.generate_config.max_model_len), train_path, actor, self.tokenizer)
+        self.max_response = max_response_length(rl, cfg.generate_config)
         train_prompts = read_prompts(train_path)
         check_prompt_images(train_prompts, actor.arch, self.tokenizer, train_path)
         self.loader = PromptLoader(train_prompts, actor.global_batch_size, actor.seed, shuffle=not actor.no_shuffle)
@@ -142,7 +146,8 @@ class GRPOTrainer:
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
             resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
             resume_bf16=self.start.bf16, load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng,
-            reward=reward_spec(cfg) if self.reward_colocated else None, share_backbone=rl.share_backbone)
+            reward=reward_spec(cfg) if self.reward_colocated else None, share_backbone=rl.share_backbone,
+            agent=self.agent)
 
     def setup(self) -> None:
         from mindrl.trainer.cluster import connect_when_ready
@@ -240,6 +245,7 @@ class GRPOTrainer:
         with timer("all"):
             exp = self.experience(step, timer)
             batch = exp.batch
+            exp.metrics.update(multi_turn_metrics(batch))
             found = first_nonfinite({"the rewards": exp.scores, "the reference log-probs": batch.get("ref_log_probs"),
                                      "the old log-probs": batch.get("old_log_probs")})
             if found is None:
@@ -260,7 +266,7 @@ class GRPOTrainer:
         metrics = {**exp.metrics, **timer.metrics(), **updated, **self.skipped.record(step, found)}
         metrics["old_log_p/from_update"] = float("old_log_probs" not in batch)
         metrics["prompt_length/mean"] = batch["prompt_lengths"].double().mean().item()
-        metrics.update(rollout_metrics(batch["response_lengths"], self.sampling.max_tokens, exp.scores,
+        metrics.update(rollout_metrics(batch["response_lengths"], self.max_response, exp.scores,
                                        exp.verifier_scores))
         metrics.update(throughput_metrics(batch["prompt_lengths"], batch["response_lengths"],
                                           self.cfg.devices_held(), self.group.world_size, timer.seconds))
@@ -298,7 +304,7 @@ class GRPOTrainer:
             add_round(metrics, generated)
             batch = rollout_batch(ids, result, self.n, self.pad_id, images)
             labels = [p.label for p in prompts for _ in range(self.n)]
-            pending = self.rewards.submit(self.texts(result.responses), labels, batch)
+            pending = self.rewards.submit(self.texts(result.responses), labels, batch, calls_of(batch))
             if accumulator is None:
                 break
             rounds.append(self.rewards.collect(pending, timer))
@@ -342,7 +348,9 @@ class GRPOTrainer:
             timer.seconds["reference_model"] = time.perf_counter() - start
 
     def texts(self, responses: list[list[int]]) -> list[str]:
-        return [response_text(self.tokenizer, r, self.stop_ids) for r in responses]
+        """What the verifiers read: the response up to its end of turn, or a multi-turn response's every turn."""
+        text = trajectory_text if self.agent else response_text
+        return [text(self.tokenizer, r, self.stop_ids) for r in responses]
 
     @property
     def pad_id(self) -> int:
@@ -355,11 +363,13 @@ class GRPOTrainer:
         greedy = SamplingConfig(max_tokens=self.sampling.max_tokens, top_k=1, logprobs=0, seed=0)
         prompts, images = [p.ids for p in self.test_prompts], images_of(self.test_prompts)
         result, _ = self.group.call("generate", prompts, 1, greedy, images, phase="validation")[0]
-        pending = self.rewards.submit(self.texts(result.responses), [p.label for p in self.test_prompts],
-                                      rollout_batch(prompts, result, 1, self.pad_id, images))
+        batch = rollout_batch(prompts, result, 1, self.pad_id, images)
+        pending = self.rewards.submit(self.texts(result.responses), [p.label for p in self.test_prompts], batch,
+                                      calls_of(batch))
         scored = self.rewards.collect(pending, training=False)
-        summary = rollout_metrics([len(r) for r in result.responses], self.sampling.max_tokens, scored.rewards,
+        summary = rollout_metrics([len(r) for r in result.responses], self.max_response, scored.rewards,
                                   scored.scores)
+        summary.update(multi_turn_metrics(batch))
         return {f"validation/{key}": value for key, value in summary.items()}
 
     def save(self, step: int) -> None:
@@ -382,9 +392,27 @@ class GRPOTrainer:
         return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)
 
 
+def agent_spec(multi_turn: MultiTurnConfig | None, train_path: Path, actor: Any,
+               tokenizer: Any) -> AgentSpec | None:
+    """The agent loop the ranks build, with the tool turn of the template the data was rendered with."""
+    if multi_turn is None:
+        return None
+    template = run_template(train_path, actor.prompt_type, actor.prompt_type_path)
+    if template is None:
+        raise ConfigError(f"multi_turn_enable needs the chat template's tool turn, but {train_path} records no "
+                          f"template and prompt_type is unset; set megatron_training.prompt_type to the template the "
+                          f"data was rendered with (e.g. qwen).")
+    return AgentSpec(multi_turn, actor.tokenizer_name_or_path, template.tool_turn(tokenizer))
+
+
 def update_nonfinite(metrics: dict[str, float]) -> NonFinite | None:
     """What an update found non-finite (PPO's critic updates before the actor), from its renamed metrics."""
     return skipped_update(metrics, "critic") or skipped_update(metrics, "actor")
+
+
+def calls_of(batch: dict[str, torch.Tensor]) -> list[int] | None:
+    """Each row's tool calls, for the verifiers that grade them; None for a single-turn batch."""
+    return batch["tool_calls"].tolist() if "tool_calls" in batch else None
 
 
 def rows_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

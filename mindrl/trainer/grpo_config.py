@@ -160,12 +160,18 @@ class TrainerConfig:
         if reward is not None:
             reward = reward_model_role(reward, role["actor_config"])
         gen = GenerateConfig.from_dict(data.get("generate_config") or {}, keys)
-        loss = rl.loss_config(gen.sampling_config.max_tokens)
+        loss = rl.loss_config(max_response_length(rl, gen))
         critic = role.get("critic_config")
         if critic is not None:
             critic = replace(critic, arch=replace(critic.arch, num_labels=1))
         return cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss, critic,
                    frozenset(k for k in data if data[k] is not None), tuple(notices))
+
+
+def max_response_length(rl: RLConfig, gen: GenerateConfig) -> int:
+    """The longest response a rollout gives: one turn's max_tokens, or a multi-turn trajectory's whole budget."""
+    multi_turn = rl.multi_turn(gen.max_model_len)
+    return multi_turn.max_total_response_length if multi_turn else gen.sampling_config.max_tokens
 
 
 def _integrated_reference_notices(own: Mapping[str, Any], ref: MegatronConfig, actor: MegatronConfig) -> list[str]:

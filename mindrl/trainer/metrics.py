@@ -164,6 +164,24 @@ def rollout_metrics(response_lengths: torch.Tensor | Sequence[int], max_response
     return metrics
 
 
+#: the batch's per-row multi-turn counts (mindrl.trainer.experience.tool_stats_batch)
+TOOL_STATS = ("turns", "tool_calls", "tool_errors", "tool_stopped")
+
+
+def multi_turn_metrics(batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Turns and tool calls of a multi-turn batch, taking its count rows out of it (the workers never need them);
+    nothing for a single-turn batch."""
+    if "turns" not in batch:
+        return {}
+    turns, calls, errors, stopped = (batch.pop(key).double() for key in TOOL_STATS)
+    total = calls.sum().item()
+    return {"multi_turn/turns_mean": turns.mean().item(), "multi_turn/tool_calls_mean": calls.mean().item(),
+            "multi_turn/tool_call_share": (calls > 0).double().mean().item(),
+            "multi_turn/call_error_share": errors.sum().item() / total if total else 0.0,
+            "multi_turn/call_stopped_share": stopped.sum().item() / total if total else 0.0,
+            "response_length/model_tokens_mean": batch["loss_mask"].sum(-1).double().mean().item()}
+
+
 def actor_metrics(update: Mapping[str, float]) -> dict[str, float]:
     """The actor's update metrics renamed to MindSpeed-RL's; unknown ones go under actor/, except
     those already named in their own group (the engine gap the update measures, rollout_is/...)."""

@@ -77,7 +77,7 @@ class PPOTrainer(GRPOTrainer):
         critic = cfg.critic_config
         resume = str(Path(start.resume) / CRITIC_DIR) if start.resume else None
         return CriticSpec(critic.arch, critic.parallel, cfg.critic_update_config(),
-                          cfg.rl_config.value_loss_config(self.sampling.max_tokens), critic.bf16, self.critic_weights,
+                          cfg.rl_config.value_loss_config(self.max_response), critic.bf16, self.critic_weights,
                           resume, start.iteration if resume else None, start.bf16,
                           load_optim=not critic.no_load_optim, load_rng=not critic.no_load_rng)
 

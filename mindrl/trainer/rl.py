@@ -24,6 +24,7 @@ from mindrl.config.keys import Keys, normalise
 from mindrl.config.resources import RoleResource
 from mindrl.config.reward import RewardConfig
 from mindrl.config.values import check_types, positive
+from mindrl.rollout.config import MultiTurnConfig
 from mindrl.trainer.reward_model import NORMALISATIONS
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
@@ -107,6 +108,16 @@ class RLConfig:
     #: seconds one phase of a step (rollout with its weight sync, scoring, a log-prob pass, an update, a save) may
     #: take before the driver names the ranks that have not answered and stops the run; 0: no limit
     phase_timeout: float = 3600.0
+    #: rollouts are trajectories: the model calls tools between turns (docs/multi_turn.md)
+    multi_turn_enable: bool = False
+    tool_config_path: str | None = None
+    max_tool_calls: int = 8
+    max_parallel_calls: int = 4
+    #: null: what the engine leaves after the longest prompt (generate_config.max_model_len − max_prompt_length)
+    max_total_response_length: int | None = None
+    max_tool_response_length: int = 1024
+    tool_response_truncate_side: str = "middle"
+    tool_parser_format: str = "hermes"
     #: LoRA: the reference is the actor with its adapters off (no second model; needs actor_config.lora_target_modules)
     share_backbone: bool = False
     #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
@@ -191,6 +202,16 @@ class RLConfig:
         if self.num_cpus_for_local_task <= 0:
             raise ConfigError(f"rl_config.num_cpus_for_local_task must be positive, got "
                               f"{self.num_cpus_for_local_task}.")
+
+    def multi_turn(self, max_model_len: int) -> MultiTurnConfig | None:
+        """The agent loop's limits, None for single-turn rollouts."""
+        if not self.multi_turn_enable:
+            return None
+        total = self.max_total_response_length
+        return MultiTurnConfig(self.max_tool_calls, self.max_parallel_calls,
+                               max_model_len - self.max_prompt_length if total is None else total,
+                               self.max_tool_response_length, self.tool_response_truncate_side,
+                               self.tool_parser_format, self.tool_config_path)
 
     @property
     def rollout_is_config(self) -> RolloutISConfig:
