@@ -69,7 +69,8 @@ def _measure(rank: int, model: str, lora_r: int, rows: int, seq: int, repeats: i
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def _matmul_rate(rank: int) -> float:
+def matmul_rate(rank: int) -> float:
+    """A plain fp32 1024³ matmul's FLOP/s on this rank's core: the yardstick of the achieved rates."""
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     a @ b
     start = time.perf_counter()
@@ -88,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     full = run_ranks(_measure, 1, args.model, 0, args.rows, args.seq, args.repeats)[0]
     lora = run_ranks(_measure, 1, args.model, args.r, args.rows, args.seq, args.repeats)[0]
-    matmul = run_ranks(_matmul_rate, 1)[0]
+    matmul = run_ranks(matmul_rate, 1)[0]
     # forward 2·N·tokens and backward 4·N·tokens of FLOPs for the full update; LoRA skips the base's weight
     # gradients (2·N·tokens), so its update does 4·N·tokens of useful work
     tokens = args.rows * args.seq

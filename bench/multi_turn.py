@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.lora import matmul_rate
 from mindrl.launch import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,15 +94,6 @@ def _step(rank: int, model: str, tokenizer: str, prompts: int, n: int, max_token
     return out
 
 
-def _matmul_rate(rank: int) -> float:
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    return 10 * 2 * 1024 ** 3 / (time.perf_counter() - start)
-
-
 def main() -> None:
     import subprocess
     import tempfile
@@ -118,7 +110,7 @@ def main() -> None:
         subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", tokenizer,
                         "--task", "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
         result = run_ranks(_step, 1, args.model, tokenizer, args.prompts, args.n, args.max_tokens, args.calls)[0]
-    matmul = run_ranks(_matmul_rate, 1)[0]
+    matmul = run_ranks(matmul_rate, 1)[0]
     out = {"bench": "multi_turn", "model": args.model, "rows": args.prompts * args.n, "max_tokens": args.max_tokens,
            "max_tool_calls": args.calls, "matmul_gflops": round(matmul / 1e9, 1), **result}
     for name in ("single_turn", "multi_turn"):
