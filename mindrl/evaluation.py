@@ -140,9 +140,11 @@ def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[li
     try:
         result, _ = rollout.generate(prompts, cfg.n_samples, gen.sampling_config, images)
     finally:
-        if rollout.agent is not None:
-            rollout.agent.tools.close()
-        rollout.engine.close()
+        try:
+            if rollout.agent is not None:
+                rollout.agent.tools.close()
+        finally:
+            rollout.engine.close()
     return result if rank == 0 else None
 
 
@@ -178,7 +180,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     calls = [s.calls for s in result.tool_stats] if result.tool_stats else [0] * len(texts)
     turns = [s.turns for s in result.tool_stats] if result.tool_stats else [1] * len(texts)
     with RewardScorer(reward) as scorer:
-        scored = scorer.score(texts, labels, [len(r) for r in result.responses], tool_calls=calls)
+        scored = scorer.score(texts, labels, [len(r) for r in result.responses],
+                              tool_calls=[s.ok_calls for s in result.tool_stats] if result.tool_stats else None)
     correct = [s == 1.0 for s in scored.scores[cfg.judge]]
     rows = [{"index": i // n, "sample": i % n, "data_source": prompts[i // n].data_source, "answer": labels[i],
              "response": texts[i], "response_length": len(result.responses[i]),

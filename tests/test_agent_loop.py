@@ -28,7 +28,7 @@ MAX_TOKENS, TOTAL = 16, 96
 def tokenizer_path(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("agent_loop") / "tools_tokenizer"
     subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(out), "--task",
-                    "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
+                    "tools", "--vocab-size", "384", "--split-digits"], check=True, capture_output=True)
     return str(out)
 
 
@@ -173,7 +173,7 @@ def test_the_ids_trained_are_the_ids_generated_plus_the_tool_turns(multi_turn):
     assert [r["problems"] for r in ranks] == [[]] * 4
     assert sum(r["replayed"] for r in ranks) >= len(PROMPTS)  # every prompt replayed on some rank
     stats = result.tool_stats
-    assert max(s.turns for s in stats) >= 3 and sum(s.calls for s in stats) >= 8  # really multi-turn
+    assert max(s.turns for s in stats) >= 3 and sum(s.calls for s in stats) >= 4  # really multi-turn
     assert all(s.calls == s.turns - 1 or s.calls == 3 for s in stats)  # every turn called, up to max_tool_calls
     assert all(set(s.statuses) == {"ok"} for s in stats if s.calls)
     assert all(len(r) <= TOTAL for r in result.responses)

@@ -152,7 +152,7 @@ def _rollout(calls: list) -> ColocatedRollout:
                          offload_train_optimizer=True)
     rollout = ColocatedRollout.__new__(ColocatedRollout)
     rollout.actor, rollout.cfg, rollout.synced_update = Worker("actor", calls), cfg, None
-    rollout.engine = ForgetfulEngine(calls)
+    rollout.engine, rollout.agent = ForgetfulEngine(calls), None
     rollout.beside = [Worker("reference", calls), Worker("critic", calls)]
 
     def sync():

@@ -38,7 +38,7 @@ def tools_sft(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("tools")
     tokenizer = root / "tokenizer"
     subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(tokenizer),
-                    "--task", "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
+                    "--task", "tools", "--vocab-size", "384", "--split-digits"], check=True, capture_output=True)
     preprocess(PreprocessConfig(output_dir=str(root / "data"), tokenizer_name_or_path=str(tokenizer),
                                 generator={"kind": "tools", "num_samples": 400, "seed": 0}, prompt_type="chatml",
                                 map_keys={"prompt": "question", "answer": "answer"}, data_source="tools",
@@ -157,6 +157,13 @@ def test_routing_replay_and_the_overlong_penalty_are_refused_with_multi_turn():
     assert "turn the overlong penalty off" in _refusal(["+rl_config.overlong_buffer_enable=true",
                                                         "+rl_config.rollout_max_tokens=48",
                                                         "+rl_config.overlong_buffer=16"])
+
+
+def test_the_megatron_engine_with_expert_parallel_replicas_is_refused():
+    """Its replicas agree on every forward within one generate call; a multi-turn loop would let one replica call
+    generate again while another has finished: a hang."""
+    message = _refusal(["generate_config.backend=megatron", "+rl_config.multi_turn_enable=true"], "grpo_tiny_moe_cpu")
+    assert message.startswith("the Megatron-native engine keeps expert-parallel replicas in step"), message
 
 
 def test_a_bad_limit_is_one_sentence():

@@ -104,8 +104,9 @@ def response_text(tokenizer: Any, response: Sequence[int], stop_ids: Sequence[in
 
 
 def trajectory_text(tokenizer: Any, response: Sequence[int], stop_ids: Sequence[int]) -> str:
-    """A multi-turn response as the scorer reads it: every turn, the model's and the tools', so a verifier can
-    grade the final answer and see how it was reached; the last stop token is left out as `response_text` does."""
+    """A multi-turn response as the scorer reads it: every turn, the model's and the tools' (the built-in answer
+    verifiers grade the text after the last assistant turn's start; a custom one may read the whole); the last stop
+    token is left out as `response_text` does."""
     end = len(response)
     if end and response[-1] in set(stop_ids) and response[-1] in set(tokenizer.all_special_ids):
         end -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 
 NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Jia")
@@ -94,19 +95,23 @@ def _fact_pair(rng: random.Random, worded: bool) -> dict:
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 
+def tool_trajectory(question: str) -> str:
+    """The ChatML trajectory that answers a product question through the python tool, as the agent loop writes it
+    (model turn, tool turn with print's output and its newline, model turn)."""
+    a, b = (int(x) for x in re.findall(r"\d+", question)[:2])
+    call = json.dumps({"name": "python", "arguments": {"code": f"print({a} * {b})"}})
+    return (f"<tool_call>\n{call}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{a * b}\n\n"
+            f"</tool_response><|im_end|>\n<|im_start|>assistant\nThe answer is {a * b}.")
+
+
 def _product(rng: random.Random) -> dict:
     """A two-digit product, which a 2.5M-parameter model cannot work out in its head but can hand to the python
-    tool. `solution` is the whole trajectory in ChatML, as the agent loop writes it (model turn, tool turn with
-    print's output and its newline, model turn), for the SFT warm start — for 70 % of the problems, though, it is the
-    product written straight away, a guess the model cannot learn, so the warm start calls the tool for some
+    tool. `solution` is the SFT warm start's answer: for 30 % of the problems the tool trajectory, for 70 % the
+    product written straight away, a guess the model cannot learn — so the warm start calls the tool for some
     prompts and guesses for others, and RL has the choice to learn; `answer` is the product."""
     a, b = rng.randint(11, 99), rng.randint(11, 99)
     question = rng.choice((f"What is {a} times {b}?", f"{a} * {b} = ?", f"Compute {a} * {b}."))
-    call = json.dumps({"name": "python", "arguments": {"code": f"print({a} * {b})"}})
-    solution = (f"<tool_call>\n{call}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{a * b}\n\n"
-                f"</tool_response><|im_end|>\n<|im_start|>assistant\nThe answer is {a * b}.")
-    if rng.random() < 0.7:  # most examples answer in one turn, a guess: the SFT leaves calling a choice
-        solution = f"The answer is {a * b}."
+    solution = f"The answer is {a * b}." if rng.random() < 0.7 else tool_trajectory(question)
     return {"question": question, "answer": str(a * b), "solution": solution, "kind": "product"}
 
 

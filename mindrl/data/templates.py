@@ -51,7 +51,7 @@ class Template:
         if not self.observation:
             raise ConfigError(f"template {self.name!r} has no tool turn (format_observation), so a multi-turn "
                               f"rollout cannot hand tool results back; use a template with one (qwen, chatml, "
-                              f"qwen_retool) or add format_observation to it.")
+                              f"qwen_r1) or add format_observation to it.")
         opening, marker, closing = _slots(self.observation, "\0", tokenizer).partition("\0")
         if not marker:
             raise ConfigError(f"template {self.name!r}'s format_observation has no {{{{content}}}} slot for the tool "
@@ -113,7 +113,7 @@ class ChatTemplate:
 
     def tool_turn(self, tokenizer: Any = None) -> tuple[str, str, str]:
         raise ConfigError("prompt_type: tokenizer names no tool turn mindrl can add token by token; preprocess the "
-                          "data with a template that has format_observation (qwen, chatml, qwen_retool).")
+                          "data with a template that has format_observation (qwen, chatml, qwen_r1).")
 
     def render(self, prompt: str, system: str | None = None, tokenizer: Any = None) -> str:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):

@@ -7,9 +7,10 @@ on their own, and each tool result tokenized on its own (special-token text in a
 tool cannot end a turn). The model's own tokens are never decoded and encoded again: re-tokenizing a
 trajectory moves BPE boundaries and the trained ids drift from the sampled ones (verl RFC 6719).
 
-A trajectory ends when a turn makes no call, when it is cut at max_tokens, when its calls would pass
-max_tool_calls, or when the next tool turn would leave the model no room in max_total_response_length;
-its last turn is always the model's, so the outcome reward lands on a model token.
+A trajectory ends when a turn makes no call, when it is cut at max_tokens, when it calls again after
+max_tool_calls calls have run (calls past the quota within a turn are answered as not run), or when the next
+tool turn would leave the model no room in max_total_response_length or the engine's max_model_len; its last
+turn is always the model's, so the outcome reward lands on a model token.
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ class AgentLoop:
     together (they must feed it the same ids) and hands every rank the results."""
 
     def __init__(self, engine: RolloutEngine, tools: ToolBox, turns: ToolTurns, cfg: MultiTurnConfig,
-                 share: Callable[[Callable[[], list[ToolResult]]], list[ToolResult]] = run_here) -> None:
+                 max_model_len: int, share: Callable[[Callable[[], list[ToolResult]]], list[ToolResult]] = run_here
+                 ) -> None:
         self.engine, self.tools, self.turns, self.cfg, self.share = engine, tools, turns, cfg, share
+        self.max_model_len = max_model_len
         #: seconds the last `generate` spent running tools
         self.tool_seconds = 0.0
 
@@ -100,8 +103,10 @@ class AgentLoop:
         statuses: list[list[str]] = [[] for _ in range(rows)]
         turns, finish = [0] * rows, [STOP] * rows
         self.tool_seconds, active = 0.0, list(range(rows))
-        first = min(sampling.max_tokens, cfg.max_total_response_length)
-        out = self.engine.generate(prompts, sampling, n, images, max_tokens=[first] * len(prompts))
+        #: tokens each response may reach: the trajectory's budget, within the engine's context after its prompt
+        room = [min(cfg.max_total_response_length, self.max_model_len - len(prompts[row // n])) for row in range(rows)]
+        out = self.engine.generate(prompts, sampling, n, images,
+                                   max_tokens=[min(sampling.max_tokens, room[i * n]) for i in range(len(prompts))])
         for turn in itertools.count(1):  # each turn that goes on runs a call: at most max_tool_calls + 1 turns
             asking: list[tuple[int, list[ToolCall]]] = []
             for row, ids, lps, reason in zip(active, out.responses, out.log_probs, out.finish_reasons, strict=True):
@@ -113,11 +118,10 @@ class AgentLoop:
                 calls = self.turns.calls(ids) if reason == STOP else []
                 if calls and len(statuses[row]) < cfg.max_tool_calls:
                     asking.append((row, calls))
-            active = self._answer(asking, responses, masks, log_probs, statuses, finish)
+            active = self._answer(asking, responses, masks, log_probs, statuses, finish, room)
             if not active:
                 break
-            budgets = [min(sampling.max_tokens, cfg.max_total_response_length - len(responses[row]))
-                       for row in active]
+            budgets = [min(sampling.max_tokens, room[row] - len(responses[row])) for row in active]
             seeded = sampling if sampling.seed is None else dataclasses.replace(
                 sampling, seed=sampling.seed + turn * TURN_SEED_STRIDE)
             out = self.engine.generate([prompts[prompt_of[row]] + responses[row] for row in active], seeded, 1,
@@ -128,7 +132,7 @@ class AgentLoop:
 
     def _answer(self, asking: list[tuple[int, list[ToolCall]]], responses: list[list[int]],
                 masks: list[list[int]], log_probs: list[list[float]], statuses: list[list[str]],
-                finish: list[str]) -> list[int]:
+                finish: list[str], room: list[int]) -> list[int]:
         """Run the calls of every sample that asked (all at once: the pool overlaps them), append each sample's
         tool turn, and return the samples that go on."""
         cfg, plans = self.cfg, []
@@ -143,13 +147,13 @@ class AgentLoop:
             why = (f"at most {cfg.max_parallel_calls} calls run per turn" if len(run) == cfg.max_parallel_calls
                    else f"this answer has used its {cfg.max_tool_calls} tool calls")
             answered = [next(results) for _ in run] + [not_run(call, why) for call in refused]
+            statuses[row] += [result.status for result in answered[:len(run)]]
             ids = self.turns.ids(answered)
-            if len(responses[row]) + len(ids) >= cfg.max_total_response_length:
+            if len(responses[row]) + len(ids) >= room[row]:
                 finish[row] = LENGTH  # no room left for the model to read the results and answer
                 continue
             responses[row] += ids
             masks[row] += [0] * len(ids)
             log_probs[row] += [0.0] * len(ids)
-            statuses[row] += [result.status for result in answered[:len(run)]]
             going.append(row)
         return going

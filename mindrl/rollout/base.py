@@ -68,6 +68,11 @@ class ToolStats:
     def calls(self) -> int:
         return len(self.statuses)
 
+    @property
+    def ok_calls(self) -> int:
+        """Calls that ran and answered: what a reward for calling counts (a malformed call must not earn it)."""
+        return self.statuses.count("ok")
+
 
 class RolloutEngine(ABC):
     """A generator of responses that takes the actor's weights in place."""

@@ -223,6 +223,11 @@ def check_multi_turn(cfg: TrainerConfig) -> None:
     if gen.rollout_routing_replay:
         raise ConfigError("generate_config.rollout_routing_replay records the engine's routes per turn, which a "
                           "multi-turn response (model and tool turns) does not replay yet; turn one of them off.")
+    vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    if not vllm and cfg.actor_config.parallel.expert_model_parallel_size > 1:
+        raise ConfigError("the Megatron-native engine keeps expert-parallel replicas in step within one generate call, "
+                          "but multi-turn replicas end after different numbers of turns; use backend: vllm or "
+                          "expert_model_parallel_size: 1 with multi_turn_enable.")
     if rl.reward.overlong_buffer_enable:
         raise ConfigError("rl_config.overlong_buffer_enable penalises responses near max_tokens, one turn's budget, "
                           "but a multi-turn response runs to max_total_response_length and counts the tools' tokens; "

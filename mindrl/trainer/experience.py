@@ -52,8 +52,10 @@ def rollout_batch(prompts: list[list[int]], result: RolloutResult, n: int, pad_i
 
 
 def tool_stats_batch(stats: list[ToolStats]) -> dict[str, torch.Tensor]:
-    """Per row: model turns, tool calls run, and those calls that failed (error) or were stopped (timeout, killed)."""
+    """Per row: model turns, tool calls run, those that answered (ok), and those that failed (error) or were stopped
+    (timeout, killed)."""
     return {"turns": torch.tensor([s.turns for s in stats]), "tool_calls": torch.tensor([s.calls for s in stats]),
+            "tool_calls_ok": torch.tensor([s.ok_calls for s in stats]),
             "tool_errors": torch.tensor([s.statuses.count("error") for s in stats]),
             "tool_stopped": torch.tensor([sum(x in ("timeout", "killed") for x in s.statuses) for s in stats])}
 

@@ -411,8 +411,9 @@ def update_nonfinite(metrics: dict[str, float]) -> NonFinite | None:
 
 
 def calls_of(batch: dict[str, torch.Tensor]) -> list[int] | None:
-    """Each row's tool calls, for the verifiers that grade them; None for a single-turn batch."""
-    return batch["tool_calls"].tolist() if "tool_calls" in batch else None
+    """Each row's tool calls that answered (a malformed call earns no call bonus), for the verifiers that grade
+    them; None for a single-turn batch."""
+    return batch["tool_calls_ok"].tolist() if "tool_calls_ok" in batch else None
 
 
 def rows_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

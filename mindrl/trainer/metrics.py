@@ -165,7 +165,7 @@ def rollout_metrics(response_lengths: torch.Tensor | Sequence[int], max_response
 
 
 #: the batch's per-row multi-turn counts (mindrl.trainer.experience.tool_stats_batch)
-TOOL_STATS = ("turns", "tool_calls", "tool_errors", "tool_stopped")
+TOOL_STATS = ("turns", "tool_calls", "tool_calls_ok", "tool_errors", "tool_stopped")
 
 
 def multi_turn_metrics(batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -173,7 +173,7 @@ def multi_turn_metrics(batch: dict[str, torch.Tensor]) -> dict[str, float]:
     nothing for a single-turn batch."""
     if "turns" not in batch:
         return {}
-    turns, calls, errors, stopped = (batch.pop(key).double() for key in TOOL_STATS)
+    turns, calls, _, errors, stopped = (batch.pop(key).double() for key in TOOL_STATS)
     total = calls.sum().item()
     return {"multi_turn/turns_mean": turns.mean().item(), "multi_turn/tool_calls_mean": calls.mean().item(),
             "multi_turn/tool_call_share": (calls > 0).double().mean().item(),

@@ -79,7 +79,7 @@ class ColocatedRollout:
         tools = load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
                              cfg.tool_response_truncate_side)
         turns = ToolTurns(load_tokenizer(spec.tokenizer_path, self.actor.arch), spec.tool_turn, cfg.tool_parser_format)
-        return AgentLoop(self.engine, tools, turns, cfg, share)
+        return AgentLoop(self.engine, tools, turns, cfg, self.cfg.max_model_len, share)
 
     @classmethod
     def build(cls, actor: ActorWorker, cfg: GenerateConfig, eos_token_ids: Sequence[int],

@@ -227,10 +227,12 @@ class PolicyRank(ActorRank, CriticHost):
         return _held(self.reward, self.reward.score(batch))
 
     def close(self) -> None:
-        if self.rollout.agent is not None:
-            self.rollout.agent.tools.close()
-        self.rollout.engine.close()
-        destroy()
+        try:
+            if self.rollout.agent is not None:
+                self.rollout.agent.tools.close()
+        finally:
+            self.rollout.engine.close()
+            destroy()
 
 
 @dataclass(frozen=True)
