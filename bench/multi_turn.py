@@ -108,7 +108,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mindrl-bench-") as tmp:
         tokenizer = str(Path(tmp) / "tools_tokenizer")
         subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", tokenizer,
-                        "--task", "tools", "--vocab-size", "384", "--split-digits"], check=True, capture_output=True)
+                        "--task", "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
         result = run_ranks(_step, 1, args.model, tokenizer, args.prompts, args.n, args.max_tokens, args.calls)[0]
     matmul = run_ranks(matmul_rate, 1)[0]
     out = {"bench": "multi_turn", "model": args.model, "rows": args.prompts * args.n, "max_tokens": args.max_tokens,

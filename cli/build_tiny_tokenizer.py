@@ -3,7 +3,7 @@
     python cli/build_tiny_tokenizer.py --out data/tiny_tokenizer [--vocab-size 1024]
     python cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits
     python cli/build_tiny_tokenizer.py --out data/tiny_vl_tokenizer --task shapes --vision-tokens
-    python cli/build_tiny_tokenizer.py --out data/tools_tokenizer --task tools --vocab-size 384 --split-digits
+    python cli/build_tiny_tokenizer.py --out data/tools_tokenizer --task tools --vocab-size 512 --split-digits
 
 Trained on the synthetic problems of `--task` and every template's text, so prompts tokenize
 into reasonably few ids; its vocabulary fits the tiny model configs (configs/model/).
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindrl.data.images import VISION_TOKENS
 from mindrl.data.shapes import generate_shape_problems
-from mindrl.data.synthetic import TOOL_TOKENS, generate_problems, tool_trajectory
+from mindrl.data.synthetic import TOOL_TOKENS, generate_problems
 from mindrl.data.templates import load_templates
 from mindrl.data.tokenizer import build_tiny_tokenizer
 
@@ -31,9 +31,11 @@ def corpus(task: str = "mixed") -> list[str]:
         texts += [f"{row['problem']}\n{row['solution']}" for row in generate_shape_problems("mixed", 2000, seed=12345)]
         task = "mixed"
     if task == "tools":
-        # each question with its solution, and the tool-call trajectory whichever form the solution took
-        return texts + [f"{p['question']}\n{p['solution']}\n{tool_trajectory(p['question'])}"
-                        for p in generate_problems("tools", 4000, seed=12345)]
+        # Qwen's user turn with ReTool's answer-format instruction (the recipe the tools are for), after Qwen's own
+        # turn, then each question with its answer
+        texts.insert(3, "<|im_start|>user\n\nThe answer format must be: \\boxed{'The final answer goes here.'}"
+                        "<|im_end|>\n<|im_start|>assistant\n")
+        return texts + [f"{p['question']}\n{p['solution']}" for p in generate_problems("tools", 4000, seed=12345)]
     for problem in generate_problems(task, 4000, seed=12345):
         texts += [problem["question"], problem["solution"],
                   f"<think>{problem['solution']}</think>\n<answer>\\boxed{{{problem['answer']}}}</answer>"]

@@ -16,7 +16,7 @@ if [[ " $* " == *" --vision "* ]]; then
   "$PY" cli/build_tiny_tokenizer.py --out data/tiny_vl_tokenizer --task shapes --vision-tokens
   "$PY" cli/preprocess_data.py --config-name shapes
 elif [[ " $* " == *" --tools "* ]]; then
-  "$PY" cli/build_tiny_tokenizer.py --out data/tools_tokenizer --task tools --vocab-size 384 --split-digits
+  "$PY" cli/build_tiny_tokenizer.py --out data/tools_tokenizer --task tools --vocab-size 512 --split-digits
   "$PY" cli/preprocess_data.py --config-name tools
 else
   "$PY" cli/build_tiny_tokenizer.py --out data/facts_tokenizer --task facts --vocab-size 512 --split-digits

@@ -28,7 +28,7 @@ MAX_TOKENS, TOTAL = 16, 96
 def tokenizer_path(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("agent_loop") / "tools_tokenizer"
     subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(out), "--task",
-                    "tools", "--vocab-size", "384", "--split-digits"], check=True, capture_output=True)
+                    "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
     return str(out)
 
 

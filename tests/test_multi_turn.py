@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("tokenizer") / "tools"
     subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(out), "--task",
-                    "tools", "--vocab-size", "384", "--split-digits"], check=True, capture_output=True)
+                    "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
     return load_tokenizer(out)
 
 

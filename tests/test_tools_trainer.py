@@ -38,7 +38,7 @@ def tools_sft(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("tools")
     tokenizer = root / "tokenizer"
     subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(tokenizer),
-                    "--task", "tools", "--vocab-size", "384", "--split-digits"], check=True, capture_output=True)
+                    "--task", "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
     preprocess(PreprocessConfig(output_dir=str(root / "data"), tokenizer_name_or_path=str(tokenizer),
                                 generator={"kind": "tools", "num_samples": 400, "seed": 0}, prompt_type="chatml",
                                 map_keys={"prompt": "question", "answer": "answer"}, data_source="tools",
