@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[3, 17, 250, 9], [44, 2, 81], [5, 6, 7, 8, 9, 10], [90, 1, 77]]
 #: ids random weights reach often (about 1 in 9 tokens), so model turns end by stopping, not by their length
 STOPS = tuple(range(100, 160))
-MAX_TOKENS, TOTAL = 16, 96
+MAX_TOKENS, TOTAL = 40, 128
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def _multi_turn(rank: int, backend: str, tokenizer_path: str) -> dict:
     actor = ActorWorker(arch, ParallelConfig(2, 2), ActorConfig(lr=1e-3, temperature=1.0, mini_batch_size=8,
                                                                 micro_batch_size=2),
                         weights=sharding.random_full_state_dict(arch, seed=3, std=0.1))
-    gen = GenerateConfig(backend=backend, dtype="float32", max_model_len=128, cpu_kv_cache_mb=16, max_num_seqs=64,
+    gen = GenerateConfig(backend=backend, dtype="float32", max_model_len=160, cpu_kv_cache_mb=16, max_num_seqs=64,
                          max_num_batched_tokens=1024, infer_tensor_parallel_size=2 if backend == "vllm" else 1,
                          sampling_config=SamplingConfig(max_tokens=MAX_TOKENS, temperature=1.0, seed=5))
     engine = make_engine(actor.model, arch, actor.par, gen, STOPS, seed=0)
