@@ -200,9 +200,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
 def _agent(cfg: EvalConfig, longest: int, tokenizer: Any) -> Any:
     """The trainer's agent loop, with the tool turn of the template the prompts were rendered with."""
     from mindrl.data.stops import run_template
-    from mindrl.rollout.agent_loop import AgentSpec
+    from mindrl.rollout.agent_loop import AgentSpec, check_tools
     from mindrl.rollout.config import MultiTurnConfig
-    from mindrl.tools import check_sandbox, load_toolbox
     from mindrl.trainer.prompts import split_path
 
     total = cfg.max_total_response_length or cfg.max_model_len - longest
@@ -210,8 +209,7 @@ def _agent(cfg: EvalConfig, longest: int, tokenizer: Any) -> Any:
     if longest + total > cfg.max_model_len:
         raise ConfigError(f"the longest prompt ({longest} tokens) plus --max-total-response-length {total} exceeds "
                           f"--max-model-len {cfg.max_model_len}; raise it.")
-    load_toolbox(cfg.tool_config, 4, 1024, "middle").close()
-    check_sandbox()
+    check_tools(multi_turn)
     template = run_template(split_path(cfg.data, "test"), cfg.prompt_type, cfg.prompt_type_path)
     if template is None:
         raise ConfigError(f"--multi-turn needs the chat template's tool turn, but {cfg.data} records no template; "

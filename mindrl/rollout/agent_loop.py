@@ -26,7 +26,7 @@ from mindrl.data.images import PromptImages
 from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult, ToolStats
 from mindrl.rollout.config import MultiTurnConfig, SamplingConfig
 from mindrl.rollout.tool_parser import get_parser
-from mindrl.tools import ToolBox, ToolCall, ToolResult
+from mindrl.tools import ToolBox, ToolCall, ToolResult, check_sandbox, load_toolbox
 
 T = TypeVar("T")
 #: turn k of a seeded rollout draws with seed + k · this, clear of the seeds its other turns' samples use
@@ -68,6 +68,15 @@ class ToolTurns:
 
     def calls(self, turn: Sequence[int]) -> list[ToolCall]:
         return self.parse(self.tokenizer.decode(list(turn), skip_special_tokens=False))
+
+
+def check_tools(cfg: MultiTurnConfig) -> None:
+    """What the ranks will build, built once before anything starts: the parser, the tools (a custom tool's
+    signature checked), and the sandbox started, so a problem is one sentence here and not in the first rollout."""
+    get_parser(cfg.tool_parser_format)
+    load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
+                 cfg.tool_response_truncate_side).close()
+    check_sandbox()
 
 
 def not_run(call: ToolCall, why: str) -> ToolResult:

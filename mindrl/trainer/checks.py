@@ -232,13 +232,9 @@ def check_multi_turn(cfg: TrainerConfig) -> None:
         raise ConfigError("rl_config.overlong_buffer_enable penalises responses near max_tokens, one turn's budget, "
                           "but a multi-turn response runs to max_total_response_length and counts the tools' tokens; "
                           "turn the overlong penalty off.")
-    from mindrl.rollout.tool_parser import get_parser
-    from mindrl.tools import check_sandbox, load_toolbox
+    from mindrl.rollout.agent_loop import check_tools
 
-    get_parser(multi_turn.tool_parser_format)
-    load_toolbox(multi_turn.tool_config_path, multi_turn.max_parallel_calls, multi_turn.max_tool_response_length,
-                 multi_turn.tool_response_truncate_side).close()
-    check_sandbox()
+    check_tools(multi_turn)
 
 
 def check_rewards(cfg: TrainerConfig) -> None:
