@@ -1,0 +1,120 @@
+"""The asynchronous schedule's rules (mindrl/trainer/schedule.py) over random generation and training times: no
+trained token older than max_staleness versions, no group trained twice, every admitted group trained or dropped."""
+
+import random
+
+import pytest
+
+from mindrl.rollout.base import LENGTH, STOP, RolloutResult
+from mindrl.trainer.schedule import Schedule, batch_of
+
+
+def _round(schedule: Schedule, engine_version: int, rng: random.Random, stop_share: float = 0.3):
+    """What an engine would answer: each request's tokens (token = engine version, so the test can tell), a stop
+    with probability `stop_share` before its budget."""
+    requests = schedule.requests(engine_version)
+    responses, reasons = [], []
+    for r in requests:
+        stop = rng.random() < stop_share
+        length = rng.randint(1, r.max_tokens) if stop else r.max_tokens
+        responses.append([engine_version] * length)
+        reasons.append(STOP if stop else LENGTH)
+    result = RolloutResult(responses, [[-0.5] * len(t) for t in responses], reasons)
+    return requests, result
+
+
+def _simulate(seed: int, max_staleness: int, max_split: int, steps: int = 12, groups: int = 3, n: int = 2):
+    """An event loop like the streaming driver's: the rollout runs rounds back to back (each taking a random time),
+    the trainer trains whenever a batch is ready (a random time), and each update's weights reach the engine at the
+    end of the round in flight (a partial rollout's abort point)."""
+    rng = random.Random(seed)
+    schedule = Schedule(n, groups, max_tokens=12, max_staleness=max_staleness, max_split=max_split)
+    rows = iter(range(10_000))
+    version = engine_version = 0
+    clock, round_end, train_end = 0.0, None, None
+    trained, batch, pending_push = [], None, False
+    while len(trained) < steps:
+        if round_end is None:
+            if pending_push:
+                engine_version, pending_push = version, False
+            room = schedule.room(version)
+            schedule.admit((row, [1, 2, row]) for row in (next(rows) for _ in range(room)))
+            requests, result = _round(schedule, engine_version, rng)
+            round_end = clock + rng.expovariate(1.0) if requests else None
+        if train_end is None and batch is None:
+            batch = schedule.take(version)
+            if batch is not None:
+                train_end = clock + rng.expovariate(1.0)
+        events = [t for t in (round_end, train_end) if t is not None]
+        assert events, "the schedule deadlocked: no round to run and no batch to train"
+        clock = min(events)
+        if round_end == clock:
+            schedule.add(requests, result, engine_version)
+            round_end = None
+        if train_end == clock:
+            _, results, versions = batch_of(batch)
+            trained.append((version, [g.index for g in batch], versions, results))
+            version, batch, train_end, pending_push = version + 1, None, None, True
+    return schedule, trained
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("max_staleness,max_split", [(0, 1), (1, 1), (2, 3), (2, 1), (4, 4)])
+def test_no_trained_token_is_older_than_the_bound(seed, max_staleness, max_split):
+    schedule, trained = _simulate(seed, max_staleness, max_split)
+    seen = set()
+    for version, indices, versions, result in trained:
+        assert not seen & set(indices), "a group was trained twice"
+        seen |= set(indices)
+        for tokens, token_versions, response in zip(versions, versions, result.responses, strict=True):
+            assert len(tokens) == len(response) and tokens == response  # each token kept its own version
+            assert all(version - v <= max_staleness for v in token_versions), (version, token_versions)
+            assert token_versions == sorted(token_versions)
+        assert all(len(r) <= 12 for r in result.responses)
+        assert all(reason in (STOP, LENGTH) for reason in result.finish_reasons)
+    # every admitted group is trained, dropped, or still in flight
+    assert schedule.admitted == len(seen) + schedule.dropped + len(schedule.groups)
+
+
+def test_partial_rollout_spans_versions_and_finishes_at_the_bound():
+    """Split in 3 with staleness 2, a sample whose engine moves on every round takes versions 0, 1, 2 in chunks of 4,
+    and its last segment (at the bound) gets the whole budget left."""
+    schedule = Schedule(1, 1, max_tokens=12, max_staleness=2, max_split=3)
+    schedule.admit([(0, [5, 6])])
+    for engine_version, want in ((0, 4), (1, 4), (2, 4)):
+        (request,) = schedule.requests(engine_version)
+        assert request.max_tokens == want and request.ids == [5, 6] + [0] * 4 * engine_version
+        schedule.add([request], RolloutResult([[0] * want], [[-1.0] * want], [LENGTH]), engine_version)
+    (group,) = schedule.ready()
+    assert group.samples[0].versions == [0] * 4 + [1] * 4 + [2] * 4
+    assert group.samples[0].finish == LENGTH and group.samples[0].segments == 3
+    # a group two versions old at an engine two versions on gets everything left
+    schedule = Schedule(1, 1, max_tokens=12, max_staleness=2, max_split=6)
+    schedule.admit([(0, [5])])
+    (request,) = schedule.requests(0)
+    schedule.add([request], RolloutResult([[0, 0]], [[-1.0, -1.0]], [LENGTH]), 0)
+    (request,) = schedule.requests(2)
+    assert request.max_tokens == 10
+
+
+def test_stale_groups_are_dropped_and_admission_follows_the_bound():
+    schedule = Schedule(2, 2, max_tokens=4, max_staleness=1)
+    assert schedule.room(0) == 4  # (0 + 1 + 1) batches of 2 groups
+    schedule.admit([(r, [r + 1]) for r in range(4)])
+    assert schedule.room(0) == 0 and schedule.room(1) == 2
+    requests = schedule.requests(0)
+    schedule.add(requests, RolloutResult([[1]] * 8, [[-1.0]] * 8, [STOP] * 8), 0)
+    assert [g.index for g in schedule.take(1)] == [0, 1]
+    assert schedule.take(2) is None and schedule.dropped == 2  # groups 2, 3: version 0 is 2 behind
+    assert schedule.room(2) == (2 + 1 + 1) * 2 + 2 - 4  # dropped groups give their room back
+
+
+def test_state_round_trip_keeps_every_token():
+    schedule = Schedule(2, 1, max_tokens=8, max_staleness=2, max_split=2)
+    schedule.admit([(7, [1, 2])])
+    requests = schedule.requests(3)
+    schedule.add(requests, RolloutResult([[4, 5], [6, 7]], [[-0.1, -0.2], [-0.3, -0.4]], [LENGTH, STOP]), 3)
+    again = Schedule(2, 1, max_tokens=8, max_staleness=2, max_split=2)
+    again.load_state_dict(schedule.state_dict())
+    assert again.state_dict() == schedule.state_dict()
+    assert again.requests(4) == schedule.requests(4)
