@@ -63,7 +63,6 @@ MINDSPEED_REASONS: dict[str, str] = {
     "num_cpus_for_placement_group": _FIXED.format("each rank gets one CPU"),
     "async_engine": "asks for vLLM's asynchronous engine, which mindrl does not use: multi-turn rollouts batch "
                     "each turn across the samples without it (docs/multi_turn.md)",
-    "partial_rollout_max_split": _NOT_BUILT.format("partial rollouts"),
     "is_multimodal": _NOT_BUILT.format("multimodal models"),
     "use_wandb": _NOT_BUILT.format("Weights & Biases logging (TensorBoard only)"),
     "use_swanlab": _NOT_BUILT.format("SwanLab logging (TensorBoard only)"),

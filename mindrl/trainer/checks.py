@@ -237,6 +237,44 @@ def check_multi_turn(cfg: TrainerConfig) -> None:
     check_tools(multi_turn)
 
 
+def check_async(cfg: TrainerConfig) -> None:
+    """What the scheduled rollout (rl_config.rollout_mode, partial_rollout_max_split, rollout_resource) needs and
+    what it cannot be combined with yet."""
+    rl, gen = cfg.rl_config, cfg.generate_config
+    if not rl.scheduled:
+        return
+    own = rl.resources["rollout_resource"]
+    if rl.rollout_mode != "sync" and own is None:
+        raise ConfigError(f"rl_config.rollout_mode: {rl.rollout_mode} generates while the actor trains, so the engines "
+                          f"need devices of their own; set rl_config.rollout_resource (e.g. {{num_gpus: 8}}).")
+    vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    if own is not None and not vllm:
+        raise ConfigError("rl_config.rollout_resource puts the engines on devices of their own, but the "
+                          "Megatron-native engine generates with the actor's own model; set generate_config.backend: "
+                          "vllm, or remove rollout_resource.")
+    if rl.filter_groups_enable:
+        raise ConfigError("DAPO's dynamic sampling (filter_groups_enable) repeats the rollout within a step, which the "
+                          "scheduled rollout (rollout_mode, partial_rollout_max_split, rollout_resource) does not yet; "
+                          "turn one of them off.")
+    if rl.trains_critic:
+        raise ConfigError("the scheduled rollout (rollout_mode, partial_rollout_max_split, rollout_resource) is "
+                          "built for GRPO-family estimators, not PPO's critic yet; use adv_estimator group_norm or "
+                          "the synchronous colocated rollout.")
+    split, max_tokens = rl.partial_rollout_max_split, gen.sampling_config.max_tokens
+    if split > max_tokens:
+        raise ConfigError(f"rl_config.partial_rollout_max_split={split} cuts max_tokens={max_tokens} into segments "
+                          f"of less than one token; lower it to at most {max_tokens}.")
+    if split > 1 and rl.multi_turn_enable:
+        raise ConfigError("a multi-turn trajectory is generated whole, not in segments; set partial_rollout_max_split: "
+                          "1 with multi_turn_enable.")
+    if split > 1 and gen.rollout_routing_replay:
+        raise ConfigError("generate_config.rollout_routing_replay records one set of routes per generation, which a "
+                          "partial rollout's segments would split; set partial_rollout_max_split: 1.")
+    if split > 1 and rl.rollout_mode == "sync" and rl.max_staleness == 0:
+        raise ConfigError("partial_rollout_max_split continues responses under the next step's weights, which "
+                          "max_staleness: 0 forbids; set max_staleness to at least 1.")
+
+
 def check_rewards(cfg: TrainerConfig) -> None:
     rl = cfg.rl_config
     if rl.rule_reward:
@@ -294,6 +332,12 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
         off(("tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
              "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format"),
             "without multi_turn_enable: true (docs/multi_turn.md)")
+    if rl.rollout_mode != "streaming" and rl.partial_rollout_max_split == 1:
+        off(("max_staleness",), f"in rollout_mode {rl.rollout_mode} without partial rollout (its bound is "
+                                f"{rl.staleness_bound} versions)")
+    if not rl.scheduled:
+        off(("use_decoupled_loss", "behav_imp_weight_cap"), "with the synchronous colocated rollout (every sample "
+                                                             "is on-policy); see docs/async_rollout.md")
     if cfg.reward_config is None:
         off(("reward_model_normalize", "reward_model_weight"), "without a reward model (rl_config.reward_resource "
                                                                "or colocate_all_models with reward_config)")

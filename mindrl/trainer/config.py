@@ -37,6 +37,7 @@ def build_trainer_config(data: Mapping[str, Any], notes: list[KeyNote] | None = 
     cfg = TrainerConfig.from_dict(data, notes)
     checks.check_colocation(cfg)
     checks.check_multi_turn(cfg)
+    checks.check_async(cfg)
     checks.check_layouts(cfg)
     checks.check_rollout(cfg)
     checks.check_batches(cfg)

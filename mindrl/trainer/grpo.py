@@ -20,6 +20,7 @@ import torch
 
 from mindrl.algorithms.advantages import compute_advantages
 from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_values
+from mindrl.algorithms.decoupled import behaviour_weights, staleness_metrics
 from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
 from mindrl.config import ConfigError, ModelArch
 from mindrl.console import say
@@ -45,6 +46,7 @@ from mindrl.trainer.metrics import (
 )
 from mindrl.trainer.nonfinite import NonFinite, SkippedSteps, first_nonfinite, skipped_update
 from mindrl.trainer.prompts import PromptLoader, images_of, read_prompts, split_path
+from mindrl.trainer.schedule import batch_of
 from mindrl.trainer.start import JOB_GRPO, StartPoint, start_point
 
 
@@ -111,7 +113,8 @@ class GRPOTrainer:
         self.train_groups = cfg.train_batch_size
         # One optimizer step per batch, one epoch, no IS correction: the update's own forward pass
         # gives the old log-probs, so the separate pass is skipped.
-        self.on_policy = rl.epochs == 1 and rl.mini_batch_size == self.train_groups and rl.rollout_is == "none"
+        self.on_policy = rl.epochs == 1 and rl.mini_batch_size == self.train_groups and rl.rollout_is == "none" \
+            and not rl.scheduled
         self.sampling: SamplingConfig = cfg.generate_config.sampling_config
         self.tokenizer = load_tokenizer(actor.tokenizer_name_or_path, actor.arch)
         train_path = split_path(actor.data_path, "train")
@@ -126,6 +129,8 @@ class GRPOTrainer:
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
         self.group = self.ref_group = self.rewards = self.sink = None
+        #: the rollout's schedule when it is not today's synchronous colocated one (mindrl/trainer/async_rollout.py)
+        self.scheduled = None
         self.skipped = SkippedSteps(rl.max_nonfinite_steps)
         #: the iteration of the checkpoint a resume would start from (0: none yet)
         self.last_saved = self.start.iteration if self.start.resume else 0
@@ -178,6 +183,8 @@ class GRPOTrainer:
             self.rewards.model = RewardModelGroup(self.group, self.dp_size, owned=False)
         elif cfg.reward_config is not None:
             self.rewards.model = RewardModelGroup.on_own_devices(cfg)
+        if cfg.rl_config.scheduled:
+            self.scheduled = self._scheduled_rollout(ranks[0]["extra"])
         if self.start.resume:
             extra = ranks[0]["extra"]
             self.loader.load_state_dict(extra["data"])
@@ -192,6 +199,28 @@ class GRPOTrainer:
         save = cfg.actor_config.save
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
+
+    def _scheduled_rollout(self, extra: dict | None) -> Any:
+        """The rounds' driver, on the engines' own devices when rollout_resource gives them (their first weights
+        pushed), else on the actor's; a resume takes back its buffered samples."""
+        from mindrl.trainer.async_rollout import ScheduledRollout
+
+        rl, role = self.cfg.rl_config, None
+        if rl.resources["rollout_resource"] is not None:
+            from mindrl.trainer.rollout_role import RolloutRole
+
+            role = RolloutRole.start(self.cfg, self.group, self.stop_ids, self.agent)
+        scheduled = ScheduledRollout(self.loader, self.n, self.train_groups, self.sampling, rl.rollout_mode,
+                                     rl.staleness_bound, rl.partial_rollout_max_split, self.group, role)
+        if extra is not None and "schedule" in extra:
+            scheduled.load_state_dict(extra["schedule"])
+        scheduled.engine_version = self.start.iteration
+        if role is not None:
+            role.push(self.start.iteration)
+        say(f"rollout: {rl.rollout_mode}, on {'its own ' + str(rl.resources['rollout_resource']) if role else 'the actor'}"
+            f"'s devices, staleness bound {rl.staleness_bound} versions, responses in up to "
+            f"{rl.partial_rollout_max_split} segments")
+        return scheduled
 
     def _reference_group(self) -> Any:
         from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup
@@ -211,6 +240,8 @@ class GRPOTrainer:
         return group
 
     def close(self) -> None:
+        if self.scheduled is not None and self.scheduled.role is not None:
+            self.scheduled.role.kill()
         if self.sink is not None:
             self.sink.close()
         if self.rewards is not None:
@@ -245,6 +276,7 @@ class GRPOTrainer:
         with timer("all"):
             exp = self.experience(step, timer)
             batch = exp.batch
+            versions = batch.pop("token_versions", None)
             exp.metrics.update(multi_turn_metrics(batch))
             found = first_nonfinite({"the rewards": exp.scores, "the reference log-probs": batch.get("ref_log_probs"),
                                      "the old log-probs": batch.get("old_log_probs")})
@@ -256,13 +288,22 @@ class GRPOTrainer:
                 if "old_log_probs" in batch:
                     exp.metrics.update(mismatch_metrics(batch["old_log_probs"], batch["engine_log_probs"],
                                                         batch["loss_mask"], rl.rollout_is_config))
-                    if rl.rollout_is != "none":
+                    if versions is not None and rl.use_decoupled_loss:
+                        batch["rollout_is_weights"] = behaviour_weights(
+                            batch["old_log_probs"], batch["engine_log_probs"], batch["loss_mask"],
+                            rl.rollout_is_config, rl.behav_imp_weight_cap)
+                    elif rl.rollout_is != "none":
                         batch["rollout_is_weights"] = rollout_is_weights(batch["old_log_probs"],
                                                                          batch["engine_log_probs"],
                                                                          batch["loss_mask"], rl.rollout_is_config)
                     del batch["engine_log_probs"]
+                if versions is not None:
+                    exp.metrics.update(staleness_metrics(versions, batch["loss_mask"], step - 1,
+                                                         batch.get("rollout_is_weights")))
                 updated = self.update(step, batch, timer)
                 found = update_nonfinite(updated)
+        if self.scheduled is not None:
+            updated = {**updated, **self.scheduled.after_update(step)}
         metrics = {**exp.metrics, **timer.metrics(), **updated, **self.skipped.record(step, found)}
         metrics["old_log_p/from_update"] = float("old_log_probs" not in batch)
         metrics["prompt_length/mean"] = batch["prompt_lengths"].double().mean().item()
@@ -270,6 +311,8 @@ class GRPOTrainer:
                                        exp.verifier_scores))
         metrics.update(throughput_metrics(batch["prompt_lengths"], batch["response_lengths"],
                                           self.cfg.devices_held(), self.group.world_size, timer.seconds))
+        if self.scheduled is not None:
+            metrics.update(wait_shares(metrics))
         return metrics
 
     def advantages(self, exp: Experience, timer: StepTimer) -> dict[str, float]:
@@ -281,12 +324,20 @@ class GRPOTrainer:
         return {}
 
     def update(self, step: int, batch: dict[str, torch.Tensor], timer: StepTimer) -> dict[str, float]:
-        """Train on the scored batch; returns the update's metrics."""
+        """Train on the scored batch (streaming: the engines generate meanwhile); returns the update's metrics."""
+        from mindrl.trainer.async_rollout import ready
+
         with timer("update"):
-            return actor_metrics(self.group.call("update", batch, phase="update")[0])
+            if self.scheduled is None:
+                return actor_metrics(self.group.call("update", batch, phase="update")[0])
+            start, pending = time.perf_counter(), self.group.call_async("update", batch)
+            self.scheduled.while_updating(pending, ready, step - 1)
+            return actor_metrics(self.group.wait(pending, "update", since=start)[0])
 
     def experience(self, step: int, timer: StepTimer) -> Experience:
         """A scored batch with the log-probs the update needs (several rollout rounds under DAPO)."""
+        if self.scheduled is not None:
+            return self.scheduled_experience(step, timer)
         rl = self.cfg.rl_config
         accumulator = GroupAccumulator(self.train_groups, self.n, rl.filter_groups_max_batches,
                                        rl.filter_groups_metric) if rl.filter_groups_enable else None
@@ -328,6 +379,24 @@ class GRPOTrainer:
             verifier = {k.removeprefix("verifier/"): batch.pop(k) for k in list(batch) if k.startswith("verifier/")}
         return Experience(batch, scores, verifier, metrics)
 
+    def scheduled_experience(self, step: int, timer: StepTimer) -> Experience:
+        """The schedule's next batch (generated under one or more earlier versions), scored, with the proximal
+        log-probs recomputed by the actor and each token's version."""
+        from mindrl.trainer.async_rollout import token_versions
+
+        groups = self.scheduled.batch(step - 1, timer)
+        prompts, result, _ = batch_of(groups)
+        rows = [self.loader.prompts[g.row] for g in groups]
+        images = images_of(rows)
+        batch = rollout_batch(prompts, result, self.n, self.pad_id, images)
+        batch["token_versions"] = token_versions(groups, batch)
+        pending = self.rewards.submit(self.texts(result.responses), [p.label for p in rows for _ in range(self.n)],
+                                      batch, calls_of(batch))
+        self.log_prob_passes(batch, timer)
+        scored = self.rewards.collect(pending, timer)
+        return Experience(batch, torch.tensor(scored.rewards), {k: torch.tensor(v) for k, v in scored.scores.items()},
+                          dict(scored.metrics))
+
     def log_prob_passes(self, batch: dict[str, torch.Tensor], timer: StepTimer) -> None:
         from mindrl.workers.group import gather_rows
 
@@ -362,7 +431,10 @@ class GRPOTrainer:
         """Greedy answers to the test split, scored like training rewards (the reward model's score raw)."""
         greedy = SamplingConfig(max_tokens=self.sampling.max_tokens, top_k=1, logprobs=0, seed=0)
         prompts, images = [p.ids for p in self.test_prompts], images_of(self.test_prompts)
-        result, _ = self.group.call("generate", prompts, 1, greedy, images, phase="validation")[0]
+        if self.scheduled is not None and self.scheduled.role is not None:
+            result = self.scheduled.generate(prompts, 1, greedy, images)
+        else:
+            result, _ = self.group.call("generate", prompts, 1, greedy, images, phase="validation")[0]
         batch = rollout_batch(prompts, result, 1, self.pad_id, images)
         pending = self.rewards.submit(self.texts(result.responses), [p.label for p in self.test_prompts], batch,
                                       calls_of(batch))
@@ -386,7 +458,8 @@ class GRPOTrainer:
         """The driver's state a resume needs, saved with the actor's checkpoint."""
         return {"job": self.job, "data": self.loader.state_dict(), "initial_weights": self.start.initial_weights,
                 "step": step, "reward_model_stats": self.rewards.stats.state_dict(),
-                "skipped_steps": self.skipped.state_dict()}
+                "skipped_steps": self.skipped.state_dict(),
+                **({"schedule": self.scheduled.state_dict()} if self.scheduled is not None else {})}
 
     def export(self) -> Path | None:
         return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)
@@ -403,6 +476,13 @@ def agent_spec(multi_turn: MultiTurnConfig | None, train_path: Path, actor: Any,
                           f"template and prompt_type is unset; set megatron_training.prompt_type to the template the "
                           f"data was rendered with (e.g. qwen).")
     return AgentSpec(multi_turn, actor.tokenizer_name_or_path, template.tool_turn(tokenizer))
+
+
+def wait_shares(metrics: dict[str, float]) -> dict[str, float]:
+    """Each role's idle share of the step: the trainer's waiting for groups, the engines' time not generating."""
+    step = max(metrics.get("timing/all", 0.0), 1e-9)
+    return {"async/trainer_idle_share": min(1.0, metrics.get("async/trainer_wait_seconds", 0.0) / step),
+            "async/rollout_idle_share": max(0.0, 1.0 - metrics.get("rollout/generate_seconds", 0.0) / step)}
 
 
 def update_nonfinite(metrics: dict[str, float]) -> NonFinite | None:

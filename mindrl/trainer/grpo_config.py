@@ -87,11 +87,14 @@ class TrainerConfig:
                 groups[0] = (f"{groups[0][0]}+{names[section]}", groups[0][1])
             else:
                 groups.append((names[section], resource))
+        rollout = self.rl_config.resources.get("rollout_resource")
+        if rollout is not None:
+            groups.append(("rollout", rollout))
         return groups
 
     def devices_held(self) -> int:
-        """Every device the run holds: each disjoint group of device_groups() once (the rollout engine and
-        colocated roles run on the actor's devices); the throughputs divide by it."""
+        """Every device the run holds: each disjoint group of device_groups() once (colocated roles, and the rollout
+        engines without a rollout_resource, run on the actor's devices); the throughputs divide by it."""
         return sum(resource.count for _, resource in self.device_groups())
 
     @property

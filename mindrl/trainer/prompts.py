@@ -71,12 +71,16 @@ class PromptLoader(Generic[Row]):
         return torch.randperm(len(self.prompts), generator=generator).tolist()
 
     def next_batch(self) -> list[Row]:
+        return [self.prompts[i] for i in self.next_rows()]
+
+    def next_rows(self) -> list[int]:
+        """The next batch as indices into `prompts` (what an asynchronous run's checkpoint records of a group)."""
         if self.position + self.batch_size > len(self.prompts):
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self._permutation()
         rows = self._order[self.position:self.position + self.batch_size]
         self.position += self.batch_size
-        return [self.prompts[i] for i in rows]
+        return rows
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

@@ -28,7 +28,10 @@ from mindrl.rollout.config import MultiTurnConfig
 from mindrl.trainer.reward_model import NORMALISATIONS
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
-_RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource", "critic_resource")
+_RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource", "critic_resource", "rollout_resource")
+#: sync: generate, then train (today's step); one_step_off_policy: batch k+1 generates while batch k trains (verl's
+#: name); streaming: the engines generate without pause, the trainer takes finished groups (AReaL's, NeMo-RL's async)
+ROLLOUT_MODES = ("sync", "one_step_off_policy", "streaming")
 KL_CONTROLLERS = ("fixed", "adaptive")
 # MindSpeed-RL's token_level_loss is a coarser name for two loss_agg_modes.
 _AGG_OF_TOKEN_LEVEL = {True: "token-mean", False: "seq-mean-token-mean"}
@@ -46,6 +49,8 @@ class RLConfig:
     reward_resource: dict | None = None
     #: the PPO critic's own devices; unset: it runs in the actor's processes, in the actor's layout
     critic_resource: dict | None = None
+    #: the rollout engines' own devices (vLLM); unset: they run in the actor's processes (colocated, the default)
+    rollout_resource: dict | None = None
     n_samples_per_prompt: int = 1
     mini_batch_size: int = 1
     epochs: int = 1
@@ -118,6 +123,19 @@ class RLConfig:
     max_tool_response_length: int = 1024
     tool_response_truncate_side: str = "middle"
     tool_parser_format: str = "hermes"
+    #: asynchronous rollout (docs/async_rollout.md): sync | one_step_off_policy | streaming
+    rollout_mode: str = "sync"
+    #: streaming (and partial rollout): a group whose oldest token is more than this many policy versions behind the
+    #: update is never trained on (AReaL's max_head_offpolicyness)
+    max_staleness: int = 1
+    #: partial rollout: a response is generated in up to this many segments of max_tokens / N tokens, continued under
+    #: the newer weights of later rounds (MindSpeed-RL's key)
+    partial_rollout_max_split: int = 1
+    #: off-policy samples: the PPO ratio against the actor's log-probs recomputed before the update (the proximal
+    #: policy), each token's loss weighted by π_proximal / π_behaviour (AReaL's decoupled PPO)
+    use_decoupled_loss: bool = True
+    #: decoupled PPO: tokens whose weight π_proximal / π_behaviour exceeds this are left out (null: none)
+    behav_imp_weight_cap: float | None = None
     #: LoRA: the reference is the actor with its adapters off (no second model; needs actor_config.lora_target_modules)
     share_backbone: bool = False
     #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
@@ -199,6 +217,14 @@ class RLConfig:
                               f"{self.reward_model_normalize!r}.")
         if self.prompt_packing not in (True, False, "auto"):
             raise ConfigError(f"rl_config.prompt_packing must be auto, true or false, got {self.prompt_packing!r}.")
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ConfigError(f"rl_config.rollout_mode must be one of {', '.join(ROLLOUT_MODES)}, got "
+                              f"{self.rollout_mode!r}.")
+        positive("rl_config", self, "partial_rollout_max_split")
+        positive("rl_config", self, "max_staleness", allow_zero=True)
+        if self.behav_imp_weight_cap is not None and not self.behav_imp_weight_cap > 1.0:
+            raise ConfigError(f"rl_config.behav_imp_weight_cap must be above 1 (null: no cap), got "
+                              f"{self.behav_imp_weight_cap}.")
         if self.num_cpus_for_local_task <= 0:
             raise ConfigError(f"rl_config.num_cpus_for_local_task must be positive, got "
                               f"{self.num_cpus_for_local_task}.")
@@ -212,6 +238,22 @@ class RLConfig:
                                max_model_len - self.max_prompt_length if total is None else total,
                                self.max_tool_response_length, self.tool_response_truncate_side,
                                self.tool_parser_format, self.tool_config_path)
+
+    @property
+    def scheduled(self) -> bool:
+        """The rollout runs through mindrl/trainer/async_rollout.py: off the actor's devices, ahead of the update,
+        or in segments; otherwise the step is the synchronous one."""
+        return (self.rollout_mode != "sync" or self.partial_rollout_max_split > 1
+                or self.resources.get("rollout_resource") is not None)
+
+    @property
+    def staleness_bound(self) -> int:
+        """Versions a trained token may lag the update: none in sync mode (unless split), one in one-step mode."""
+        if self.rollout_mode == "one_step_off_policy":
+            return 1
+        if self.rollout_mode == "sync" and self.partial_rollout_max_split == 1:
+            return 0
+        return self.max_staleness
 
     @property
     def rollout_is_config(self) -> RolloutISConfig:
