@@ -4,6 +4,7 @@ of cli/train_ppo.py on the same shape).
     python bench/grpo_e2e.py [--steps 3] [--models tiny,small,tiny_moe,tiny_vl] [--dtypes fp32,bf16] [--no-trl]
                              [--prompt-packing auto|false] [--prefix-caching true|false]
                              [--rollout-backend vllm|megatron] [--algorithms grpo,ppo]
+                             [--rollout-modes colocated,sync,one_step_off_policy,streaming]
 
 For grpo_tiny_cpu and grpo_small_cpu (and, with `tiny_moe` in --models, grpo_tiny_moe_cpu: 8 experts, top-2, EP=2,
 FLOPs counting the active parameters only; with `tiny_vl`, grpo_tiny_vl_cpu from random weights on the shape-image
@@ -26,7 +27,11 @@ environment), and the ratio of the two e2e rates. Updates run in micro-batches o
 (adv_estimator gae, a critic in the actor's processes, lr 5e-4) under `<model>_<dtype>_ppo`: its
 critic stages (`values`: a forward; `update_critic`: forward and backward, of the trunk and a one-output
 head, prompts packed as the critic's update packed them) count in its FLOPs, and `vs_grpo` is its e2e
-rate over GRPO's (TRL's side is GRPO's only). Prints one JSON line.
+rate over GRPO's (TRL's side is GRPO's only). With --rollout-modes each model and dtype also runs under
+`<model>_<dtype>_<mode>`: `colocated` is the default placement; the others put the vLLM engine on one of the two
+cores (rollout_resource) and the actor on the other, in rl_config.rollout_mode `sync`, `one_step_off_policy` or
+`streaming` (max_staleness 2, partial_rollout_max_split 4), each reported with its step time, tokens/s and each role's
+idle share (docs/async_rollout.md). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -95,8 +100,18 @@ def _image_flops(model: str, data: Path) -> float:
     return sum(vision_flops(arch, tuple(grid)) for grid in grids)
 
 
+#: what each --rollout-modes name sets beyond the shipped configuration (colocated: nothing)
+MODE_OVERRIDES = {
+    "colocated": {},
+    **{mode: {"rl_config.actor_resource.num_cpus": 1, "rl_config.rollout_resource.num_cpus": 1,
+              "rl_config.rollout_mode": mode, "rl_config.max_staleness": 2,
+              "rl_config.partial_rollout_max_split": 4 if mode == "streaming" else 1}
+       for mode in ("sync", "one_step_off_policy", "streaming")}}
+
+
 def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out: Path,
-           packing: str, prefix_caching: str | None, backend: str | None, algorithm: str = "grpo") -> list[dict]:
+           packing: str, prefix_caching: str | None, backend: str | None, algorithm: str = "grpo",
+           extra: dict | None = None) -> list[dict]:
     bf16 = dtype == "bf16"
     overrides = {"rl_config.prompt_packing": packing,
         "megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data,
@@ -114,6 +129,7 @@ def _train(model: str, dtype: str, steps: int, tokenizer: Path, data: Path, out:
         overrides["generate_config.backend"] = backend
     if algorithm == "ppo":
         overrides.update(PPO_OVERRIDES)
+    overrides.update(extra or {})
     if load_model_arch(ARCHS[model]).vision is not None:
         overrides["actor_config.load"] = "null"  # random weights, like the text models: no SFT stage first
     args = [f"{'' if key in _FILE_KEYS[model] else '+'}{key}={value}" for key, value in overrides.items()]
@@ -220,6 +236,23 @@ def _summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]
             "prompt_packed": packed}
 
 
+def _mode_summary(model: str, lines: list[dict], shared_prefill: Callable[[int], int]) -> dict:
+    """A rollout mode's step time, tokens/s, phase times and each role's idle share (colocated: the engines are idle
+    while the actor trains and the actor while they generate, so each idles for the other's share of the step)."""
+    summary = _summary(model, lines, shared_prefill)
+    timed = lines[1:] or lines
+    mean = {key: sum(line.get(key) or 0.0 for line in timed) / len(timed) for key in timed[0]}
+    step = mean["timing/all"]
+    generate = mean.get("rollout/generate_seconds", 0.0)
+    keep = ("e2e_tokens_per_s", "step_s", "stage_s", "response_len")
+    trainer_idle = mean.get("async/trainer_idle_share", mean.get("timing/rollout", 0.0) / step)
+    return {**{key: summary[key] for key in keep}, "generate_s": round(generate, 2),
+            "trainer_idle_share": round(trainer_idle, 3),
+            "rollout_idle_share": round(mean.get("async/rollout_idle_share", 1 - generate / step), 3),
+            "staleness_mean": round(mean.get("async/staleness_mean", 0.0), 3),
+            "dropped_groups": mean.get("async/dropped_groups_total", 0.0)}
+
+
 def _against(measured: dict, matmul: float) -> dict:
     """The summary with the step's and each stage's share of the plain matmul rate."""
     measured["matmul_gflops"] = round(matmul, 1)
@@ -241,6 +274,8 @@ def main() -> None:
     parser.add_argument("--rollout-backend", choices=["vllm", "megatron"],
                         help="generate_config.backend of the runs (default: as the configs ship)")
     parser.add_argument("--algorithms", default="grpo", help="grpo, and ppo for the same runs with a critic (GAE)")
+    parser.add_argument("--rollout-modes", default="",
+                        help="also run each of colocated, sync, one_step_off_policy, streaming (docs/async_rollout.md)")
     args = parser.parse_args()
     result: dict = {"bench": "grpo_e2e", "prompts": 16, "samples": 8, "threads": 2,
                     "prompt_packing": args.prompt_packing, "prefix_caching": args.prefix_caching or "as shipped",
@@ -267,6 +302,11 @@ def main() -> None:
                     ppo = _against(_summary(model, lines, _shared_prefill(model, args), image_flops), matmul)
                     ppo["vs_grpo"] = round(ppo["e2e_tokens_per_s"] / measured["e2e_tokens_per_s"], 2)
                     result[f"{model}_{dtype}_ppo"] = ppo
+                for mode in filter(None, args.rollout_modes.split(",")):
+                    lines = _train(model, dtype, args.steps, tokenizer, data, Path(tmp) / f"{model}_{dtype}_{mode}",
+                                   args.prompt_packing, args.prefix_caching, args.rollout_backend,
+                                   extra=MODE_OVERRIDES[mode])
+                    result[f"{model}_{dtype}_{mode}"] = _mode_summary(model, lines, _shared_prefill(model, args))
     print(json.dumps(result))
 
 

@@ -1,7 +1,7 @@
 """The learning demo: SFT warm start, (optionally DPO,) GRPO, and the held-out accuracy after each, on CPU.
 
     python cli/demo.py [--seed 1234] [--sft-steps N] [--dpo [--dpo-steps N]] [--grpo-steps N] [--out runs/facts]
-                       [--png PATH] [--vision] [--lora]
+                       [--png PATH] [--vision] [--lora] [--tools] [--rollout-mode MODE]
 
 Needs the facts tokenizer and data (scripts/demo.sh makes them, and the preference pairs `--dpo` reads).
 Runs cli/train_sft.py (sft_facts_cpu), evaluates its checkpoint greedily on the held-out split with
@@ -16,7 +16,8 @@ the shape images: sft_vl_cpu, then grpo_tiny_vl_cpu (scripts/demo.sh --vision ma
 share_backbone's reference, a learning rate 10× the full run's, as adapters need). `--tools` runs the tool-use
 chain on two-digit products: sft_tools_cpu (a short SFT on trajectories that call the python tool), then
 grpo_tools_cpu with multi-turn rollouts, and the same GRPO once more with tools off for comparison; the table
-adds the share of held-out answers that called a tool.
+adds the share of held-out answers that called a tool. `--rollout-mode` runs the GRPO stage with the vLLM engine on
+a core of its own in that rl_config.rollout_mode (sync, one_step_off_policy, streaming; docs/async_rollout.md).
 """
 
 from __future__ import annotations
@@ -117,6 +118,17 @@ LORA_GRPO = ["+actor_config.lora_target_modules=[linear_qkv,linear_proj,linear_f
              "actor_config.lr=1e-3"]
 
 
+#: the GRPO stage's placement and schedule per --rollout-mode: the engine on a core of its own, the actor on the other;
+#: streaming within 2 versions, responses in up to 2 segments, the decoupled weight truncated (TIS)
+_OWN_CORE = ["rl_config.actor_resource.num_cpus=1", "+rl_config.rollout_resource.num_cpus=1",
+             "+rl_config.rollout_is=token"]
+ROLLOUT_MODES = {
+    "sync": [*_OWN_CORE, "+rl_config.rollout_mode=sync"],
+    "one_step_off_policy": [*_OWN_CORE, "+rl_config.rollout_mode=one_step_off_policy"],
+    "streaming": [*_OWN_CORE, "+rl_config.rollout_mode=streaming", "+rl_config.max_staleness=2",
+                  "+rl_config.partial_rollout_max_split=2"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1234)
@@ -133,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tool-use demo: two-digit products through the python tool (sft_tools_cpu, "
                              "grpo_tools_cpu, and grpo_tools_cpu with tools off; data data/tools, tokenizer "
                              "data/tools_tokenizer)")
+    parser.add_argument("--rollout-mode", choices=sorted(ROLLOUT_MODES), default=None,
+                        help="GRPO with the vLLM engine on one core and the actor on the other, in this "
+                             "rl_config.rollout_mode (docs/async_rollout.md); default: colocated, synchronous")
     parser.add_argument("--out", default=None, help="where the checkpoints and metrics go (default runs/facts, "
                                                     "runs/shapes with --vision)")
     parser.add_argument("--data", default=None)
@@ -179,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                                *steps(args.grpo_steps), f"megatron_training.save={out / 'grpo'}",
                                f"actor_config.load={out / stages[-2]}",
                                f"generate_config.sampling_config.seed={args.seed}",
-                               *(LORA_GRPO if args.lora else [])])
+                               *(LORA_GRPO if args.lora else []),
+                               *(ROLLOUT_MODES[args.rollout_mode] if args.rollout_mode else [])])
     held_out["grpo"] = _accuracy(evaluations[-1])
     if args.tools:  # the comparison: the same GRPO from the same SFT, answering in one turn without tools
         evaluations.append(evaluate_command(out / "grpo_tools_off", args.data, args.tokenizer, task))
@@ -207,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     # each command over two lines, as a shell reads them: a long path would take a line past a screen's width
     print("the held-out figures again:\n" + "\n".join(f"  python {' '.join(c[:7])} \\\n      {' '.join(c[7:])}"
                                                        for c in evaluations) + "\n")
-    summary = {"seed": args.seed, "lora": args.lora, "tools": args.tools,
+    summary = {"seed": args.seed, "lora": args.lora, "tools": args.tools, "rollout_mode": args.rollout_mode,
                **{f"{stage}_accuracy": held_out[stage]["pass@1"] for stage in stages},
                "gain_points": round(100 * (after["pass@1"] - before["pass@1"]), 2),
                **{f"{stage}_seconds": round(seconds[stage], 1) for stage in stages}, "figures": str(out / FIGURES)}

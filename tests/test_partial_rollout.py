@@ -27,9 +27,8 @@ def _three_versions(rank: int, checkpoint: str) -> dict:
     for version in range(SPLIT):
         weights.append([p.detach().clone() for p in actor.model.parameters()])
         requests = schedule.requests(version)
-        result = engine.generate([r.ids for r in requests], SamplingConfig(temperature=TEMPERATURE, max_tokens=MAX_TOKENS,
-                                                                           seed=100 + version),
-                                 max_tokens=[r.max_tokens for r in requests])
+        sampling = SamplingConfig(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=100 + version)
+        result = engine.generate([r.ids for r in requests], sampling, max_tokens=[r.max_tokens for r in requests])
         schedule.add(requests, result, version)
         with torch.no_grad():  # the next version: every weight moved, as an update would
             for p in actor.model.parameters():

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from mindrl.algorithms.advantages import compute_advantages
+from mindrl.algorithms.decoupled import behaviour_weights
 from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_values
-from mindrl.algorithms.decoupled import behaviour_weights, staleness_metrics
 from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
+from mindrl.algorithms.staleness import staleness_metrics
 from mindrl.config import ConfigError, ModelArch
 from mindrl.console import say
 from mindrl.data.images import check_image_tokens
@@ -217,9 +218,9 @@ class GRPOTrainer:
         scheduled.engine_version = self.start.iteration
         if role is not None:
             role.push(self.start.iteration)
-        say(f"rollout: {rl.rollout_mode}, on {'its own ' + str(rl.resources['rollout_resource']) if role else 'the actor'}"
-            f"'s devices, staleness bound {rl.staleness_bound} versions, responses in up to "
-            f"{rl.partial_rollout_max_split} segments")
+        where = f"its own devices ({rl.resources['rollout_resource']})" if role else "the actor's devices"
+        say(f"rollout: {rl.rollout_mode} on {where}, staleness bound {rl.staleness_bound} versions, responses in up "
+            f"to {rl.partial_rollout_max_split} segments")
         return scheduled
 
     def _reference_group(self) -> Any:

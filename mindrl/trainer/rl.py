@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindrl.algorithms.advantages import CRITIC_ESTIMATORS, check_estimator
+from mindrl.algorithms.decoupled import check_cap
 from mindrl.algorithms.kl import KL_ESTIMATORS, kl_ceiling
 from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
@@ -222,9 +223,10 @@ class RLConfig:
                               f"{self.rollout_mode!r}.")
         positive("rl_config", self, "partial_rollout_max_split")
         positive("rl_config", self, "max_staleness", allow_zero=True)
-        if self.behav_imp_weight_cap is not None and not self.behav_imp_weight_cap > 1.0:
-            raise ConfigError(f"rl_config.behav_imp_weight_cap must be above 1 (null: no cap), got "
-                              f"{self.behav_imp_weight_cap}.")
+        try:
+            check_cap(self.behav_imp_weight_cap)
+        except ConfigError as err:
+            raise ConfigError(f"rl_config.{err}") from None
         if self.num_cpus_for_local_task <= 0:
             raise ConfigError(f"rl_config.num_cpus_for_local_task must be positive, got "
                               f"{self.num_cpus_for_local_task}.")
