@@ -7,8 +7,9 @@ import torch
 
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch
+from mindrl.rollout.config import sampling_for_step
 from mindrl.trainer.config import load_trainer_config
-from mindrl.trainer.grpo import check_runnable, sampling_for_step
+from mindrl.trainer.grpo import check_runnable
 from mindrl.trainer.prompts import Prompt, PromptLoader, read_prompts
 from mindrl.trainer.start import start_point
 

@@ -263,3 +263,11 @@ def check_megatron_rollout(arch: ModelArch, par: ParallelConfig, record_routes: 
 VLLM_ROUTES = ("generate_config.rollout_routing_replay needs the experts each sampled token was routed to, which "
                "vLLM returns only from its GPU model runner and mindrl does not read from it yet; use backend "
                "megatron for routing replay, or turn it off.")
+
+
+def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:
+    """Each rollout round samples with its own seeds (a fixed seed would repeat the same draws every
+    step), derived from the configured one so that a resumed run draws what an uninterrupted one did."""
+    if sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + 1_000_003 * step + 7_919 * attempt)

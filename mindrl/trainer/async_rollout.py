@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from mindrl.rollout.base import RolloutResult
-from mindrl.rollout.config import SamplingConfig
+from mindrl.rollout.config import SamplingConfig, sampling_for_step
 from mindrl.trainer.metrics import StepTimer, add_round
 from mindrl.trainer.schedule import Group, Request, Schedule, batch_of
 
@@ -60,7 +60,7 @@ class ScheduledRollout:
         if not requests:
             return False
         self.rounds += 1
-        sampling = _round_sampling(self.sampling, self.rounds)
+        sampling = sampling_for_step(self.sampling, self.rounds)
         prompts = [r.ids for r in requests]
         images = self._images(requests)
         caps = [r.max_tokens for r in requests]
@@ -158,9 +158,3 @@ def token_versions(groups: list[Group], batch: dict[str, torch.Tensor]) -> torch
     for row, (length, row_versions) in enumerate(zip(batch["prompt_lengths"].tolist(), versions, strict=True)):
         out[row, length - 1:length - 1 + len(row_versions)] = torch.tensor(row_versions, dtype=torch.long)
     return out
-
-
-def _round_sampling(sampling: SamplingConfig, round_index: int) -> SamplingConfig:
-    from mindrl.trainer.grpo import sampling_for_step
-
-    return sampling_for_step(sampling, round_index)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from mindrl.data.images import check_image_tokens
 from mindrl.data.stops import response_text, run_stop_words, run_template, stop_token_ids, trajectory_text
 from mindrl.rewards.scorer import ScoreResult
 from mindrl.rollout.agent_loop import AgentSpec
-from mindrl.rollout.config import MultiTurnConfig, SamplingConfig
+from mindrl.rollout.config import MultiTurnConfig, SamplingConfig, sampling_for_step
 from mindrl.trainer.config import check_resources
 from mindrl.trainer.experience import rollout_batch
 from mindrl.trainer.export import export_hf
@@ -502,11 +502,3 @@ def rows_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     be packed behind one copy of it, a mixture of experts' routes to replay, and a vision-language model's images."""
     keys = ("tokens", "prompt_lengths", "response_lengths", "routes", "pixel_values", "image_grid_thw")
     return {key: batch[key] for key in keys if key in batch}
-
-
-def sampling_for_step(sampling: SamplingConfig, step: int, attempt: int = 0) -> SamplingConfig:
-    """Each rollout round samples with its own seeds (a fixed seed would repeat the same draws every
-    step), derived from the configured one so that a resumed run draws what an uninterrupted one did."""
-    if sampling.seed is None:
-        return sampling
-    return replace(sampling, seed=sampling.seed + 1_000_003 * step + 7_919 * attempt)
