@@ -161,8 +161,8 @@ def _rollout(calls: list) -> ColocatedRollout:
         return {}
 
     rollout.sync = sync
-    rollout._generate_share = lambda prompts, n, sampling, images: (calls.append("generate"),
-                                                                    rollout.engine.generate(prompts, sampling, n))[1]
+    rollout._generate_share = lambda prompts, n, sampling, images, max_tokens=None: (
+        calls.append("generate"), rollout.engine.generate(prompts, sampling, n))[1]
     return rollout
 
 
