@@ -49,8 +49,11 @@ class SyncStats:
     buckets: int = 0
     digests: dict[str, str] = field(default_factory=dict)
 
+    def seconds(self) -> float:
+        return self.gather_s + self.convert_s + self.load_s
+
     def metrics(self) -> dict[str, float]:
-        total = self.gather_s + self.convert_s + self.load_s
+        total = self.seconds()
         return {"sync/seconds": total, "sync/gather_seconds": self.gather_s, "sync/convert_seconds": self.convert_s,
                 "sync/load_seconds": self.load_s, "sync/gigabytes": self.bytes / 1e9,
                 "sync/gb_per_s": self.bytes / 1e9 / total if total else 0.0, "sync/buckets": float(self.buckets)}

@@ -35,6 +35,9 @@ from mindrl.platform.precision import Precision
 from mindrl.rollout.agent_loop import AgentSpec
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
+from mindrl.rollout.weight_push import PushGroup, push_weights
+from mindrl.workers.engine_share import ENGINE_DTYPES, engine_config, probe_tokens
+from mindrl.workers.group import COLLECTIVE_TIMEOUT_S
 from mindrl.workers.megatron_worker import ActorConfig, BackboneReference, MegatronWorker
 
 
@@ -123,6 +126,9 @@ class PolicySpec:
     share_backbone: bool = False
     #: rollouts call tools between turns (rl_config.multi_turn_enable)
     agent: AgentSpec | None = None
+    #: the rollout engines run on ranks of their own (rollout_rank.py) and take the actor's weights by push: the
+    #: actor's ranks build no engine and do not generate
+    rollout_elsewhere: bool = False
 
 
 class RankProcess:
@@ -133,6 +139,9 @@ class RankProcess:
         # every later get_platform() of this process (megatron's patches, the engines) names the same kind
         self.device = os.environ["MINDRL_DEVICE"] = device
         self._store: dist.TCPStore | None = None
+        self._push_store: dist.TCPStore | None = None
+        #: this rank's membership of the group the actor's weights are pushed over (join_push)
+        self.push: PushGroup | None = None
         # every process of a run writes to its log: this line tells which lines (torch's carry the pid) are whose
         print(f"[mindrl] pid {os.getpid()}: {type(self).__name__} {rank} of {world_size}", flush=True)
 
@@ -144,11 +153,24 @@ class RankProcess:
 
     def rendezvous(self, loopback: bool, timeout_s: float) -> tuple[str, int]:
         """Rank 0 serves the group's store on a port the OS picks; the driver hands it to the others."""
-        import ray
-
-        host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        host = _store_host(loopback)
         self._store = rendezvous_store(self.world_size, timeout_s, host)
         return host, self._store.port
+
+    def serve_push(self, world: int, loopback: bool, timeout_s: float) -> tuple[str, int]:
+        """Serve the store of a push group of `world` members (mindrl/rollout/weight_push.py), apart from this
+        rank's own group's, on a port the OS picks; the driver hands it to every member."""
+        host = _store_host(loopback)
+        self._push_store = rendezvous_store(world, timeout_s, host)
+        return host, self._push_store.port
+
+    def join_push(self, host: str, port: int, world: int, rank: int, actors: int,
+                  timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+        """Become `rank` of the push group of `world`, whose first `actors` members are the actor's ranks and the
+        rest the rollout ranks; every member at once."""
+        from mindrl.rollout.weight_push import PushGroup
+
+        self.push = PushGroup(host, port, world, rank, actors, timeout_s)
 
     def join(self, host: str, port: int, timeout_s: float) -> None:
         from mindrl.platform import get_platform
@@ -209,13 +231,35 @@ class PolicyRank(ActorRank, CriticHost):
         resumed = self._resume(spec)
         beside = [worker for worker in (self.reference, self.reward, self.critic)
                   if worker is not None and not isinstance(worker, BackboneReference)]
-        self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, beside, spec.agent)
-        return {"dp_size": self.actor.dp_size, **resumed, "precision": precision,
-                "engine_dtype": self.rollout.cfg.dtype}
+        self.engine_cfg = engine_config(spec.generate, self.actor)
+        self.rollout = None
+        if not spec.rollout_elsewhere:
+            self.rollout = ColocatedRollout.build(self.actor, spec.generate, spec.eos_token_ids, beside, spec.agent)
+        return {"dp_size": self.actor.dp_size, **resumed, "precision": precision, "engine_dtype": self.engine_cfg.dtype}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig,
-                 images: list[PromptImages | None] | None = None) -> tuple[RolloutResult, dict]:
-        return self.rollout.generate(prompts, n, sampling, images)
+                 images: list[PromptImages | None] | None = None,
+                 max_tokens: list[int] | None = None) -> tuple[RolloutResult, dict]:
+        if self.rollout is None:
+            raise RuntimeError("this actor's rollout engines run on ranks of their own (PolicySpec.rollout_elsewhere): "
+                               "generate through the rollout role (mindrl.trainer.rollout_role.RolloutRole), not the "
+                               "actor.")
+        return self.rollout.generate(prompts, n, sampling, images, max_tokens)
+
+    def push_weights(self, version: int) -> dict[str, float]:
+        """Send the actor's current weights, as policy `version`, to the rollout ranks of the push group (every
+        actor rank at once, with RolloutRank.receive_weights); the push's time and bytes."""
+        cfg = self.engine_cfg
+        stats = push_weights(self.push, self.actor.model, self.actor.arch, self.actor.par, ENGINE_DTYPES[cfg.dtype],
+                             cfg.weight_sync_bucket_mb << 20, version)
+        return stats.metrics()
+
+    def probe_log_probs(self, rows: int) -> tuple[int, torch.Tensor] | None:
+        """The actor's log-probs of the probe sequence (engine_share.probe_tokens, `rows` of them: one per
+        data-parallel rank) at temperature 1, on the ranks that hold results: what a pushed engine must match."""
+        out = self.actor.compute_log_prob({"tokens": probe_tokens(self.actor.arch.padded_vocab_size, rows)},
+                                          temperature=1.0)
+        return _held(self.actor, None if out is None else out["log_probs"])
 
     def log_probs(self, batch: dict, role: str) -> tuple[int, torch.Tensor] | None:
         return _rows_of(self.actor if role == "actor" else self.reference, batch)
@@ -228,10 +272,11 @@ class PolicyRank(ActorRank, CriticHost):
 
     def close(self) -> None:
         try:
-            if self.rollout.agent is not None:
+            if self.rollout is not None and self.rollout.agent is not None:
                 self.rollout.agent.tools.close()
         finally:
-            self.rollout.engine.close()
+            if self.rollout is not None:
+                self.rollout.engine.close()
             destroy()
 
 
@@ -380,6 +425,13 @@ class DPORank(SFTRank):
         both = torch.stack([sequence_log_probs(self.loss, actor["log_probs"], mask),
                             sequence_log_probs(self.loss, reference["log_probs"], mask)], -1)
         return _held(self.actor, both)
+
+
+def _store_host(loopback: bool) -> str:
+    """Where a store a group's members reach is served: loopback when they all share this node."""
+    import ray
+
+    return "127.0.0.1" if loopback else ray.util.get_node_ip_address()
 
 
 def _rows_of(worker: MegatronWorker | BackboneReference, batch: dict) -> tuple[int, torch.Tensor] | None:
