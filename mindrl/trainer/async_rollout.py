@@ -35,11 +35,13 @@ class ScheduledRollout:
     """The driver's side of the rollout: which groups generate when, on which engines, under which version."""
 
     def __init__(self, loader: Any, n: int, batch_groups: int, sampling: SamplingConfig, mode: str,
-                 max_staleness: int, max_split: int, actor: Any, role: Any = None) -> None:
+                 max_staleness: int, max_split: int, actor: Any, role: Any = None, check: bool = False) -> None:
         self.loader, self.sampling, self.mode = loader, sampling, mode
         self.schedule = Schedule(n, batch_groups, sampling.max_tokens, max_staleness, max_split)
         #: the actor's worker group (rounds run there without a rollout role) and the engines' own role, if any
         self.actor, self.role = actor, role
+        #: compare the engines' log-probs of a probe with the actor's after every push (check_weight_sync)
+        self.check = check
         #: rounds launched since the run started (their seeds), and the version the engines hold
         self.rounds = 0
         self.engine_version = 0
@@ -47,6 +49,17 @@ class ScheduledRollout:
         #: this step's rounds' metrics, and the seconds the trainer waited for its groups
         self._metrics: dict[str, float] = {}
         self.waited = 0.0
+
+    def start(self, version: int) -> dict[str, float]:
+        """The engines take the weights the run starts (or resumes) from."""
+        self.engine_version = version
+        return self._push(version) if self.role is not None else {}
+
+    def _push(self, version: int) -> dict[str, float]:
+        metrics = self.role.push(version)
+        if self.check:
+            metrics.update(self.role.check())
+        return metrics
 
     # ---------------------------------------------------------------- rounds
     def _launch(self, version: int) -> bool:
@@ -84,7 +97,7 @@ class ScheduledRollout:
         self.schedule.add(requests, result, version)
 
     def _round_done(self) -> bool:
-        return self._flight is not None and (self.role is None or ready(self._flight[1]))
+        return self._flight is not None and (self.role is None or ready(self._flight[1].refs))
 
     # ---------------------------------------------------------------- the step
     def batch(self, version: int, timer: StepTimer) -> list[Group]:
@@ -121,7 +134,7 @@ class ScheduledRollout:
         metrics = dict(self._metrics)
         metrics["async/trainer_wait_seconds"] = self.waited + time.perf_counter() - start
         if self.role is not None:
-            metrics.update(self.role.push(version))
+            metrics.update(self._push(version))
         # a colocated engine syncs the actor's weights at its next round by itself
         self.engine_version = version
         metrics["async/dropped_groups_total"] = float(self.schedule.dropped)

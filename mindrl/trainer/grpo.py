@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +153,7 @@ class GRPOTrainer:
             resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
             resume_bf16=self.start.bf16, load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng,
             reward=reward_spec(cfg) if self.reward_colocated else None, share_backbone=rl.share_backbone,
-            agent=self.agent)
+            agent=self.agent, rollout_elsewhere=rl.resources["rollout_resource"] is not None)
 
     def setup(self) -> None:
         from mindrl.trainer.cluster import connect_when_ready
@@ -185,7 +185,7 @@ class GRPOTrainer:
         elif cfg.reward_config is not None:
             self.rewards.model = RewardModelGroup.on_own_devices(cfg)
         if cfg.rl_config.scheduled:
-            self.scheduled = self._scheduled_rollout(ranks[0]["extra"])
+            self.scheduled = self._scheduled_rollout(ranks[0])
         if self.start.resume:
             extra = ranks[0]["extra"]
             self.loader.load_state_dict(extra["data"])
@@ -201,23 +201,29 @@ class GRPOTrainer:
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
 
-    def _scheduled_rollout(self, extra: dict | None) -> Any:
+    def _scheduled_rollout(self, setup: dict) -> Any:
         """The rounds' driver, on the engines' own devices when rollout_resource gives them (their first weights
         pushed), else on the actor's; a resume takes back its buffered samples."""
         from mindrl.trainer.async_rollout import ScheduledRollout
 
-        rl, role = self.cfg.rl_config, None
-        if rl.resources["rollout_resource"] is not None:
+        cfg, rl, role = self.cfg, self.cfg.rl_config, None
+        resource = rl.resources["rollout_resource"]
+        if resource is not None:
             from mindrl.trainer.rollout_role import RolloutRole
+            from mindrl.workers.rollout_rank import RolloutSpec
 
-            role = RolloutRole.start(self.cfg, self.group, self.stop_ids, self.agent)
+            generate = replace(cfg.generate_config, dtype=setup["engine_dtype"])
+            spec = RolloutSpec(cfg.actor_config.arch, generate, tuple(self.stop_ids), cfg.actor_config.seed,
+                               self.agent)
+            say(f"starting {resource.count} rollout ranks ({resource}), the actor's weights pushed to them")
+            role = RolloutRole(self.group, self.dp_size, spec, resource, rl.phase_timeout)
         scheduled = ScheduledRollout(self.loader, self.n, self.train_groups, self.sampling, rl.rollout_mode,
-                                     rl.staleness_bound, rl.partial_rollout_max_split, self.group, role)
+                                     rl.staleness_bound, rl.partial_rollout_max_split, self.group, role,
+                                     cfg.generate_config.check_weight_sync)
+        extra = setup["extra"]
         if extra is not None and "schedule" in extra:
             scheduled.load_state_dict(extra["schedule"])
-        scheduled.engine_version = self.start.iteration
-        if role is not None:
-            role.push(self.start.iteration)
+        scheduled.start(self.start.iteration)
         where = f"its own devices ({rl.resources['rollout_resource']})" if role else "the actor's devices"
         say(f"rollout: {rl.rollout_mode} on {where}, staleness bound {rl.staleness_bound} versions, responses in up "
             f"to {rl.partial_rollout_max_split} segments")
