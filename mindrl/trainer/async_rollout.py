@@ -93,6 +93,10 @@ class ScheduledRollout:
         requests, pending, version = self._flight
         self._flight = None
         result, metrics = self.role.wait(pending) if self.role is not None else pending
+        made_by = metrics.pop("rollout/weight_version", version)
+        if made_by != version:  # a push that never took effect would otherwise train under the wrong versions
+            raise RuntimeError(f"the engines generated a round with policy version {made_by:g} where the driver had "
+                               f"pushed version {version}; a weight push did not take effect.")
         add_round(self._metrics, metrics)
         self.schedule.add(requests, result, version)
 
