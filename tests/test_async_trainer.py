@@ -3,6 +3,7 @@ every update and checked; one-step off-policy resumed after SIGKILL equal to the
 max_staleness 0 equal to the synchronous mode; streaming with partial rollout within its bound — and the
 one-sentence refusals before anything starts."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def test_one_step_off_policy_trains_one_version_behind_with_every_push_checked(o
     lines = jobs.metrics(one_step_run / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
     assert lines[0]["async/staleness_max"] == 0  # the first batch waits for the first weights
-    for before, line in zip(lines, lines[1:]):  # the others generated while the previous batch trained
+    for before, line in itertools.pairwise(lines):  # the others generated while the previous batch trained
         assert line["async/staleness_mean"] == 1 and line["async/staleness_max"] == 1, line
         assert line["async/staleness_oldest_token_mean"] == 1 and line["async/off_policy_token_share"] == 1
         # the proximal pass has the update the engine had not: where it moved the weights, the behaviour weight
@@ -114,11 +115,11 @@ def test_partial_rollout_on_the_colocated_megatron_engine(tiny_math_data, tmp_pa
     Megatron-native engine, responses in 2 segments of 16 tokens, the unfinished ones continued under the next
     update's weights (tokens one version old at most), the engine's log-probs of the fresh ones equal to the actor's."""
     save = tmp_path / "run"
-    jobs.run("train_grpo.py", CONFIG, _overrides(tiny_math_data, save, **{
+    overrides = _overrides(tiny_math_data, save, **{
         "megatron_training.save_interval": 0, "megatron_training.train_iters": 3, "rl_config.rollout_mode": "sync",
         "rl_config.partial_rollout_max_split": 2, "rl_config.max_staleness": 1,
         "rl_config.actor_resource.num_cpus": 2, "generate_config.backend": "megatron"})
-        + ["~rl_config.rollout_resource"], tmp_path / "log")
+    jobs.run("train_grpo.py", CONFIG, [*overrides, "~rl_config.rollout_resource"], tmp_path / "log")
     lines = jobs.metrics(save / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]
     assert all(line["async/staleness_max"] <= 1 and line["async/dropped_groups_total"] == 0 for line in lines)
