@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from mindrl.config import ModelArch, ParallelConfig
 from mindrl.rollout.base import RolloutEngine
-from mindrl.rollout.weight_sync import SyncStats, WeightSyncError, hf_tensors
+from mindrl.rollout.weight_sync import SyncStats, WeightSyncError, hf_buckets
 
 ROOT = 0
 #: dtypes a manifest can name
@@ -94,19 +94,8 @@ def push_weights(group: PushGroup, model: torch.nn.Module, arch: ModelArch, par:
     """Send the actor's weights (this rank's stage `model`) to the rollout ranks, tagged with policy `version`;
     called on every actor rank at once, with `receive_weights` on every rollout rank."""
     stats = PushStats()
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
     try:
-        for name, tensor in hf_tensors(model, arch, par, dtype, stats):
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                _send(group, bucket, version, stats)
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-            stats.bytes += nbytes
-            stats.tensors += 1
-        if bucket:
+        for bucket in hf_buckets(model, arch, par, dtype, bucket_bytes, stats):
             _send(group, bucket, version, stats)
         if group.rank == ROOT:
             group.send_manifest({"version": version, "done": True})

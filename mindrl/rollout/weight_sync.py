@@ -68,6 +68,19 @@ def sync_weights(engine: RolloutEngine, model: torch.nn.Module, arch: ModelArch,
     stats = SyncStats()
     if engine.shares_actor_weights:
         return stats
+    for bucket in hf_buckets(model, arch, par, dtype, bucket_bytes, stats, digests):
+        _load(engine, bucket, stats)
+    start = time.perf_counter()
+    _agree(lambda: engine.finish_weight_update(), engine, "finishing the update")
+    stats.load_s += time.perf_counter() - start
+    return stats
+
+
+def hf_buckets(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, dtype: torch.dtype,
+               bucket_bytes: int, stats: SyncStats,
+               digests: bool = False) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """`hf_tensors` in buckets of at most `bucket_bytes` (a larger tensor alone), counted into `stats` (with
+    `digests`, each tensor's digest too): what a sync loads and a push sends, one bucket at a time."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in hf_tensors(model, arch, par, dtype, stats):
@@ -75,18 +88,14 @@ def sync_weights(engine: RolloutEngine, model: torch.nn.Module, arch: ModelArch,
             stats.digests[name] = digest(tensor)
         nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > bucket_bytes:
-            _load(engine, bucket, stats)
+            yield bucket
             bucket, size = [], 0
         bucket.append((name, tensor))
         size += nbytes
         stats.bytes += nbytes
         stats.tensors += 1
     if bucket:
-        _load(engine, bucket, stats)
-    start = time.perf_counter()
-    _agree(lambda: engine.finish_weight_update(), engine, "finishing the update")
-    stats.load_s += time.perf_counter() - start
-    return stats
+        yield bucket
 
 
 def _load(engine: RolloutEngine, bucket: list[tuple[str, torch.Tensor]], stats: SyncStats) -> None:
