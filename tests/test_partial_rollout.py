@@ -26,7 +26,7 @@ def _three_versions(rank: int, checkpoint: str) -> dict:
     weights, generator = [], torch.Generator().manual_seed(3)
     for version in range(SPLIT):
         weights.append([p.detach().clone() for p in actor.model.parameters()])
-        requests = schedule.requests(version)
+        requests = schedule.requests()
         sampling = SamplingConfig(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=100 + version)
         result = engine.generate([r.ids for r in requests], sampling, max_tokens=[r.max_tokens for r in requests])
         schedule.add(requests, result, version)

@@ -31,13 +31,19 @@ def _policy_spec():
                       ref_micro_batch_size=4, actor_micro_batch_size=4, rollout_elsewhere=True)
 
 
+def _first_engine(probe: tuple) -> tuple:
+    """(the actor's, the only rollout rank's engine's) probe log-probs."""
+    actor, (engine,) = probe
+    return actor, engine
+
+
 def _scenario(actor, role) -> dict:
     """Everything the tests look at, in one pass over one pair of groups."""
     from mindrl.rollout.weight_sync import WeightSyncError
     from mindrl.trainer.experience import rollout_batch
 
     out = {"push": role.push(1)}
-    out["old"] = role.probe()
+    out["old"] = _first_engine(role.probe())
     out["check"] = role.check()
     result, out["sampled_metrics"] = role.wait(role.generate_async(PROMPTS, 2, GENERATE.sampling_config))
     out["whole"] = role.wait(role.generate_async(PROMPTS, 1, GREEDY))[0]
@@ -46,12 +52,12 @@ def _scenario(actor, role) -> dict:
     batch = rollout_batch(PROMPTS, result, 2)
     signs = torch.tensor([1.0, -1.0] * 4).unsqueeze(1)
     actor.call("update", {**batch, "advantages": signs * batch["loss_mask"]})
-    out["stale"] = role.probe()
+    out["stale"] = _first_engine(role.probe())
     with pytest.raises(WeightSyncError) as refused:
         role.check()
     out["refused"] = str(refused.value)
     out["second_push"] = role.push(2)
-    out["new"] = role.probe()
+    out["new"] = _first_engine(role.probe())
     out["second_check"] = role.check()
     out["after_second"] = role.wait(role.generate_async(PROMPTS[:2], 1, GREEDY))[1]
     return out

@@ -12,7 +12,7 @@ from mindrl.trainer.schedule import Schedule, batch_of
 def _round(schedule: Schedule, engine_version: int, rng: random.Random, stop_share: float = 0.3):
     """What an engine would answer: each request's tokens (token = engine version, so the test can tell), a stop
     with probability `stop_share` before its budget."""
-    requests = schedule.requests(engine_version)
+    requests = schedule.requests()
     responses, reasons = [], []
     for r in requests:
         stop = rng.random() < stop_share
@@ -72,29 +72,32 @@ def test_no_trained_token_is_older_than_the_bound(seed, max_staleness, max_split
             assert token_versions == sorted(token_versions)
         assert all(len(r) <= 12 for r in result.responses)
         assert all(reason in (STOP, LENGTH) for reason in result.finish_reasons)
-    # every admitted group is trained, dropped, or still in flight
-    assert schedule.admitted == len(seen) + schedule.dropped + len(schedule.groups)
+    # every admitted group is trained or still in flight: in admission order nothing waits past the bound
+    assert schedule.dropped == 0 and schedule.admitted == len(seen) + len(schedule.groups)
 
 
-def test_partial_rollout_spans_versions_and_finishes_at_the_bound():
-    """Split in 3 with staleness 2, a sample whose engine moves on every round takes versions 0, 1, 2 in chunks of 4,
-    and its last segment (at the bound) gets the whole budget left."""
+def test_partial_rollout_spans_versions():
+    """Split in 3, a sample whose engine moves on every round takes versions 0, 1, 2 in chunks of 4."""
     schedule = Schedule(1, 1, max_tokens=12, max_staleness=2, max_split=3)
     schedule.admit([(0, [5, 6])])
-    for engine_version, want in ((0, 4), (1, 4), (2, 4)):
-        (request,) = schedule.requests(engine_version)
-        assert request.max_tokens == want and request.ids == [5, 6] + [0] * 4 * engine_version
-        schedule.add([request], RolloutResult([[0] * want], [[-1.0] * want], [LENGTH]), engine_version)
+    for engine_version in range(3):
+        (request,) = schedule.requests()
+        assert request.max_tokens == 4 and request.ids == [5, 6] + [0] * 4 * engine_version
+        schedule.add([request], RolloutResult([[0] * 4], [[-1.0] * 4], [LENGTH]), engine_version)
     (group,) = schedule.ready()
     assert group.samples[0].versions == [0] * 4 + [1] * 4 + [2] * 4
     assert group.samples[0].finish == LENGTH and group.samples[0].segments == 3
-    # a group two versions old at an engine two versions on gets everything left
-    schedule = Schedule(1, 1, max_tokens=12, max_staleness=2, max_split=6)
-    schedule.admit([(0, [5])])
-    (request,) = schedule.requests(0)
-    schedule.add([request], RolloutResult([[0, 0]], [[-1.0, -1.0]], [LENGTH]), 0)
-    (request,) = schedule.requests(2)
-    assert request.max_tokens == 10
+
+
+def test_batches_leave_in_the_order_of_admission():
+    """A younger group that finished first waits for the older one: it may not take its place."""
+    schedule = Schedule(1, 1, max_tokens=4, max_staleness=1, max_split=2)
+    schedule.admit([(0, [1]), (1, [2])])
+    requests = schedule.requests()
+    schedule.add(requests, RolloutResult([[1, 1], [1]], [[-1.0] * 2, [-1.0]], [LENGTH, STOP]), 0)
+    assert schedule.ready()[0].index == 1 and schedule.take(0) is None
+    schedule.add(schedule.requests(), RolloutResult([[1]], [[-1.0]], [STOP]), 0)
+    assert [g.index for g in schedule.take(0)] == [0] and [g.index for g in schedule.take(1)] == [1]
 
 
 def test_stale_groups_are_dropped_and_admission_follows_the_bound():
@@ -102,7 +105,7 @@ def test_stale_groups_are_dropped_and_admission_follows_the_bound():
     assert schedule.room(0) == 4  # (0 + 1 + 1) batches of 2 groups
     schedule.admit([(r, [r + 1]) for r in range(4)])
     assert schedule.room(0) == 0 and schedule.room(1) == 2
-    requests = schedule.requests(0)
+    requests = schedule.requests()
     schedule.add(requests, RolloutResult([[1]] * 8, [[-1.0]] * 8, [STOP] * 8), 0)
     assert [g.index for g in schedule.take(1)] == [0, 1]
     assert schedule.take(2) is None and schedule.dropped == 2  # groups 2, 3: version 0 is 2 behind
@@ -112,9 +115,77 @@ def test_stale_groups_are_dropped_and_admission_follows_the_bound():
 def test_state_round_trip_keeps_every_token():
     schedule = Schedule(2, 1, max_tokens=8, max_staleness=2, max_split=2)
     schedule.admit([(7, [1, 2])])
-    requests = schedule.requests(3)
+    requests = schedule.requests()
     schedule.add(requests, RolloutResult([[4, 5], [6, 7]], [[-0.1, -0.2], [-0.3, -0.4]], [LENGTH, STOP]), 3)
     again = Schedule(2, 1, max_tokens=8, max_staleness=2, max_split=2)
     again.load_state_dict(schedule.state_dict())
     assert again.state_dict() == schedule.state_dict()
-    assert again.requests(4) == schedule.requests(4)
+    assert again.requests() == schedule.requests()
+
+
+class _Engine:
+    """Answers a round at once, each request a random number of tokens (token = the version that made it): what
+    the driver's bookkeeping sees of an engine, without one."""
+
+    def __init__(self, seed: int, max_tokens: int) -> None:
+        self.rng, self.max_tokens, self.version = random.Random(seed), max_tokens, 0
+
+    def answer(self, prompts, caps) -> RolloutResult:
+        responses, reasons = [], []
+        for cap in caps or [self.max_tokens] * len(prompts):
+            stop = self.rng.random() < 0.4
+            length = self.rng.randint(1, cap) if stop else cap
+            responses.append([self.version] * length)
+            reasons.append(STOP if stop else LENGTH)
+        return RolloutResult(responses, [[-0.5] * len(r) for r in responses], reasons)
+
+    # the actor's worker group, for colocated rounds
+    def call(self, method, prompts, n, sampling, images=None, caps=None, phase=None):
+        return [(self.answer(prompts, caps), {})]
+
+    # a rollout role, for the engines on devices of their own
+    def generate_async(self, prompts, n, sampling, images=None, caps=None):
+        return self.answer(prompts, caps), {"rollout/weight_version": self.version}
+
+    def wait(self, pending):
+        return pending
+
+    def push(self, version):
+        self.version = version
+        return {}
+
+
+class _Loader:
+    def __init__(self, batch: int) -> None:
+        self.prompts = [type("Prompt", (), {"ids": [1, row], "images": None})() for row in range(1000)]
+        self.batch, self.position = batch, 0
+
+    def next_rows(self):
+        self.position += self.batch
+        return list(range(self.position - self.batch, self.position))
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("mode,max_staleness,max_split", [("sync", 1, 2), ("sync", 2, 4), ("sync", 3, 4),
+                                                          ("one_step_off_policy", 1, 1), ("one_step_off_policy", 1, 3)])
+def test_the_driver_finishes_partial_responses_instead_of_dropping_them(seed, mode, max_staleness, max_split):
+    """mindrl/trainer/async_rollout.py's step over random response lengths: a response at the bound gets a round
+    with its whole budget before the batch is taken, so no group is ever dropped, and none trains past the bound."""
+    from mindrl.rollout.config import SamplingConfig
+    from mindrl.trainer.async_rollout import ScheduledRollout
+    from mindrl.trainer.metrics import StepTimer
+
+    engine = _Engine(seed, 12)
+    role = engine if mode != "sync" else None
+    driver = ScheduledRollout(_Loader(3), 2, 3, SamplingConfig(max_tokens=12, seed=1), mode, max_staleness, max_split,
+                              engine, role)
+    driver.start(0)
+    trained = set()
+    for version in range(25):
+        groups = driver.batch(version, StepTimer())
+        _, _, versions = batch_of(groups)
+        assert all(version - v <= max_staleness for row in versions for v in row)
+        assert not trained & {g.index for g in groups}
+        trained |= {g.index for g in groups}
+        driver.after_update(version + 1)
+    assert driver.schedule.dropped == 0

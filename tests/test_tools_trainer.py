@@ -123,6 +123,23 @@ def test_multi_turn_grpo_with_the_megatron_engine(tools_sft, tmp_path):
     assert max(line["multi_turn/tool_call_share"] for line in lines) > 0
 
 
+@pytest.mark.job
+def test_multi_turn_one_step_off_policy_runs_the_tools_on_the_engines_own_core(tools_sft, tmp_path):
+    """Trajectories generated whole on a rollout role while the actor trains (docs/async_rollout.md): the agent loop
+    and its sandbox run on the rollout rank, each trajectory's tokens one version old after the first batch."""
+    save = tmp_path / "run"
+    jobs.run("train_grpo.py", CONFIG, _overrides(tools_sft, save, **{
+        "megatron_training.train_iters": 3, "megatron_training.save_interval": 0, "rl_config.test_interval": 0,
+        "rl_config.actor_resource.num_cpus": 1, "+rl_config.rollout_resource.num_cpus": 1,
+        "+rl_config.rollout_mode": "one_step_off_policy"}), tmp_path / "log")
+    lines = jobs.metrics(save / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert max(line["multi_turn/tool_call_share"] for line in lines) > 0
+    assert [line["async/staleness_max"] for line in lines] == [0, 1, 1]
+    for line in lines:
+        assert line["sync/probe_max_abs_diff"] <= FP32, line
+
+
 # the refusals: one sentence each, before any worker starts
 
 def _refusal(overrides: list[str], config: str = "grpo_tiny_tools_cpu") -> str:

@@ -69,14 +69,16 @@ class ScheduledRollout:
         if schedule.room(version) >= schedule.batch_groups:
             rows = self.loader.next_rows()
             schedule.admit((row, self.loader.prompts[row].ids) for row in rows)
-        requests = schedule.requests(self.engine_version)
+        requests = schedule.requests()
         if not requests:
             return False
         self.rounds += 1
         sampling = sampling_for_step(self.sampling, self.rounds)
         prompts = [r.ids for r in requests]
         images = self._images(requests)
+        # whole responses need no per-request budget (an agent loop budgets its own turns)
         caps = [r.max_tokens for r in requests]
+        caps = None if all(cap == self.sampling.max_tokens for cap in caps) else caps
         if self.role is not None:
             pending = self.role.generate_async(prompts, 1, sampling, images, caps)
         else:  # colocated: the actor's ranks generate now (the engine syncs the actor's weights first)
@@ -118,11 +120,11 @@ class ScheduledRollout:
         self.waited += time.perf_counter() - start
         return groups
 
-    def while_updating(self, pending: Any, ready: Any, version: int) -> None:
-        """Streaming: rounds back to back until the update (`pending`, `ready(pending)` says when it is done) ends."""
+    def while_updating(self, pending: Any, done: Any, version: int) -> None:
+        """Streaming: rounds back to back until the update (`pending`, `done(pending)` says when it is) ends."""
         if self.mode != "streaming" or self.role is None:
             return
-        while not ready(pending):
+        while not done(pending):
             if self._round_done():
                 self._collect()
             if self._flight is None and self._launch(version):
@@ -155,6 +157,12 @@ class ScheduledRollout:
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule.state_dict(), "rounds": self.rounds, "engine_version": self.engine_version}
+
+    def resume_unscheduled(self, iteration: int) -> None:
+        """Go on from `iteration` steps of whole batches (a synchronous run's checkpoint): its rounds' seeds and
+        admissions follow them."""
+        self.rounds = iteration
+        self.schedule.admitted = iteration * self.schedule.batch_groups
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])

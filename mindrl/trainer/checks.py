@@ -332,9 +332,10 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
         off(("tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
              "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format"),
             "without multi_turn_enable: true (docs/multi_turn.md)")
-    if rl.rollout_mode != "streaming" and rl.partial_rollout_max_split == 1:
-        off(("max_staleness",), f"in rollout_mode {rl.rollout_mode} without partial rollout (its bound is "
-                                f"{rl.staleness_bound} versions)")
+    if rl.rollout_mode == "one_step_off_policy" or (rl.rollout_mode == "sync" and rl.partial_rollout_max_split == 1):
+        off(("max_staleness",), f"in rollout_mode {rl.rollout_mode}"
+                                f"{'' if rl.partial_rollout_max_split > 1 else ' without partial rollout'} (its bound "
+                                f"is {rl.staleness_bound} versions)")
     if not rl.scheduled:
         off(("use_decoupled_loss", "behav_imp_weight_cap"), "with the synchronous colocated rollout (every sample "
                                                              "is on-policy); see docs/async_rollout.md")

@@ -223,7 +223,14 @@ class GRPOTrainer:
         extra = setup["extra"]
         if extra is not None and "schedule" in extra:
             scheduled.load_state_dict(extra["schedule"])
-        scheduled.start(self.start.iteration)
+        else:  # a fresh start, or a checkpoint of a synchronous run: every batch so far was admitted and trained
+            scheduled.resume_unscheduled(self.start.iteration)
+        try:
+            scheduled.start(self.start.iteration)
+        except BaseException:  # close() only ends a rollout role it knows of
+            if role is not None:
+                role.kill()
+            raise
         where = f"its own devices ({rl.resources['rollout_resource']})" if role else "the actor's devices"
         say(f"rollout: {rl.rollout_mode} on {where}, staleness bound {rl.staleness_bound} versions, responses in up "
             f"to {rl.partial_rollout_max_split} segments")
@@ -309,8 +316,8 @@ class GRPOTrainer:
                                                          batch.get("rollout_is_weights")))
                 updated = self.update(step, batch, timer)
                 found = update_nonfinite(updated)
-        if self.scheduled is not None:
-            updated = {**updated, **self.scheduled.after_update(step)}
+            if self.scheduled is not None:  # the round in flight collected, the update's weights pushed
+                updated = {**updated, **self.scheduled.after_update(step)}
         metrics = {**exp.metrics, **timer.metrics(), **updated, **self.skipped.record(step, found)}
         metrics["old_log_p/from_update"] = float("old_log_probs" not in batch)
         metrics["prompt_length/mean"] = batch["prompt_lengths"].double().mean().item()

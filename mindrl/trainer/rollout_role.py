@@ -84,19 +84,20 @@ class RolloutRole:
         """The generation's whole result and metrics, `rollout/weight_version` the policy version that made it."""
         return self.group.wait(pending.refs, "rollout", pending.since)[0]
 
-    def probe(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the actor's, the engines') log-probs of the probe sequence, [rows, length − 1] each: log p(token t+1 |
-        ≤ t) at temperature 1."""
+    def probe(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(the actor's, each rollout rank's engine's) log-probs of the probe sequence, [rows, length − 1] each:
+        log p(token t+1 | ≤ t) at temperature 1."""
         rows = self.actor_dp_size
         actor = gather_rows(self.actor.call("probe_log_probs", rows), rows)[:, :-1]
-        return actor, self.group.call("probe_log_probs", rows)[0]
+        return actor, self.group.call("probe_log_probs", rows)
 
     def check(self) -> dict[str, float]:
         """How far the engines' probe log-probs are from the actor's (`sync/probe_max_abs_diff`); with
         generate_config.check_weight_sync, past the engine dtype's tolerance the engines refuse to generate until
         the next push and WeightSyncError says so."""
-        actor, engine = self.probe()
-        worst = (actor - engine).abs().max().item()
+        actor, engines = self.probe()
+        # every rank's engine: one that missed the push must not hide behind another that took it
+        worst = max((actor - engine).abs().max().item() for engine in engines)
         if self.spec.generate.check_weight_sync:
             failure = probe_failure(worst, self.dtype)
             if failure is not None:
