@@ -113,14 +113,19 @@ def _sandbox() -> str | None:
     """The mount namespace of the sandbox this process runs now: its bwrap's child's. Counting by uid would count
     the sandboxes of other processes on the machine too (nobody's, or the user's)."""
     me = os.getpid()
+    mine = os.readlink(f"/proc/{me}/ns/mnt")
     for task in os.listdir(f"/proc/{me}/task"):  # a child is listed under the thread that started it
         with open(f"/proc/{me}/task/{task}/children") as f:
             for bwrap in f.read().split():
                 try:
                     with open(f"/proc/{bwrap}/task/{bwrap}/children") as g:
-                        return next((os.readlink(f"/proc/{child}/ns/mnt") for child in g.read().split()), None)
+                        spaces = {os.readlink(f"/proc/{child}/ns/mnt") for child in g.read().split()}
                 except OSError:  # it ended while we looked
-                    pass
+                    continue
+                # other children of this process (the rank server an earlier test of the session started, say)
+                # and their children live in this process's namespace: the sandbox is the one that does not
+                if spaces - {mine}:
+                    return (spaces - {mine}).pop()
     return None
 
 
