@@ -140,11 +140,7 @@ def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[li
     try:
         result, _ = rollout.generate(prompts, cfg.n_samples, gen.sampling_config, images)
     finally:
-        try:
-            if rollout.agent is not None:
-                rollout.agent.tools.close()
-        finally:
-            rollout.engine.close()
+        rollout.close()
     return result if rank == 0 else None
 
 

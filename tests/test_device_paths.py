@@ -162,7 +162,7 @@ def _rollout(calls: list) -> ColocatedRollout:
 
     rollout.sync = sync
     rollout._generate_share = lambda prompts, n, sampling, images, max_tokens=None: (
-        calls.append("generate"), rollout.engine.generate(prompts, sampling, n))[1]
+        calls.append("generate"), (rollout.engine.generate(prompts, sampling, n), {}))[1]
     return rollout
 
 

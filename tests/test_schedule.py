@@ -84,7 +84,7 @@ def test_partial_rollout_spans_versions():
         (request,) = schedule.requests()
         assert request.max_tokens == 4 and request.ids == [5, 6] + [0] * 4 * engine_version
         schedule.add([request], RolloutResult([[0] * 4], [[-1.0] * 4], [LENGTH]), engine_version)
-    (group,) = schedule.ready()
+    (group,) = [g for g in schedule.groups.values() if g.done]
     assert group.samples[0].versions == [0] * 4 + [1] * 4 + [2] * 4
     assert group.samples[0].finish == LENGTH and group.samples[0].segments == 3
 
@@ -95,7 +95,7 @@ def test_batches_leave_in_the_order_of_admission():
     schedule.admit([(0, [1]), (1, [2])])
     requests = schedule.requests()
     schedule.add(requests, RolloutResult([[1, 1], [1]], [[-1.0] * 2, [-1.0]], [LENGTH, STOP]), 0)
-    assert schedule.ready()[0].index == 1 and schedule.take(0) is None
+    assert [g.index for g in schedule.groups.values() if g.done] == [1] and schedule.take(0) is None
     schedule.add(schedule.requests(), RolloutResult([[1]], [[-1.0]], [STOP]), 0)
     assert [g.index for g in schedule.take(0)] == [0] and [g.index for g in schedule.take(1)] == [1]
 

@@ -32,12 +32,12 @@ import torch.distributed as dist
 from mindrl.config import ConfigError, ModelArch
 from mindrl.data.images import PromptImages, one_pad_per_image
 from mindrl.models import hf_mapping as hfm
+from mindrl.models.dtypes import ENGINE_DTYPES
 from mindrl.platform import Platform, get_platform
 from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 
 log = logging.getLogger(__name__)
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class EngineBroken(RuntimeError):
@@ -113,7 +113,7 @@ class VllmEngine(RolloutEngine):
         self.platform = platform or get_platform()
         cfg.check_vllm_on(arch, self.platform)
         self._hf_config = dict(hf_config) if hf_config else hfm.hf_config_from_arch(
-            arch, hfm.model_type_hf_of(arch), _TORCH_DTYPES[cfg.dtype])
+            arch, hfm.model_type_hf_of(arch), ENGINE_DTYPES[cfg.dtype])
         self._sleep_logged = False
         self._updating = False
         #: True until a complete weight update has filled the engine (it starts with dummy weights)

@@ -11,8 +11,9 @@ Modes (rl_config.rollout_mode, docs/async_rollout.md):
 Every round is one engine call with one request per sample (the prompt plus its response so far, n = 1), its
 seeds those of the round's count (`sampling_for_step`), so a run is reproducible wherever its rounds are (sync,
 one-step: always; streaming: where the timings fall alike). A checkpoint holds the schedule (every buffered
-sample, its tokens, log-probs and versions), the round count and the engines' version, so a resumed run continues
-exactly: no sample trained twice or skipped, and the bound holds across the restart.
+sample, its tokens, log-probs and versions) and the round count; the engines hold the checkpoint's weights again
+(the resumed iteration's version) once `start` has pushed them, so a resumed run continues exactly: no sample
+trained twice or skipped, and the bound holds across the restart.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import SamplingConfig, sampling_for_step
 from mindrl.trainer.metrics import StepTimer, add_round
-from mindrl.trainer.schedule import Group, Request, Schedule, batch_of
+from mindrl.trainer.schedule import Group, Request, Schedule
 
 #: seconds between looks at a streaming round while the actor's update runs
 POLL_S = 0.02
@@ -156,7 +157,7 @@ class ScheduledRollout:
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"schedule": self.schedule.state_dict(), "rounds": self.rounds, "engine_version": self.engine_version}
+        return {"schedule": self.schedule.state_dict(), "rounds": self.rounds}
 
     def resume_unscheduled(self, iteration: int) -> None:
         """Go on from `iteration` steps of whole batches (a synchronous run's checkpoint): its rounds' seeds and
@@ -166,7 +167,7 @@ class ScheduledRollout:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])
-        self.rounds, self.engine_version = int(state["rounds"]), int(state["engine_version"])
+        self.rounds = int(state["rounds"])
 
 
 def ready(refs: list[Any]) -> bool:
@@ -176,9 +177,9 @@ def ready(refs: list[Any]) -> bool:
     return not ray.wait(list(refs), num_returns=len(refs), timeout=0)[1]
 
 
-def token_versions(groups: list[Group], batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Each response token's policy version at the batch's log-prob positions (those of `loss_mask`), -1 elsewhere."""
-    _, _, versions = batch_of(groups)
+def token_versions(versions: list[list[int]], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each response token's policy version (`schedule.batch_of`'s, per row) at the batch's log-prob positions (those
+    of `loss_mask`), -1 elsewhere."""
     out = torch.full(batch["loss_mask"].shape, -1, dtype=torch.long)
     for row, (length, row_versions) in enumerate(zip(batch["prompt_lengths"].tolist(), versions, strict=True)):
         out[row, length - 1:length - 1 + len(row_versions)] = torch.tensor(row_versions, dtype=torch.long)

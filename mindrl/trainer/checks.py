@@ -15,11 +15,17 @@ from mindrl.config import ConfigError, ParallelConfig, validate_parallel
 from mindrl.config.parallel import validate_sequence_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import PLATFORMS
-from mindrl.rollout.config import VLLM_ROUTES, check_megatron_rollout
+from mindrl.rollout.config import VLLM_ROUTES, GenerateConfig, check_megatron_rollout
 from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.megatron import SEQUENCE_PARALLEL_AT_TP1
 from mindrl.trainer.reward_model import REWARD_MODEL
 from mindrl.trainer.rl import RLConfig
+
+
+def uses_vllm(gen: GenerateConfig) -> bool:
+    """Whether the run's engine is vLLM, as generate_config.backend resolves where vLLM is installed (found without
+    importing it: the engines import it where they start)."""
+    return gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
 
 
 def check_colocation(cfg: TrainerConfig) -> None:
@@ -108,7 +114,7 @@ def check_rollout(cfg: TrainerConfig) -> None:
     if actor.arch.has_score_head:
         raise ConfigError(f"actor_config: model {actor.arch.name} has num_labels={actor.arch.num_labels}, a score head "
                           f"that makes it a reward model; a policy samples from an LM head, so remove num_labels.")
-    vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    vllm = uses_vllm(gen)
     if gen.rollout_routing_replay and vllm:
         raise ConfigError(VLLM_ROUTES)
     if gen.rollout_routing_replay and cfg.rl_config.prompt_packing is True:
@@ -223,7 +229,7 @@ def check_multi_turn(cfg: TrainerConfig) -> None:
     if gen.rollout_routing_replay:
         raise ConfigError("generate_config.rollout_routing_replay records the engine's routes per turn, which a "
                           "multi-turn response (model and tool turns) does not replay yet; turn one of them off.")
-    vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    vllm = uses_vllm(gen)
     if not vllm and cfg.actor_config.parallel.expert_model_parallel_size > 1:
         raise ConfigError("the Megatron-native engine keeps expert-parallel replicas in step within one generate call, "
                           "but multi-turn replicas end after different numbers of turns; use backend: vllm or "
@@ -247,7 +253,7 @@ def check_async(cfg: TrainerConfig) -> None:
     if rl.rollout_mode != "sync" and own is None:
         raise ConfigError(f"rl_config.rollout_mode: {rl.rollout_mode} generates while the actor trains, so the engines "
                           f"need devices of their own; set rl_config.rollout_resource (e.g. {{num_gpus: 8}}).")
-    vllm = gen.backend == "vllm" or (gen.backend == "auto" and importlib.util.find_spec("vllm") is not None)
+    vllm = uses_vllm(gen)
     if own is not None and not vllm:
         raise ConfigError("rl_config.rollout_resource puts the engines on devices of their own, but the "
                           "Megatron-native engine generates with the actor's own model; set generate_config.backend: "

@@ -399,11 +399,11 @@ class GRPOTrainer:
         from mindrl.trainer.async_rollout import token_versions
 
         groups = self.scheduled.batch(step - 1, timer)
-        prompts, result, _ = batch_of(groups)
+        prompts, result, versions = batch_of(groups)
         rows = [self.loader.prompts[g.row] for g in groups]
         images = images_of(rows)
         batch = rollout_batch(prompts, result, self.n, self.pad_id, images)
-        batch["token_versions"] = token_versions(groups, batch)
+        batch["token_versions"] = token_versions(versions, batch)
         pending = self.rewards.submit(self.texts(result.responses), [p.label for p in rows for _ in range(self.n)],
                                       batch, calls_of(batch))
         self.log_prob_passes(batch, timer)

@@ -15,11 +15,12 @@ import torch
 
 from mindrl.config.resources import RoleResource
 from mindrl.data.images import PromptImages
+from mindrl.models.dtypes import ENGINE_DTYPES
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import SamplingConfig
-from mindrl.workers.engine_share import ENGINE_DTYPES, probe_failure
+from mindrl.workers.engine_share import probe_failure
 from mindrl.workers.group import COLLECTIVE_TIMEOUT_S, WorkerGroup, gather_rows
-from mindrl.workers.rollout_rank import RolloutRank, RolloutSpec, check_own_ranks
+from mindrl.workers.rollout_rank import RolloutRank, RolloutSpec
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,6 @@ class RolloutRole:
 
     def __init__(self, actor: WorkerGroup, actor_dp_size: int, spec: RolloutSpec, resource: RoleResource,
                  phase_timeout_s: float = 0.0, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
-        check_own_ranks(spec.generate)
         self.actor, self.actor_dp_size, self.spec = actor, actor_dp_size, spec
         self.dtype = ENGINE_DTYPES[spec.generate.dtype]
         self.group = WorkerGroup("rollout", RolloutRank, resource, phase_timeout_s=phase_timeout_s)

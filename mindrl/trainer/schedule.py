@@ -136,17 +136,13 @@ class Schedule:
 
     # ------------------------------------------------------------------ batches
 
-    def drop_stale(self, version: int) -> int:
-        """Drop the groups whose oldest token is too old to train at `version`; returns how many."""
+    def drop_stale(self, version: int) -> None:
+        """Drop the groups whose oldest token is too old to train at `version`."""
         stale = [g for g in self.groups.values() if g.oldest is not None and version - g.oldest > self.max_staleness]
         for group in stale:
             del self.groups[group.index]
             self.dropped_tokens += sum(len(s.response) for s in group.samples)
         self.dropped += len(stale)
-        return len(stale)
-
-    def ready(self) -> list[Group]:
-        return [g for g in self.groups.values() if g.done]
 
     def take(self, version: int) -> list[Group] | None:
         """A batch to train at `version`: the first `batch_groups` groups in admission order, or None while one of

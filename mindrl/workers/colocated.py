@@ -29,19 +29,20 @@ import torch
 import torch.distributed as dist
 
 from mindrl.data.images import PromptImages
+from mindrl.models.dtypes import ENGINE_DTYPES
 from mindrl.rollout.agent_loop import AgentLoop, AgentSpec
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.rollout.engines import make_engine, resolve_backend
 from mindrl.rollout.weight_sync import SyncStats, sync_weights
 from mindrl.workers.engine_share import (
-    ENGINE_DTYPES,
     build_agent_loop,
+    close_engine,
     engine_config,
     engine_group,
-    generate_share,
     probe_failure,
     probe_tokens,
+    timed_share,
 )
 from mindrl.workers.megatron_worker import ActorWorker, MegatronWorker
 
@@ -117,11 +118,8 @@ class ColocatedRollout:
             self.engine.resume_memory()
             generate_start = time.perf_counter()
             metrics["timing/resharding_to_infer"] = generate_start - start
-            result = self._generate_share(prompts, n, sampling, images, max_tokens)
-            metrics["rollout/generate_seconds"] = time.perf_counter() - generate_start
-            metrics["rollout/response_tokens"] = float(sum(len(r) for r in result.responses))
-            if self.agent is not None:
-                metrics["rollout/tool_seconds"] = self.agent.tool_seconds
+            result, generated = self._generate_share(prompts, n, sampling, images, max_tokens)
+            metrics.update(generated)
             start = time.perf_counter()
             self.engine.release_memory()
         finally:
@@ -142,9 +140,13 @@ class ColocatedRollout:
 
     def _generate_share(self, prompts: list[list[int]], n: int, sampling: SamplingConfig,
                         images: list[PromptImages | None] | None,
-                        max_tokens: list[int] | None = None) -> RolloutResult:
+                        max_tokens: list[int] | None = None) -> tuple[RolloutResult, dict[str, float]]:
         group, groups = self._rollout_group()
-        return generate_share(self.agent or self.engine, group, groups, prompts, n, sampling, images, max_tokens)
+        return timed_share(self.agent or self.engine, group, groups, prompts, n, sampling, images, max_tokens)
+
+    def close(self) -> None:
+        """End the engine and its agent loop's tools; the rollout is unusable afterwards."""
+        close_engine(self.engine, self.agent)
 
     def _check(self, stats: SyncStats) -> dict[str, float]:
         """Every rank's engine got the same bytes, and scores a probe sequence like the actor does."""

@@ -7,6 +7,7 @@ two placements cannot drift apart in how they seed, split or check.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorWorker
 
 T = TypeVar("T")
-ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: largest |engine − actor| log-prob on the probe sequence a checked sync accepts, by engine dtype
 PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.1}
 
@@ -67,6 +67,29 @@ def generate_share(generator: RolloutEngine | AgentLoop, group: int, groups: int
     for index, result in shares:  # every rank of a group holds the same result: keep the first
         by_group.setdefault(index, result)
     return RolloutResult.joined([by_group[g] for g in range(groups)])
+
+
+def timed_share(generator: RolloutEngine | AgentLoop, group: int, groups: int, prompts: list[list[int]], n: int,
+                sampling: SamplingConfig, images: list[PromptImages | None] | None = None,
+                max_tokens: list[int] | None = None) -> tuple[RolloutResult, dict[str, float]]:
+    """`generate_share`, with the seconds it took, the tokens it made and, through an agent loop, the seconds its
+    tools ran."""
+    start = time.perf_counter()
+    result = generate_share(generator, group, groups, prompts, n, sampling, images, max_tokens)
+    metrics = {"rollout/generate_seconds": time.perf_counter() - start,
+               "rollout/response_tokens": float(sum(len(r) for r in result.responses))}
+    if isinstance(generator, AgentLoop):
+        metrics["rollout/tool_seconds"] = generator.tool_seconds
+    return result, metrics
+
+
+def close_engine(engine: RolloutEngine, agent: AgentLoop | None) -> None:
+    """End the agent loop's tool pool, then the engine, even when the first fails."""
+    try:
+        if agent is not None:
+            agent.tools.close()
+    finally:
+        engine.close()
 
 
 def build_agent_loop(engine: RolloutEngine, spec: AgentSpec, group: int, arch: ModelArch,

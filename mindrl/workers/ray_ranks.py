@@ -28,7 +28,7 @@ from mindrl.config import ModelArch, ParallelConfig
 from mindrl.data.images import PromptImages
 from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
-from mindrl.models.dtypes import DTYPES
+from mindrl.models.dtypes import DTYPES, ENGINE_DTYPES
 from mindrl.models.gpt import load_stage_weights
 from mindrl.models.lora import merged_parameters
 from mindrl.platform.precision import Precision
@@ -36,7 +36,7 @@ from mindrl.rollout.agent_loop import AgentSpec
 from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.rollout.weight_push import PushGroup, push_weights
-from mindrl.workers.engine_share import ENGINE_DTYPES, engine_config, probe_tokens
+from mindrl.workers.engine_share import engine_config, probe_tokens
 from mindrl.workers.group import COLLECTIVE_TIMEOUT_S
 from mindrl.workers.megatron_worker import ActorConfig, BackboneReference, MegatronWorker
 
@@ -272,11 +272,9 @@ class PolicyRank(ActorRank, CriticHost):
 
     def close(self) -> None:
         try:
-            if self.rollout is not None and self.rollout.agent is not None:
-                self.rollout.agent.tools.close()
-        finally:
             if self.rollout is not None:
-                self.rollout.engine.close()
+                self.rollout.close()
+        finally:
             destroy()
 
 

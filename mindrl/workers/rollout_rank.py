@@ -10,7 +10,6 @@ so it cannot live here.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +21,7 @@ from mindrl.rollout.base import RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.rollout.engines import resolve_backend
 from mindrl.rollout.weight_push import receive_weights
-from mindrl.workers.engine_share import build_agent_loop, engine_group, generate_share, probe_tokens
+from mindrl.workers.engine_share import build_agent_loop, close_engine, engine_group, probe_tokens, timed_share
 from mindrl.workers.ray_ranks import RankProcess
 
 
@@ -88,16 +87,10 @@ class RolloutRank(RankProcess):
                  max_tokens: list[int] | None = None) -> tuple[RolloutResult, dict[str, float]]:
         """As ColocatedRollout.generate, with the policy version of the weights that generated it
         (`rollout/weight_version`)."""
-        start = time.perf_counter()
         version = self.version
-        result = generate_share(self.agent or self.engine, self.group, self.groups, prompts, n, sampling, images,
-                                max_tokens)
-        metrics = {"rollout/generate_seconds": time.perf_counter() - start,
-                   "rollout/response_tokens": float(sum(len(r) for r in result.responses)),
-                   "rollout/weight_version": float(version)}
-        if self.agent is not None:
-            metrics["rollout/tool_seconds"] = self.agent.tool_seconds
-        return result, metrics
+        result, metrics = timed_share(self.agent or self.engine, self.group, self.groups, prompts, n, sampling,
+                                      images, max_tokens)
+        return result, {**metrics, "rollout/weight_version": float(version)}
 
     def probe_log_probs(self, rows: int) -> torch.Tensor:
         """The engine's log-probs of the probe sequence (`rows` of them), to compare with PolicyRank's."""
@@ -113,8 +106,6 @@ class RolloutRank(RankProcess):
         from mindrl.distributed import destroy
 
         try:
-            if self.agent is not None:
-                self.agent.tools.close()
+            close_engine(self.engine, self.agent)
         finally:
-            self.engine.close()
             destroy()
