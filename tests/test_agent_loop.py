@@ -2,9 +2,10 @@
 the tool turns' ids, the engine's log-probs of the model's tokens equal the actor's with tool tokens in between,
 every rank of an engine gets the same tool results, and tool tokens take no gradient in the update.
 
-Random weights never write a <tool_call>, so the ranks register a parser that asks the calculator something in
-every turn (its expression is the turn's text length, so each sample's tool turn differs); everything else is
-the real loop, engines, tokenizer, template and tool."""
+Random weights never write a <tool_call>, so the ranks register a parser that asks the calculator three things in
+every turn (its expressions are the turn's text length times three factors, so each sample's tool turn differs);
+everything else is the real loop, engines, tokenizer, template and tool. Each tool turn must be what Qwen2.5's own
+chat template renders for three tool messages."""
 
 import subprocess
 import sys
@@ -22,6 +23,8 @@ PROMPTS = [[3, 17, 250, 9], [44, 2, 81], [5, 6, 7, 8, 9, 10], [90, 1, 77]]
 #: ids random weights reach often (about 1 in 9 tokens), so model turns end by stopping, not by their length
 STOPS = tuple(range(100, 160))
 MAX_TOKENS, TOTAL = 40, 128
+#: the calls of a turn, run in parallel and answered in one tool turn
+FACTORS = (7, 11, 13)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +36,24 @@ def tokenizer_path(tmp_path_factory) -> str:
 
 
 def _calculator_every_turn(text: str) -> list:
+    """Three parallel calls a turn, each answer differing by turn and by call."""
     from mindrl.tools import ToolCall
 
-    return [ToolCall("calculator", {"expression": f"{len(text)} * 7"})]
+    return [ToolCall("calculator", {"expression": f"{len(text)} * {k}"}) for k in FACTORS]
+
+
+def _tool_turn_text(answers: list[int]) -> str:
+    """What follows the model's turn: ChatML's newline, then the three results as Qwen2.5's own chat template renders
+    three tool messages (tests/chat_templates.py), up to the model's next turn."""
+    from jinja2 import Environment
+
+    from tests.chat_templates import QWEN25
+
+    messages = [{"role": "system", "content": "s"}] + [{"role": "tool", "content": str(a)} for a in answers]
+    # transformers' chat-template environment: block tags swallow their newline
+    template = Environment(trim_blocks=True, lstrip_blocks=True).from_string(QWEN25)
+    rendered = template.render(messages=messages, add_generation_prompt=True)
+    return "\n" + rendered.removeprefix("<|im_start|>system\ns<|im_end|>\n")
 
 
 def _segments(mask: list[int]) -> list[tuple[int, int, int]]:
@@ -62,8 +80,7 @@ def _replay(prompt: list[int], response: list[int], mask: list[int], calls: list
                 problems.append(f"turn {turn}: {piece} is no output of the engine for the ids so far")
             turn, last = turn + 1, piece
         else:
-            expected = (f"\n<|im_start|>user\n<tool_response>\n{len(decode(last)) * 7}\n</tool_response><|im_end|>\n"
-                        f"<|im_start|>assistant\n")
+            expected = _tool_turn_text([len(decode(last)) * k for k in FACTORS])
             if decode(piece) != expected:
                 problems.append(f"tool turn {turn}: {decode(piece)!r} is not {expected!r}")
         so_far += piece
@@ -103,7 +120,7 @@ def _multi_turn(rank: int, backend: str, tokenizer_path: str) -> dict:
 
     engine.generate = recorded
     tokenizer = load_tokenizer(tokenizer_path)
-    limits = MultiTurnConfig(max_tool_calls=3, max_parallel_calls=1, max_total_response_length=TOTAL,
+    limits = MultiTurnConfig(max_tool_calls=6, max_parallel_calls=3, max_total_response_length=TOTAL,
                              max_tool_response_length=64, tool_response_truncate_side="middle",
                              tool_parser_format="calculator_every_turn")
     rollout = ColocatedRollout(actor, engine, gen,
@@ -173,8 +190,9 @@ def test_the_ids_trained_are_the_ids_generated_plus_the_tool_turns(multi_turn):
     assert [r["problems"] for r in ranks] == [[]] * 4
     assert sum(r["replayed"] for r in ranks) >= len(PROMPTS)  # every prompt replayed on some rank
     stats = result.tool_stats
-    assert max(s.turns for s in stats) >= 3 and sum(s.calls for s in stats) >= 4  # really multi-turn
-    assert all(s.calls == s.turns - 1 or s.calls == 3 for s in stats)  # every turn called, up to max_tool_calls
+    assert max(s.turns for s in stats) >= 3 and sum(s.calls for s in stats) >= 12  # really multi-turn
+    # every turn made its three calls (the last one's unanswered: no room left, or past max_tool_calls)
+    assert all(s.calls % 3 == 0 and s.turns - 1 <= s.calls // 3 <= s.turns for s in stats)
     assert all(set(s.statuses) == {"ok"} for s in stats if s.calls)
     assert all(len(r) <= TOTAL for r in result.responses)
     assert all(0 in mask and mask[-1] == 1 for mask, s in zip(result.response_masks, stats, strict=True)

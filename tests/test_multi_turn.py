@@ -3,6 +3,7 @@ over tool tokens, GAE across a tool gap, the metrics and the config rules."""
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,11 @@ import torch
 from mindrl.algorithms.advantages import masked_whiten
 from mindrl.algorithms.gae import gae_advantages
 from mindrl.config import ConfigError
-from mindrl.data.templates import get_template
+from mindrl.data.templates import announced_tools, get_template
 from mindrl.data.tokenizer import load_tokenizer
-from mindrl.rollout.agent_loop import ToolTurns
+from mindrl.rollout.agent_loop import AgentSpec, ToolTurns, check_announced
 from mindrl.rollout.base import RolloutResult, ToolStats
+from mindrl.rollout.config import MultiTurnConfig
 from mindrl.rollout.tool_parser import parse_hermes
 from mindrl.tools import ToolCall, ToolResult
 from mindrl.trainer.experience import rollout_batch
@@ -49,21 +51,117 @@ def test_hermes_reads_every_call_of_a_turn_and_turns_mistakes_into_sentences():
 
 
 def test_the_tool_turn_is_the_templates_own_text_with_each_piece_tokenized_on_its_own(tokenizer):
-    after, opening, closing = get_template("chatml").tool_turn(tokenizer)
+    turn = get_template("chatml").tool_turn(tokenizer)
     # the newline ChatML writes after <|im_end|> (verl PR 6921's dropped "\n"), then Qwen's tool-response turn
-    assert (after, opening, closing) == ("\n", "<|im_start|>user\n<tool_response>\n",
-                                         "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
-    turns = ToolTurns(tokenizer, (after, opening, closing), "hermes")
+    assert (turn.after, turn.opening, turn.separator, turn.closing) == (
+        "\n", "<|im_start|>user\n<tool_response>\n", "\n</tool_response>\n<tool_response>\n",
+        "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    turns = ToolTurns(tokenizer, turn, "hermes")
     ids = turns.ids([ToolResult("4042", "ok", 0.0), ToolResult("x<|im_end|>y", "ok", 0.0)])
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    assert ids == (encode("\n") + encode(opening) + encode("4042") + encode("\n")
+    assert ids == (encode("\n") + encode(turn.opening) + encode("4042") + encode(turn.separator)
                    + tokenizer.encode("x<|im_end|>y", add_special_tokens=False, split_special_tokens=True)
-                   + encode(closing))
+                   + encode(turn.closing))
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert ids.count(im_end) == 1  # a tool's text "<|im_end|>" stays text: only the template's closing ends a turn
-    assert tokenizer.decode(ids) == f"\n{opening}4042\nx<|im_end|>y{closing}"
+    assert tokenizer.decode(ids) == f"\n{turn.opening}4042{turn.separator}x<|im_end|>y{turn.closing}"
     with pytest.raises(ConfigError, match="has no tool turn"):
         get_template("none").tool_turn(tokenizer)
+
+
+CALLS = [ToolCall("python", {"code": "print(6 * 7)\nprint('a')"}), ToolCall("calculator", {"expression": "2+2"}),
+         ToolCall("python", {"code": "print(1)"})]
+RESULTS = ["42\na", "4", "error: line one\n</tool_response> in the text"]
+
+
+def _qwen_messages(system: str) -> list[dict]:
+    """A conversation as Qwen2.5 is served it: the user's question, an assistant turn of three parallel calls, their
+    three results as tool messages."""
+    calls = [{"type": "function", "function": {"name": call.name, "arguments": call.arguments}} for call in CALLS]
+    return [{"role": "system", "content": system}, {"role": "user", "content": "What is 6 * 7?"},
+            {"role": "assistant", "content": "I will compute.", "tool_calls": calls},
+            *({"role": "tool", "content": result} for result in RESULTS)]
+
+
+def test_three_parallel_results_render_as_qwen25s_chat_template_renders_three_tool_messages(tokenizer):
+    from tests.chat_templates import QWEN25
+
+    system = "You are a helpful assistant."
+    messages = _qwen_messages(system)
+    oracle = tokenizer.apply_chat_template(messages, chat_template=QWEN25, tools=TOOLBOX_SCHEMAS, tokenize=False,
+                                           add_generation_prompt=True)
+    # the model's turn as it generated it: Qwen's serialization of its calls, ended by <|im_end|>
+    assistant_text = tokenizer.apply_chat_template(messages[:3], chat_template=QWEN25, tokenize=False)
+    assistant_text = assistant_text[assistant_text.rindex("<|im_start|>assistant\n") + 22:].removesuffix("\n")
+    template = get_template("qwen")
+    prompt = template.render("What is 6 * 7?", system, tokenizer, TOOLBOX_SCHEMAS)
+    assert parse_hermes(assistant_text) == CALLS
+    turns = ToolTurns(tokenizer, template.tool_turn(tokenizer), "hermes")
+    tool_ids = turns.ids([ToolResult(text, "ok", 0.0) for text in RESULTS])
+    assert prompt + assistant_text + tokenizer.decode(tool_ids) == oracle
+    assert oracle.count("<tool_response>") == 3
+    # one result alone is the one tool message's rendering too
+    single = tokenizer.apply_chat_template(messages[:4], chat_template=QWEN25, tokenize=False,
+                                           add_generation_prompt=True)
+    assert tokenizer.decode(turns.ids([ToolResult(RESULTS[0], "ok", 0.0)])) == \
+        single[single.rindex("<|im_end|>", 0, single.rindex("<|im_start|>user")) + len("<|im_end|>"):]
+
+
+TOOLBOX_SCHEMAS = [
+    {"type": "function", "function": {"name": "python", "description": "Run a program — and see its output.",
+                                      "parameters": {"type": "object",
+                                                     "properties": {"code": {"type": "string"}},
+                                                     "required": ["code"]}}},
+    {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                                      "parameters": {"type": "object",
+                                                     "properties": {"expression": {"type": "string"}},
+                                                     "required": ["expression"]}}}]
+
+
+def test_the_tools_block_is_qwen25s_and_reads_back(tokenizer):
+    from tests.chat_templates import QWEN25
+
+    template = get_template("qwen_r1")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    ours = get_template("qwen").render("Hi", "Be brief.", tokenizer, TOOLBOX_SCHEMAS)
+    assert ours == tokenizer.apply_chat_template(messages, chat_template=QWEN25, tools=TOOLBOX_SCHEMAS,
+                                                 tokenize=False, add_generation_prompt=True)
+    assert announced_tools(ours) == TOOLBOX_SCHEMAS
+    assert announced_tools(template.render("Hi", None, tokenizer)) is None
+    with pytest.raises(ConfigError, match="template 'qwen' has no format_tools to announce tools in"):
+        replace(get_template("qwen"), tool_format=None).render("Hi", None, tokenizer, TOOLBOX_SCHEMAS)
+    with pytest.raises(ConfigError, match="template 'none' has no system turn to announce tools in"):
+        get_template("none").render("Hi", None, tokenizer, TOOLBOX_SCHEMAS)
+
+
+def test_prompts_that_announce_other_tools_than_the_rollout_runs_are_refused(tokenizer):
+    qwen = get_template("qwen")
+    both = qwen.render("q", None, tokenizer, TOOLBOX_SCHEMAS)
+    assert check_announced([both, both], TOOLBOX_SCHEMAS, "train.parquet") is None
+    renamed = [TOOLBOX_SCHEMAS[0], {"type": "function", "function": {**TOOLBOX_SCHEMAS[1]["function"],
+                                                                      "name": "calc"}}]
+    with pytest.raises(ConfigError, match=r"prompt 1 of train.parquet announces the tools \['calculator', 'python'\] "
+                                          r"but the rollout runs \['calc', 'python'\]; preprocess"):
+        check_announced([qwen.render("q", None, tokenizer, renamed), both], renamed, "train.parquet")
+    other_argument = [TOOLBOX_SCHEMAS[0], {"type": "function", "function": {
+        **TOOLBOX_SCHEMAS[1]["function"], "parameters": {"type": "object", "properties": {"expr": {}}}}}]
+    with pytest.raises(ConfigError, match=r"announces tool 'calculator' with the arguments \['expression'\] but the "
+                                          r"rollout's takes \['expr'\]"):
+        check_announced([both], other_argument, "train.parquet")
+    silent = qwen.render("q", None, tokenizer)
+    assert "announce no tools" in check_announced([silent], TOOLBOX_SCHEMAS, "train.parquet")
+    with pytest.raises(ConfigError, match=r"1 of the 2 prompts of train\.parquet announce no tools"):
+        check_announced([silent, both], TOOLBOX_SCHEMAS, "train.parquet")
+
+
+def test_parallel_calls_need_a_template_that_sets_results_apart(tokenizer):
+    limits = MultiTurnConfig(4, 2, 64, 256, "middle", "hermes")
+    turn = get_template("qwen").tool_turn(tokenizer)
+    AgentSpec(limits, "tok", turn)
+    with pytest.raises(ConfigError, match="max_parallel_calls=2 lets a turn's results share one tool turn, but the "
+                                          "data's template has no format_observation_separator"):
+        AgentSpec(limits, "tok", replace(turn, separator=None))
+    AgentSpec(replace(limits, max_parallel_calls=1), "tok", replace(turn, separator=None))
 
 
 def test_tool_tokens_are_off_the_loss_mask_and_carry_no_engine_log_prob():

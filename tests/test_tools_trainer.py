@@ -196,3 +196,29 @@ def test_async_engine_is_refused_with_why_and_tool_keys_without_multi_turn_warn(
     assert "multi-turn rollouts batch each turn across the samples without it" in message
     cfg = load_trainer_config("grpo_tiny_cpu", ["+rl_config.max_tool_calls=3"])
     assert any("rl_config.max_tool_calls=3 has no effect without multi_turn_enable" in n for n in cfg.notices)
+
+
+def test_prompts_announcing_other_tools_are_refused_before_ray_starts(tmp_path):
+    """Data preprocessed with ReTool's tool config announces `code_interpreter`; a run of the built-in tools would
+    answer every call "unknown tool", so it is one sentence before any worker starts. With that config it builds."""
+    from mindrl.data.preprocess import PreprocessConfig, preprocess
+    from mindrl.data.readers import read_columns
+    from mindrl.data.templates import announced_tools
+    from mindrl.trainer.grpo import GRPOTrainer
+
+    tokenizer = tmp_path / "tokenizer"
+    subprocess.run([sys.executable, str(ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(tokenizer),
+                    "--task", "tools", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
+    retool = str(ROOT / "configs" / "tools" / "retool_python.yaml")
+    preprocess(PreprocessConfig(output_dir=str(tmp_path / "data"), tokenizer_name_or_path=str(tokenizer),
+                                generator={"kind": "tools", "num_samples": 40, "seed": 0}, prompt_type="chatml",
+                                map_keys={"prompt": "question", "answer": "answer"}, max_prompt_length=4096,
+                                tool_config_path=retool))
+    prompts = read_columns(tmp_path / "data" / "train.parquet", ("prompt",))["prompt"]
+    assert {announced_tools(p)[0]["function"]["name"] for p in prompts} == {"code_interpreter"}
+    data = [f"megatron_training.data_path={tmp_path / 'data'}", f"megatron_training.tokenizer_name_or_path={tokenizer}"]
+    with pytest.raises(ConfigError) as err:
+        GRPOTrainer(load_trainer_config("grpo_tiny_tools_cpu", data))
+    assert str(err.value).startswith("prompt 0 of ") and "announces the tools ['code_interpreter'] but the rollout " \
+                                                         "runs ['calculator', 'python']; preprocess" in str(err.value)
+    GRPOTrainer(load_trainer_config("grpo_tiny_tools_cpu", [*data, f"rl_config.tool_config_path={retool}"]))

@@ -49,6 +49,7 @@ from mindrl.data.stops import template_record
 from mindrl.data.synthetic import generate_problems
 from mindrl.data.templates import get_template
 from mindrl.data.tokenizer import load_tokenizer
+from mindrl.tools.config import read_tool_config
 
 MAP_KEYS = ("prompt", "query", "answer", "system")
 SCHEMA = pa.schema([("index", pa.int64()), ("prompt", pa.string()), ("prompt_ids", pa.list_(pa.int32())),
@@ -91,6 +92,9 @@ class PreprocessConfig:
     #: an image is resized (keeping its aspect) so its pixel count lies in [min_pixels, max_pixels]
     min_pixels: int = MIN_PIXELS
     max_pixels: int = MAX_PIXELS
+    #: a tool config (docs/tools.md): its tools are announced in every prompt's system text, in the template's
+    #: tools block (format_tools), as a multi-turn run with that rl_config.tool_config_path needs
+    tool_config_path: str | None = None
 
     def __post_init__(self) -> None:
         if (self.input is None) == (self.generator is None):
@@ -120,6 +124,9 @@ class PreprocessConfig:
             object.__setattr__(self, "image_key", "images")
         if self.image_key is not None and pairwise:
             raise ConfigError("image_key with is_pairwise_dataset: image preference pairs are not built; drop one.")
+        if self.tool_config_path is not None and pairwise:
+            raise ConfigError("tool_config_path announces a multi-turn rollout's tools, which preference pairs "
+                              "(is_pairwise_dataset) do not run; drop one.")
         ImageSizing(self.min_pixels, self.max_pixels)
 
     @property
@@ -211,7 +218,7 @@ class _Images:
 
 
 def _prompt_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any,
-                   images: _Images | None = None) -> dict:
+                   images: _Images | None = None, tools: list[dict] | tuple = ()) -> dict:
     prompt = _field(row, number, "prompt", keys["prompt"], source)
     if "query" in keys:
         query = _field(row, number, "query", keys["query"], source, required=False)
@@ -227,7 +234,7 @@ def _prompt_record(row: Any, number: int, source: str, keys: dict, template: Any
         except BadImage as bad:
             raise _BadRow(str(bad)) from None
         extra = {"images": files, "image_grid_thw": grids}
-    text = template.render(prompt, system, tokenizer)
+    text = template.render(prompt, system, tokenizer, tools)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if images is not None:
         ids = expand_image_pads(ids, extra["image_grid_thw"], images.pad_id)
@@ -235,7 +242,7 @@ def _prompt_record(row: Any, number: int, source: str, keys: dict, template: Any
 
 
 def _pair_record(row: Any, number: int, source: str, keys: dict, template: Any, tokenizer: Any,
-                 images: None = None) -> dict:
+                 images: None = None, tools: tuple = ()) -> dict:
     where = f"{source} row {number}"
     if not isinstance(row, dict):
         raise _BadRow(f"{where} is a {type(row).__name__}, not an object with columns")
@@ -262,12 +269,15 @@ def preprocess(cfg: PreprocessConfig) -> PreprocessReport:
     used = set(keys.values()) | {cfg.image_key}
     make_record = _pair_record if cfg.is_pairwise_dataset else _prompt_record
     images = _Images(cfg, tokenizer) if cfg.image_key else None
+    tools = [tool.schema for tool in read_tool_config(cfg.tool_config_path)] if cfg.tool_config_path else []
+    if tools:  # a template that cannot announce them is one sentence before any row
+        template.render("", None, tokenizer, tools)
     report = PreprocessReport()
     records = []
     for number, row in enumerate(rows):
         report.rows_read += 1
         try:
-            record = make_record(row, number, source, keys, template, tokenizer, images)
+            record = make_record(row, number, source, keys, template, tokenizer, images, tools)
         except _BadRow as bad:
             if not cfg.skip_bad_rows:
                 raise ConfigError(f"{bad}; fix the data, point map_keys at the right column, or set "

@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from mindrl.config.errors import ConfigError
 from mindrl.data.images import PromptImages
+from mindrl.data.templates import ToolTurn, announced_tools
 from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult, ToolStats
 from mindrl.rollout.config import MultiTurnConfig, SamplingConfig
 from mindrl.rollout.tool_parser import get_parser
@@ -40,18 +42,24 @@ class AgentSpec:
 
     cfg: MultiTurnConfig
     tokenizer_path: str
-    tool_turn: tuple[str, str, str]
+    tool_turn: ToolTurn
+
+    def __post_init__(self) -> None:
+        if self.cfg.max_parallel_calls > 1 and self.tool_turn.separator is None:
+            raise ConfigError(f"max_parallel_calls={self.cfg.max_parallel_calls} lets a turn's results share one tool "
+                              f"turn, but the data's template has no format_observation_separator to set them apart "
+                              f"as its chat format does; add one to the template or set max_parallel_calls: 1.")
 
 
 class ToolTurns:
     """The tool turn as token ids, and a model turn's calls."""
 
-    def __init__(self, tokenizer: Any, tool_turn: tuple[str, str, str], parser: str) -> None:
+    def __init__(self, tokenizer: Any, tool_turn: ToolTurn, parser: str) -> None:
         self.tokenizer = tokenizer
-        after, opening, closing = tool_turn
-        self.after, self.opening, self.closing = (self._fixed(text) for text in (after, opening, closing))
-        #: between two results of one turn
-        self.join = self._fixed("\n")
+        self.after, self.opening, self.closing = (self._fixed(text) for text in
+                                                  (tool_turn.after, tool_turn.opening, tool_turn.closing))
+        #: between two results of one turn: each its own block, as the chat template writes several tool messages
+        self.separator = self._fixed(tool_turn.separator or "")
         self.parse = get_parser(parser)
 
     def _fixed(self, text: str) -> list[int]:
@@ -62,7 +70,7 @@ class ToolTurns:
         ids = self.after + self.opening
         for i, result in enumerate(results):
             if i:
-                ids = ids + self.join
+                ids = ids + self.separator
             ids = ids + self.tokenizer.encode(result.text, add_special_tokens=False, split_special_tokens=True)
         return ids + self.closing
 
@@ -74,9 +82,57 @@ def check_tools(cfg: MultiTurnConfig) -> None:
     """What the ranks will build, built once before anything starts: the parser, the tools (a custom tool's
     signature checked), and the sandbox started, so a problem is one sentence here and not in the first rollout."""
     get_parser(cfg.tool_parser_format)
-    load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
-                 cfg.tool_response_truncate_side).close()
+    tool_schemas(cfg)
     check_sandbox()
+
+
+def tool_schemas(cfg: MultiTurnConfig) -> list[dict]:
+    """The schemas of the tools a rollout with `cfg` runs (a custom tool's signature checked on the way)."""
+    with load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
+                      cfg.tool_response_truncate_side) as tools:
+        return tools.schemas()
+
+
+def check_announced(prompts: Sequence[str], tools: Sequence[dict], where: str) -> str | None:
+    """Prompts that announce tools (the template's tools block) must announce the ones the rollout runs, by name and
+    arguments: a tool renamed or added in tool_config_path would otherwise fail every call as unknown, unnoticed.
+    Returns a warning when no prompt announces any (the model then knows the tools only from its training)."""
+    runs = _signatures(tools)
+    silent = 0
+    for row, text in enumerate(prompts):
+        announced = announced_tools(text)
+        if announced is None:
+            silent += 1
+            continue
+        told = _signatures(announced)
+        if told == runs:
+            continue
+        if set(told) != set(runs):
+            differ = f"announces the tools {sorted(told)} but the rollout runs {sorted(runs)}"
+        else:
+            name = next(name for name in runs if told[name] != runs[name])
+            differ = (f"announces tool {name!r} with the arguments {list(told[name])} but the rollout's takes "
+                      f"{list(runs[name])}")
+        raise ConfigError(f"prompt {row} of {where} {differ}; preprocess the data with the run's tool_config_path "
+                          f"(cli/preprocess_data.py, key tool_config_path) or point rl_config.tool_config_path at "
+                          f"the tools the prompts announce.")
+    if silent == len(prompts):
+        return (f"the prompts of {where} announce no tools, so the model knows the tools {sorted(runs)} only from "
+                f"its training; preprocess with tool_config_path to announce them in the template's tools block.")
+    if silent:
+        raise ConfigError(f"{silent} of the {len(prompts)} prompts of {where} announce no tools while the others do; "
+                          f"preprocess the data again with one tool_config_path.")
+    return None
+
+
+def _signatures(tools: Sequence[dict]) -> dict[str, tuple[str, ...]]:
+    """Each tool's name → its arguments (a schema given whole or as its function part)."""
+    out = {}
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        out[str(function.get("name"))] = tuple(sorted(properties))
+    return out
 
 
 def not_run(call: ToolCall, why: str) -> ToolResult:
@@ -153,8 +209,10 @@ class AgentLoop:
         self.tool_seconds += time.perf_counter() - start
         going = []
         for row, run, refused in plans:
-            why = (f"at most {cfg.max_parallel_calls} calls run per turn" if len(run) == cfg.max_parallel_calls
-                   else f"this answer has used its {cfg.max_tool_calls} tool calls")
+            # the answer's quota first: where both ran out, a later turn could not run the call either
+            why = (f"this answer has used its {cfg.max_tool_calls} tool calls"
+                   if len(statuses[row]) + len(run) >= cfg.max_tool_calls
+                   else f"at most {cfg.max_parallel_calls} calls run per turn")
             answered = [next(results) for _ in run] + [not_run(call, why) for call in refused]
             statuses[row] += [result.status for result in answered[:len(run)]]
             ids = self.turns.ids(answered)
