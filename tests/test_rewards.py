@@ -262,6 +262,7 @@ CASES = [
     # --- the tool-call verifiers, called as a single-turn run calls them (0 calls; tests/test_rewards_tool_calls.py
     # gives them counts) ---
     ("tool_call_bonus", "\\boxed{5}", "5", 0.0),
+    ("tool_use_bonus", "\\boxed{5}", "5", 0.0),
     ("retool_reward", PROMPT_TAIL + "so it is \\boxed{5}<|im_end|>", "5", 1.0),
     ("retool_reward", PROMPT_TAIL + "no idea<|im_end|>", "5", -1.0),        # the prompt's box is not the answer
     ("retool_reward", "\\boxed{5.0}", "5", -1.0),                            # the label's string, not its value
@@ -414,7 +415,7 @@ def test_builtins_declare_their_worst_score():
     worst = {name: get_verifier(name).worst_score for name in known_verifiers()}
     assert worst == {"acc": -1.0, "answer_sentence": 0.0, "base_acc": 0.0, "format": 0.0, "geo3k_acc": 0.0,
                      "geo3k_format": 0.0, "gsm8k": 0.0, "math_17k_acc": 0.0, "retool_reward": -1.0,
-                     "strict_format": -0.5, "tool_call_bonus": 0.0}
+                     "strict_format": -0.5, "tool_call_bonus": 0.0, "tool_use_bonus": 0.0}
 
 
 def test_weighted_total_and_per_verifier_metrics():

@@ -17,8 +17,9 @@ BOXED_5 = "\\boxed{5}"  # 9 characters
 
 
 @pytest.mark.parametrize("tool_calls", [0, 1, 5])
-def test_the_bonus_is_the_number_of_calls(tool_calls):
+def test_the_bonus_is_the_number_of_calls_or_verls_flag(tool_calls):
     assert get_verifier("tool_call_bonus")(BOXED_5, "5", tool_calls=tool_calls) == float(tool_calls)
+    assert get_verifier("tool_use_bonus")(BOXED_5, "5", tool_calls=tool_calls) == float(tool_calls > 0)
 
 
 @pytest.mark.parametrize("response, label, tool_calls, expected", [

@@ -11,9 +11,10 @@
 | geo3k_acc | the last \\boxed{} of the response equals the label (verl's and EasyR1's) | 1.0 / 0.0 | 0.0 |
 | geo3k_format | `<think>…</think>…\\boxed{…}…`, the whole response (their format reward) | 1.0 / 0.0 | 0.0 |
 | tool_call_bonus | the number of tool calls k (verifier_weight is the reward per call) | k | 0.0 |
+| tool_use_bonus | at least one tool call (verl's flag; verifier_weight is the reward for using the tool) | 1.0 / 0.0 | 0.0 |
 | retool_reward | last \\boxed{} of the last 100 characters is the label string | 1.0 / min(0, -1 + 0.1·k) | -1.0 |
 
-The last two read the sample's number of tool calls, k (0 in a single-turn run).
+The last three read the sample's number of tool calls, k (0 in a single-turn run).
 
 The answer verifiers look after the last `</think>` first, so that a guess the policy dropped
 while thinking is not graded in place of its final answer (the whole response when there is none).
@@ -154,6 +155,13 @@ def tool_call_bonus(response: str, label: str, tool_calls: int = 0) -> float:
     calling its tool and guesses (verl issue 1569; verl's fix, +0.1 for a trajectory with at least one call, took
     GSM8K from 0.608 to 0.717). This one pays per call; the rollout's cap on calls bounds it."""
     return float(tool_calls)
+
+
+@register_verifier("tool_use_bonus", worst_score=0.0)
+def tool_use_bonus(response: str, label: str, tool_calls: int = 0) -> float:
+    """verl's fix of the same (issue 1569) as it is: 1.0 for a trajectory that made at least one call, however
+    many; weighted by verifier_weight (verl's 0.1). It rewards using the tool, not calling it again and again."""
+    return 1.0 if tool_calls > 0 else 0.0
 
 
 @register_verifier("retool_reward", worst_score=-1.0)
