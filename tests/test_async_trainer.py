@@ -80,6 +80,35 @@ def test_one_step_sigkill_after_checkpoint_2_then_resume_equals_the_unbroken_run
 
 
 @pytest.mark.job
+def test_a_buffered_checkpoint_resumes_only_into_its_shape_or_hands_its_prompts_back(tiny_math_data, one_step_run,
+                                                                                     tmp_path):
+    """The one-step run's last checkpoint holds the batch generated while the last one trained. Resumed with another
+    group shape it is one sentence before any worker starts; resumed without a schedule its prompts come first
+    (generated again under the resumed weights): none is lost."""
+    from mindrl.trainer.grpo import GRPOTrainer
+    from mindrl.trainer.schedule import buffered_rows
+    from mindrl.trainer.start import saved_extra
+
+    state = saved_extra(one_step_run, 4)["schedule"]["schedule"]
+    assert len(state["groups"]) == 4  # the next batch, generated and waiting
+    resume = {"rl_config.rollout_mode": "one_step_off_policy", "actor_config.load": one_step_run,
+              "megatron_training.train_iters": 5}
+    for change in ({"rl_config.n_samples_per_prompt": 2}, {"megatron_training.global_batch_size": 2,
+                                                           "rl_config.mini_batch_size": 2}):
+        cfg = load_trainer_config(CONFIG, _overrides(tiny_math_data, tmp_path / "run", **resume, **change))
+        with pytest.raises(ConfigError) as err:
+            GRPOTrainer(cfg)
+        assert "holds 4 buffered groups of 4 samples from batches of 4 prompts" in str(err.value)
+        assert "resume with n_samples_per_prompt=4 and global_batch_size=4, which trains them" in str(err.value)
+    resume["rl_config.rollout_mode"] = "sync"
+    cfg = load_trainer_config(CONFIG, [*_overrides(tiny_math_data, tmp_path / "run", **resume),
+                                       "~rl_config.rollout_resource"])
+    assert not cfg.rl_config.scheduled
+    trainer = GRPOTrainer(cfg)
+    assert trainer.handed_back == 4 and trainer.loader.next_rows() == buffered_rows(state)
+
+
+@pytest.mark.job
 def test_streaming_with_max_staleness_0_equals_the_synchronous_mode(tiny_math_data, tmp_path):
     runs = {}
     for mode in ("sync", "streaming"):
@@ -150,8 +179,9 @@ def test_what_the_scheduled_rollout_cannot_run_is_refused():
     assert "partial_rollout_max_split" in _refusal(["rl_config.partial_rollout_max_split=300"])
     assert "rollout_mode must be one of" in _refusal(["rl_config.rollout_mode=fully_async"])
     assert "max_staleness" in _refusal(["rl_config.max_staleness=-1"])
-    assert "max_staleness: 0" in _refusal(["rl_config.rollout_mode=sync", "~rl_config.rollout_resource",
-                                           "rl_config.max_staleness=0"])
+    # synchronous partial rollout at bound 0: every segment under the weights its batch trains at (test_schedule.py)
+    assert load_trainer_config(CONFIG, ["rl_config.rollout_mode=sync", "~rl_config.rollout_resource",
+                                        "rl_config.max_staleness=0"]).rl_config.scheduled
 
 
 def test_keys_that_do_nothing_here_warn():

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from mindrl.rollout.base import LENGTH, STOP, RolloutResult
-from mindrl.trainer.schedule import Schedule, batch_of
+from mindrl.rollout.base import LENGTH, STOP, RolloutResult, ToolStats
+from mindrl.trainer.schedule import Schedule, batch_of, buffered_rows, saved_shape
 
 
 def _round(schedule: Schedule, engine_version: int, rng: random.Random, stop_share: float = 0.3):
@@ -123,6 +123,37 @@ def test_state_round_trip_keeps_every_token():
     assert again.requests() == schedule.requests()
 
 
+def test_a_segment_adds_its_tool_turns_and_a_dropped_groups_segment_counts_as_dropped():
+    schedule = Schedule(1, 1, max_tokens=8, max_staleness=0, max_split=2)
+    schedule.admit([(0, [1]), (1, [2])])
+    requests = schedule.requests()
+    stats = [ToolStats(2, ("ok",)), ToolStats(1, ())]
+    schedule.add(requests, RolloutResult([[1] * 4, [1] * 4], [[-1.0] * 4] * 2, [LENGTH] * 2, tool_stats=stats), 0)
+    requests = schedule.requests()
+    schedule.drop_stale(1)  # both groups' oldest token is a version behind: dropped, their segments in flight
+    assert schedule.dropped_tokens == 8
+    schedule.add(requests, RolloutResult([[2] * 3, [2] * 2], [[-1.0] * 3, [-1.0] * 2], [STOP] * 2), 1)
+    assert schedule.dropped_tokens == 8 + 5  # the in-flight segments went with their groups
+    again = Schedule(1, 1, max_tokens=8, max_staleness=1, max_split=2)
+    again.admit([(0, [1])])
+    requests = again.requests()
+    again.add(requests, RolloutResult([[1] * 4], [[-1.0] * 4], [LENGTH], tool_stats=[ToolStats(2, ("ok",))]), 0)
+    again.add(again.requests(), RolloutResult([[1]], [[-1.0]], [STOP], tool_stats=[ToolStats(1, ("error",))]), 0)
+    assert again.groups[0].samples[0].tool_stats == ToolStats(3, ("ok", "error"))
+
+
+def test_the_saved_shape_is_read_back_or_worked_out_from_the_counts():
+    schedule = Schedule(4, 3, max_tokens=8, max_staleness=2)
+    schedule.admit([(r, [r]) for r in range(9)])  # three batches admitted
+    for _ in range(3):  # one batch trained
+        schedule.groups.pop(min(schedule.groups))
+    state = schedule.state_dict()
+    assert saved_shape(state, 1) == (4, 3)
+    old = {k: v for k, v in state.items() if k not in ("n", "batch_groups")}  # a checkpoint of the last release
+    assert saved_shape(old, 1) == (4, 3)
+    assert buffered_rows(state) == list(range(3, 9))
+
+
 class _Engine:
     """Answers a round at once, each request a random number of tokens (token = the version that made it): what
     the driver's bookkeeping sees of an engine, without one."""
@@ -166,11 +197,13 @@ class _Loader:
 
 
 @pytest.mark.parametrize("seed", range(10))
-@pytest.mark.parametrize("mode,max_staleness,max_split", [("sync", 1, 2), ("sync", 2, 4), ("sync", 3, 4),
-                                                          ("one_step_off_policy", 1, 1), ("one_step_off_policy", 1, 3)])
+@pytest.mark.parametrize("mode,max_staleness,max_split", [("sync", 0, 3), ("sync", 1, 2), ("sync", 2, 4),
+                                                          ("sync", 3, 4), ("one_step_off_policy", 1, 1),
+                                                          ("one_step_off_policy", 1, 3)])
 def test_the_driver_finishes_partial_responses_instead_of_dropping_them(seed, mode, max_staleness, max_split):
     """mindrl/trainer/async_rollout.py's step over random response lengths: a response at the bound gets a round
-    with its whole budget before the batch is taken, so no group is ever dropped, and none trains past the bound."""
+    with its whole budget before the batch is taken, so no group is ever dropped, and none trains past the bound
+    (synchronous partial rollout at bound 0: every segment of a batch under the weights it trains at)."""
     from mindrl.rollout.config import SamplingConfig
     from mindrl.trainer.async_rollout import ScheduledRollout
     from mindrl.trainer.metrics import StepTimer

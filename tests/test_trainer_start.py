@@ -37,6 +37,28 @@ def test_a_loader_restored_at_the_end_of_an_epoch_continues_into_the_next():
     assert [[p.label for p in resumed.next_batch()] for _ in range(3)] == batches[2:]
 
 
+@pytest.mark.parametrize("taken, back", [(7, 2), (5, 3), (3, 3), (6, 6)])
+def test_a_loader_steps_back_over_the_rows_it_gave_across_epochs(taken, back):
+    """A scheduled run's buffered prompts handed back: the loader gives them again, in order, then goes on."""
+    whole = PromptLoader(_prompts(10), batch_size=3, seed=2)  # 3 batches an epoch, one prompt left out
+    batches = [whole.next_rows() for _ in range(taken + 2)]
+
+    def after_taking() -> PromptLoader:
+        loader = PromptLoader(_prompts(10), batch_size=3, seed=2)
+        for _ in range(taken):
+            loader.next_rows()
+        return loader
+
+    handed = [row for batch in batches[taken - back:taken] for row in batch]
+    loader = after_taking()
+    loader.rewind(handed, 3)
+    assert [loader.next_rows() for _ in range(back + 2)] == batches[taken - back:taken + 2]
+    with pytest.raises(ConfigError, match="the checkpoint's buffered prompts are not the rows this data and seed"):
+        after_taking().rewind(list(reversed(handed)), 3)
+    with pytest.raises(ConfigError, match=f"the checkpoint's {3 * taken + 3} buffered prompts are no whole batches"):
+        after_taking().rewind(list(range(3 * taken + 3)), 3)
+
+
 def test_too_few_prompts_and_a_missing_file_are_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="has 3 prompts, fewer than one batch of global_batch_size=4"):
         PromptLoader(_prompts(3), batch_size=4, seed=0)

@@ -159,10 +159,10 @@ class ScheduledRollout:
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule.state_dict(), "rounds": self.rounds}
 
-    def resume_unscheduled(self, iteration: int) -> None:
-        """Go on from `iteration` steps of whole batches (a synchronous run's checkpoint): its rounds' seeds and
-        admissions follow them."""
-        self.rounds = iteration
+    def resume_unscheduled(self, iteration: int, rounds: int) -> None:
+        """Go on from `iteration` steps of whole batches and nothing buffered (a synchronous run's checkpoint, or a
+        scheduled one whose shape changed when its buffer was empty): admissions follow the steps, seeds `rounds`."""
+        self.rounds = rounds
         self.schedule.admitted = iteration * self.schedule.batch_groups
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -276,9 +276,6 @@ def check_async(cfg: TrainerConfig) -> None:
     if split > 1 and gen.rollout_routing_replay:
         raise ConfigError("generate_config.rollout_routing_replay records one set of routes per generation, which a "
                           "partial rollout's segments would split; set partial_rollout_max_split: 1.")
-    if split > 1 and rl.rollout_mode == "sync" and rl.max_staleness == 0:
-        raise ConfigError("partial_rollout_max_split continues responses under the next step's weights, which "
-                          "max_staleness: 0 forbids; set max_staleness to at least 1.")
 
 
 def check_rewards(cfg: TrainerConfig) -> None:

@@ -48,7 +48,7 @@ from mindrl.trainer.metrics import (
 )
 from mindrl.trainer.nonfinite import NonFinite, SkippedSteps, first_nonfinite, skipped_update
 from mindrl.trainer.prompts import PromptLoader, images_of, read_prompts, split_path
-from mindrl.trainer.schedule import batch_of
+from mindrl.trainer.schedule import batch_of, buffered_rows, saved_shape
 from mindrl.trainer.start import JOB_GRPO, StartPoint, start_point
 
 
@@ -128,6 +128,10 @@ class GRPOTrainer:
         train_prompts = read_prompts(train_path)
         check_prompt_images(train_prompts, actor.arch, self.tokenizer, train_path)
         self.loader = PromptLoader(train_prompts, actor.global_batch_size, actor.seed, shuffle=not actor.no_shuffle)
+        if self.start.resume:
+            self.loader.load_state_dict(self.start.extra["data"])
+        #: prompts a scheduled run had buffered that this run, resuming it without a schedule, generates again
+        self.handed_back = self._resume_buffer()
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
         self.group = self.ref_group = self.rewards = self.sink = None
@@ -189,18 +193,44 @@ class GRPOTrainer:
             self.scheduled = self._scheduled_rollout(ranks[0])
         if self.start.resume:
             extra = ranks[0]["extra"]
-            self.loader.load_state_dict(extra["data"])
             if "reward_model_stats" in extra:
                 self.rewards.stats.load_state_dict(extra["reward_model_stats"])
             if "skipped_steps" in extra:
                 self.skipped.load_state_dict(extra["skipped_steps"])
             say(f"resumed from {self.start.resume} at iteration {self.start.iteration} "
                 f"(epoch {self.loader.epoch}, prompt {self.loader.position})")
+            if self.handed_back:
+                say(f"the checkpoint's {self.handed_back} buffered prompts of a scheduled rollout are generated again "
+                    f"under the resumed weights and trained (their partial responses, never trained on, are dropped)")
             if ranks[0]["schedule_note"]:
                 say(f"warning: {ranks[0]['schedule_note']}")
         save = cfg.actor_config.save
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
                                 rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
+
+    def _resume_buffer(self) -> int:
+        """What a resume does with a scheduled run's buffered groups, decided before any worker starts: a schedule
+        of the same shape takes them back; a run without a schedule generates their prompts again (the loader steps
+        back over them, and their partial responses go); a schedule of another shape is refused. Returns the
+        prompts handed back."""
+        saved = (self.start.extra or {}).get("schedule")
+        if saved is None or not saved["schedule"]["groups"]:
+            return 0
+        state, rl = saved["schedule"], self.cfg.rl_config
+        n, batch = saved_shape(state, self.start.iteration)
+        if rl.scheduled:
+            if (n, batch) != (self.n, self.train_groups):
+                raise ConfigError(f"{self.start.resume} iteration {self.start.iteration} holds "
+                                  f"{len(state['groups'])} buffered groups of {n} samples from batches of {batch} "
+                                  f"prompts, but this run asks n_samples_per_prompt={self.n} and batches of "
+                                  f"{self.train_groups}; resume with n_samples_per_prompt={n} and global_batch_size="
+                                  f"{batch}, which trains them, or without the schedule (rollout_mode: sync, "
+                                  f"partial_rollout_max_split: 1, no rollout_resource), which generates their prompts "
+                                  f"again.")
+            return 0
+        rows = buffered_rows(state)
+        self.loader.rewind(rows, batch)
+        return len(rows)
 
     def _scheduled_rollout(self, setup: dict) -> Any:
         """The rounds' driver, on the engines' own devices when rollout_resource gives them (their first weights
@@ -221,11 +251,12 @@ class GRPOTrainer:
         scheduled = ScheduledRollout(self.loader, self.n, self.train_groups, self.sampling, rl.rollout_mode,
                                      rl.staleness_bound, rl.partial_rollout_max_split, self.group, role,
                                      cfg.generate_config.check_weight_sync)
-        extra = setup["extra"]
-        if extra is not None and "schedule" in extra:
-            scheduled.load_state_dict(extra["schedule"])
-        else:  # a fresh start, or a checkpoint of a synchronous run: every batch so far was admitted and trained
-            scheduled.resume_unscheduled(self.start.iteration)
+        saved = (setup["extra"] or {}).get("schedule")
+        if saved is not None and saved_shape(saved["schedule"], self.start.iteration) == (self.n, self.train_groups):
+            scheduled.load_state_dict(saved)
+        else:  # a fresh start, a synchronous run's checkpoint or an empty schedule of another shape: every batch so
+            # far was admitted and trained
+            scheduled.resume_unscheduled(self.start.iteration, saved["rounds"] if saved else self.start.iteration)
         try:
             scheduled.start(self.start.iteration)
         except BaseException:  # close() only ends a rollout role it knows of

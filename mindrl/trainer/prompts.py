@@ -82,6 +82,24 @@ class PromptLoader(Generic[Row]):
         self.position += self.batch_size
         return rows
 
+    def rewind(self, rows: list[int], batch_size: int) -> None:
+        """Step back over the last len(rows) rows taken, which were taken in batches of `batch_size` and must be
+        `rows`: a scheduled run's buffered prompts, handed back to be generated again by a run that resumes it
+        without its schedule. One sentence if they are not (another seed, data or batch size since)."""
+        per_epoch = len(self.prompts) // batch_size * batch_size
+        taken = self.epoch * per_epoch + self.position - len(rows)
+        if len(rows) % batch_size or taken < 0:
+            raise ConfigError(f"the checkpoint's {len(rows)} buffered prompts are no whole batches of "
+                              f"{batch_size} taken from this data; resume with the schedule that wrote it.")
+        epoch, position = divmod(taken, per_epoch)
+        replay = PromptLoader(self.prompts, batch_size, self.seed, self.shuffle)
+        replay.load_state_dict({"epoch": epoch, "position": position})
+        if [row for _ in range(len(rows) // batch_size) for row in replay.next_rows()] != rows:
+            raise ConfigError("the checkpoint's buffered prompts are not the rows this data and seed give at its "
+                              "position (the data, seed or global_batch_size changed since); resume with the data, "
+                              "seed and schedule that wrote it.")
+        self.load_state_dict({"epoch": epoch, "position": position})
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 
