@@ -11,7 +11,7 @@
 | geo3k_acc | the last \\boxed{} of the response equals the label (verl's and EasyR1's) | 1.0 / 0.0 | 0.0 |
 | geo3k_format | `<think>…</think>…\\boxed{…}…`, the whole response (their format reward) | 1.0 / 0.0 | 0.0 |
 | tool_call_bonus | the number of tool calls k (verifier_weight is the reward per call) | k | 0.0 |
-| tool_use_bonus | at least one tool call (verl's flag; verifier_weight is the reward for using the tool) | 1.0 / 0.0 | 0.0 |
+| tool_use_bonus | at least one tool call (verl's flag; verifier_weight is the reward for using it) | 1.0 / 0.0 | 0.0 |
 | retool_reward | last \\boxed{} of the last 100 characters is the label string | 1.0 / min(0, -1 + 0.1·k) | -1.0 |
 
 The last three read the sample's number of tool calls, k (0 in a single-turn run).
