@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from mindrl.algorithms.decoupled import MAX_LOG_WEIGHT, behaviour_weights
+from mindrl.algorithms.decoupled import MAX_LOG_WEIGHT, behaviour_weights, correction_weights
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
-from mindrl.algorithms.rollout_is import RolloutISConfig
+from mindrl.algorithms.rollout_is import RolloutISConfig, rollout_is_weights
 from mindrl.config import ConfigError
 
 # log w = old − engine: row 0: 0.5, -1.0, 2.0, (padding: engine -inf, masked out); row 1: 1.0, 1.4, 0.0, 0.2
@@ -128,3 +128,45 @@ def test_gradient_matches_areal_decoupled_ppo(cap):
     assert (ours_in.grad - ref_in.grad).abs().max().item() <= 1e-6
     if cap is not None:  # dropped tokens carry no gradient
         assert ours_in.grad[above_cap].abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("mode", ["none", "token", "sequence"])
+def test_a_synchronous_batch_is_weighted_as_colocated_wherever_its_engines_run(mode):
+    """Every token sampled by the weights being updated (staleness 0, engines on devices of their own): the loss and
+    its gradient are the colocated synchronous step's bit for bit, though the engine's log-probs differ from the
+    actor's. With rollout_is none the decoupled behaviour weight (the old rule: π_prox/π_engine on every token,
+    untruncated) moved them."""
+    gen = torch.Generator().manual_seed(1)
+    shape = (4, 7)
+    old = -torch.rand(shape, generator=gen, dtype=torch.float64) * 3
+    engine = old + torch.randn(shape, generator=gen, dtype=torch.float64) * 0.3
+    current = old + torch.randn(shape, generator=gen, dtype=torch.float64) * 0.1
+    adv = torch.randn(shape, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(shape, generator=gen) > 0.2).double()
+    cfg = RolloutISConfig(mode)
+    colocated = None if mode == "none" else rollout_is_weights(old, engine, mask, cfg)
+    placed = correction_weights(old, engine, mask, cfg, torch.full(shape, 3), 3, use_decoupled_loss=True)
+    assert (placed is None) == (colocated is None)
+    grads = []
+    for is_weights in (colocated, placed, behaviour_weights(old, engine, mask, cfg)):
+        log_prob = current.clone().requires_grad_(True)
+        loss, _ = actor_loss(log_prob, old, adv, mask, LossConfig(clip_ratio=0.2), is_weights=is_weights)
+        loss.backward()
+        grads.append(log_prob.grad)
+    assert torch.equal(grads[0], grads[1])
+    if mode == "none":  # the old rule's uncapped weight changed the objective; truncated ones it merely repeated
+        assert (grads[2] - grads[0]).abs().max() > 1e-3
+
+
+def test_only_responses_with_an_older_token_get_the_behaviour_weight():
+    versions = torch.tensor([[4, 4, 4, 4], [3, 3, 4, 4]])  # row 0 sampled by version 4 (being updated), row 1 not
+    for mode in ("none", "token"):
+        cfg = RolloutISConfig(mode)
+        got = correction_weights(OLD, ENGINE, MASK, cfg, versions, 4, use_decoupled_loss=True, cap=3.0)
+        fresh = MASK[0] if mode == "none" else rollout_is_weights(OLD, ENGINE, MASK, cfg)[0]
+        assert got[0].tolist() == fresh.tolist()
+        assert got[1].tolist() == behaviour_weights(OLD, ENGINE, MASK, cfg, 3.0)[1].tolist()
+        # without use_decoupled_loss every response gets the synchronous treatment
+        plain = correction_weights(OLD, ENGINE, MASK, cfg, versions, 4, use_decoupled_loss=False)
+        assert (plain is None) if mode == "none" else plain.tolist() == rollout_is_weights(OLD, ENGINE, MASK,
+                                                                                            cfg).tolist()

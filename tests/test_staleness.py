@@ -37,14 +37,18 @@ def test_staleness_by_hand():
     })
 
 
-def test_is_weight_spread_by_hand():
-    metrics = staleness_metrics(VERSIONS, MASK, VERSION, is_weights=WEIGHTS)
-    assert {k: v for k, v in metrics.items() if "is_weight" in k} == pytest.approx({
+def test_is_weight_spread_and_the_gap_are_the_stale_tokens_by_hand():
+    # the stale tokens: row 0's third (weight 0.0), row 1's first two (2.0, 1.0); the fresh ones' weights and gaps
+    # are the engine/trainer mismatch, reported as rollout_is/*
+    gap = torch.tensor([[9.0, 9.0, -0.5, 9.0], [0.25, -1.0, 9.0, 9.0], [9.0] * 4, [9.0] * 4])
+    metrics = staleness_metrics(VERSIONS, MASK, VERSION, is_weights=WEIGHTS, log_prob_gap=gap)
+    assert {k: v for k, v in metrics.items() if "is_weight" in k or "diff" in k} == pytest.approx({
         "async/is_weight_mean": 1.0,
-        "async/is_weight_std": 0.5 ** 0.5,
+        "async/is_weight_std": (2 / 3) ** 0.5,
         "async/is_weight_min": 0.0,
         "async/is_weight_max": 2.0,
-        "async/is_weight_masked_share": 2 / 9,
+        "async/is_weight_masked_share": 1 / 3,
+        "async/stale_abs_log_prob_diff_mean": 1.75 / 3,
     })
 
 
@@ -53,9 +57,12 @@ def test_single_token_has_no_spread():
     assert metrics["async/is_weight_std"] == 0.0 and metrics["async/staleness_oldest_token_mean"] == 1.0
 
 
-def test_empty_batch_is_all_zeros():
+def test_empty_batch_is_all_zeros_and_a_fresh_one_has_no_stale_figures():
     metrics = staleness_metrics(VERSIONS, torch.zeros_like(MASK), VERSION, is_weights=WEIGHTS)
-    assert len(metrics) == 11 and set(metrics.values()) == {0.0}
+    assert len(metrics) == 6 and set(metrics.values()) == {0.0}
+    fresh = staleness_metrics(torch.full((2, 3), VERSION), torch.ones(2, 3), VERSION, WEIGHTS[:2, :3],
+                              torch.ones(2, 3))
+    assert sorted(fresh) == sorted(staleness_metrics(VERSIONS, MASK, VERSION)) and set(fresh.values()) == {0.0}
 
 
 def test_newer_than_the_update_is_refused():

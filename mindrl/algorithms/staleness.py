@@ -26,11 +26,15 @@ def oldest_version(token_versions: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 @torch.no_grad()
 def staleness_metrics(token_versions: torch.Tensor, mask: torch.Tensor, version: int,
-                      is_weights: torch.Tensor | None = None) -> dict[str, float]:
-    """Staleness (and, given the loss's importance weights, their spread) over the masked tokens.
+                      is_weights: torch.Tensor | None = None,
+                      log_prob_gap: torch.Tensor | None = None) -> dict[str, float]:
+    """Staleness over the masked tokens; over the stale ones (older than `version`), given the loss's importance
+    weights, their spread, and given `log_prob_gap` (π_prox − π_behav per token, in log space) its mean size. The
+    fresh tokens' gap is the engine/trainer mismatch the `rollout_is/*` figures report; these are kept apart.
 
     Token figures weight every masked token alike; sample figures average over rows with at least
-    one masked token. With no masked token at all every figure is 0.
+    one masked token. With no masked token at all every figure is 0; with no stale one the stale figures are left
+    out.
     """
     keep = mask.bool()
     staleness = (version - token_versions).masked_fill(~keep, 0)
@@ -52,15 +56,19 @@ def staleness_metrics(token_versions: torch.Tensor, mask: torch.Tensor, version:
         "async/off_policy_token_share": (staleness > 0).sum().item() / tokens,
         "async/off_policy_sample_share": (oldest > 0).sum().item() / samples,
     }
+    stale = keep & (staleness > 0)
+    if not stale.any():
+        return metrics
     if is_weights is not None:
-        weights = is_weights.detach().double()[keep]
-        empty = weights.numel() == 0
+        weights = is_weights.detach().double()[stale]
         metrics |= {
-            "async/is_weight_mean": 0.0 if empty else weights.mean().item(),
+            "async/is_weight_mean": weights.mean().item(),
             # population std: a batch of one token has spread 0, not NaN
-            "async/is_weight_std": 0.0 if empty else weights.std(correction=0).item(),
-            "async/is_weight_min": 0.0 if empty else weights.min().item(),
-            "async/is_weight_max": 0.0 if empty else weights.max().item(),
-            "async/is_weight_masked_share": (weights == 0).sum().item() / tokens,
+            "async/is_weight_std": weights.std(correction=0).item(),
+            "async/is_weight_min": weights.min().item(),
+            "async/is_weight_max": weights.max().item(),
+            "async/is_weight_masked_share": (weights == 0).sum().item() / weights.numel(),
         }
+    if log_prob_gap is not None:
+        metrics["async/stale_abs_log_prob_diff_mean"] = log_prob_gap.detach().double()[stale].abs().mean().item()
     return metrics

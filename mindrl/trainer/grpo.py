@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from mindrl.algorithms.advantages import compute_advantages
-from mindrl.algorithms.decoupled import behaviour_weights
+from mindrl.algorithms.decoupled import correction_weights, stale_tokens
 from mindrl.algorithms.group_filter import GroupAccumulator, select_filter_values
-from mindrl.algorithms.rollout_is import mismatch_metrics, rollout_is_weights
+from mindrl.algorithms.rollout_is import mismatch_metrics
 from mindrl.algorithms.staleness import staleness_metrics
 from mindrl.config import ConfigError, ModelArch
 from mindrl.console import say
@@ -317,7 +317,7 @@ class GRPOTrainer:
             self.close()
 
     def train_step(self, step: int) -> dict[str, float]:
-        rl, timer = self.cfg.rl_config, StepTimer()
+        timer = StepTimer()
         updated: dict[str, float] = {}
         with timer("all"):
             exp = self.experience(step, timer)
@@ -331,21 +331,13 @@ class GRPOTrainer:
                 found = first_nonfinite({"the critic's values": batch.get("values"),
                                          "the advantages": batch["advantages"]})
             if found is None:
+                gap = None
                 if "old_log_probs" in batch:
-                    exp.metrics.update(mismatch_metrics(batch["old_log_probs"], batch["engine_log_probs"],
-                                                        batch["loss_mask"], rl.rollout_is_config))
-                    if versions is not None and rl.use_decoupled_loss:
-                        batch["rollout_is_weights"] = behaviour_weights(
-                            batch["old_log_probs"], batch["engine_log_probs"], batch["loss_mask"],
-                            rl.rollout_is_config, rl.behav_imp_weight_cap)
-                    elif rl.rollout_is != "none":
-                        batch["rollout_is_weights"] = rollout_is_weights(batch["old_log_probs"],
-                                                                         batch["engine_log_probs"],
-                                                                         batch["loss_mask"], rl.rollout_is_config)
-                    del batch["engine_log_probs"]
+                    exp.metrics.update(self.corrections(batch, versions, step - 1))
+                    gap = batch["old_log_probs"] - batch.pop("engine_log_probs")
                 if versions is not None:
                     exp.metrics.update(staleness_metrics(versions, batch["loss_mask"], step - 1,
-                                                         batch.get("rollout_is_weights")))
+                                                         batch.get("rollout_is_weights"), gap))
                 updated = self.update(step, batch, timer)
                 found = update_nonfinite(updated)
             if self.scheduled is not None:  # the round in flight collected, the update's weights pushed
@@ -360,6 +352,21 @@ class GRPOTrainer:
         if self.scheduled is not None:
             metrics.update(wait_shares(metrics))
         return metrics
+
+    def corrections(self, batch: dict[str, torch.Tensor], versions: torch.Tensor | None,
+                    version: int) -> dict[str, float]:
+        """Put the loss's importance weights in place (decoupled PPO's for responses older than `version`, the
+        synchronous step's for the rest: mindrl/algorithms/decoupled.py); returns the engine/trainer mismatch
+        metrics of the tokens `version` sampled (a stale token's gap is staleness too, reported apart)."""
+        rl, mask = self.cfg.rl_config, batch["loss_mask"]
+        weights = correction_weights(batch["old_log_probs"], batch["engine_log_probs"], mask, rl.rollout_is_config,
+                                     versions, version, rl.use_decoupled_loss, rl.behav_imp_weight_cap)
+        if weights is not None:
+            batch["rollout_is_weights"] = weights
+        fresh = mask if versions is None else mask.bool() & ~stale_tokens(versions, mask, version)
+        if versions is not None and not fresh.any():
+            return {}
+        return mismatch_metrics(batch["old_log_probs"], batch["engine_log_probs"], fresh, rl.rollout_is_config)
 
     def advantages(self, exp: Experience, timer: StepTimer) -> dict[str, float]:
         """Put the batch's `advantages` in place; returns metrics of the estimate."""
