@@ -91,6 +91,9 @@ def _infer_tp2(rank: int, train_tp: int) -> dict:
         # the ranks' shared memory is named after the group alone: a name left behind (a rank killed before its
         # interpreter's exit) made the next engine of any run on the machine fail to start
         named = [name for name in os.listdir("/dev/shm") if "cpushm" in name]
+        from vllm.distributed import parallel_state
+
+        group = parallel_state.get_tp_group().device_communicator.dist_module.group_name
         result, metrics = rollout.generate(PROMPTS, n=2)
     finally:
         rollout.engine.close()
@@ -98,13 +101,17 @@ def _infer_tp2(rank: int, train_tp: int) -> dict:
     scored = actor.compute_log_prob({"tokens": batch["tokens"]})
     rows = actor.local_rows(batch["tokens"].shape[0])
     diff = ((scored["log_probs"] - batch["engine_log_probs"][rows]) * batch["loss_mask"][rows]).abs().max().item()
-    return {"diff": diff, "metrics": metrics, "responses": result.responses, "named": named}
+    return {"diff": diff, "metrics": metrics, "responses": result.responses, "named": named, "group": group,
+            "pid": os.getpid()}
 
 
 @pytest.mark.parametrize("train_tp", [1, 2])
 def test_an_engine_spanning_two_ranks_scores_its_samples_as_the_actor_after_a_sync(train_tp):
     ranks = run_ranks(_infer_tp2, 2, train_tp)
     assert [r["named"] for r in ranks] == [[], []]  # in use, and already unnamed
+    # named for this engine (its first rank's pid and a random tag), agreed by its ranks: two runs' engines starting
+    # at the same moment on one machine used the same names, and the second failed (errno 17)
+    assert ranks[0]["group"] == ranks[1]["group"] and ranks[0]["group"].startswith(f"mindrl{ranks[0]['pid']}x")
     assert max(r["diff"] for r in ranks) <= 1e-4, [r["diff"] for r in ranks]
     assert ranks[0]["responses"] == ranks[1]["responses"] and len(ranks[0]["responses"]) == 8
     assert len({tuple(r) for r in ranks[0]["responses"]}) == 8

@@ -20,6 +20,7 @@ import gc
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,12 +49,31 @@ class EngineBroken(RuntimeError):
 VLLM_RELEASE = "0.32."
 
 
+def _name_shared_memory_per_engine() -> None:
+    """vLLM-CPU names an engine's shared-memory segments after its group and the init method alone ('env://' under
+    external_launcher), the same in every run: two runs starting engines over several ranks at the same moment on
+    one machine created the same segments, and the second failed ('create shm in SHMManager failed. errno: 17').
+    The engine's ranks agree on a name of their own first (rank 0's pid and a random tag, broadcast over the
+    ranks' world, which builds its engines together) and vLLM's group names start with it. On other devices vLLM
+    builds no such segments and the name goes unused."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    box = [f"mindrl{os.getpid()}x{secrets.token_hex(4)}" if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    tag = box[0]
+
+    def group_name(communicator: Any) -> str:
+        ranks = "-".join(str(rank) for rank in communicator.ranks)
+        return f"{tag}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+    cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(group_name)
+
+
 def _unlink_shared_memory() -> None:
-    """vLLM-CPU's engine over several ranks talks through shared-memory segments named after its group alone, so
-    every run on a machine uses the same names. vLLM unlinks them at a clean interpreter exit, which a rank ended
-    by ray.kill or SIGKILL never reaches, and the next such engine then failed to start ('create shm in
-    SHMManager failed. errno: 17'). Every rank has joined the segments once the engine is up (vLLM waits for
-    all at a barrier), so their names go now; the memory lives until the last rank using it exits."""
+    """vLLM unlinks an engine's shared-memory segments at a clean interpreter exit, which a rank ended by ray.kill
+    or SIGKILL never reaches, and they were left in /dev/shm. Every rank has joined the segments once the engine
+    is up (vLLM waits for all at a barrier), so their names go now; the memory lives until the last rank using it
+    exits."""
     from _posixshmem import shm_unlink
 
     from vllm.distributed import parallel_state
@@ -147,6 +167,7 @@ class VllmEngine(RolloutEngine):
         if self.cfg.infer_tensor_parallel_size > 1:
             # The engine spans that many of the actor's ranks, which are already a torch.distributed world.
             kwargs["distributed_executor_backend"] = "external_launcher"
+            _name_shared_memory_per_engine()
         if self.cfg.enforce_eager:
             _eager_token_ranks()
         _freeze_heap()
