@@ -207,7 +207,9 @@ def _agent(cfg: EvalConfig, longest: int, tokenizer: Any) -> Any:
     if longest + total > cfg.max_model_len:
         raise ConfigError(f"the longest prompt ({longest} tokens) plus --max-total-response-length {total} exceeds "
                           f"--max-model-len {cfg.max_model_len}; raise it.")
-    check_tools(multi_turn)
+    warning = check_tools(multi_turn)
+    if warning:
+        say(f"warning: {warning}")
     template = run_template(split_path(cfg.data, "test"), cfg.prompt_type, cfg.prompt_type_path)
     if template is None:
         raise ConfigError(f"--multi-turn needs the chat template's tool turn, but {cfg.data} records no template; "

@@ -110,16 +110,16 @@ def test_code_cannot_reach_a_socket_on_the_hosts_loopback(box, host):
 
 
 def _sandbox() -> str | None:
-    """The mount namespace of the sandbox this process runs now: its bwrap's child's. Counting by uid would count
+    """The pid namespace of the sandbox this process runs now: its bwrap's child's. Counting by uid would count
     the sandboxes of other processes on the machine too (nobody's, or the user's)."""
     me = os.getpid()
-    mine = os.readlink(f"/proc/{me}/ns/mnt")
+    mine = os.readlink(f"/proc/{me}/ns/pid")
     for task in os.listdir(f"/proc/{me}/task"):  # a child is listed under the thread that started it
         with open(f"/proc/{me}/task/{task}/children") as f:
             for bwrap in f.read().split():
                 try:
                     with open(f"/proc/{bwrap}/task/{bwrap}/children") as g:
-                        spaces = {os.readlink(f"/proc/{child}/ns/mnt") for child in g.read().split()}
+                        spaces = {os.readlink(f"/proc/{child}/ns/pid") for child in g.read().split()}
                 except OSError:  # it ended while we looked
                     continue
                 # other children of this process (the rank server an earlier test of the session started, say)
@@ -133,7 +133,7 @@ def _processes_in(namespace: str) -> int:
     count = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            count += os.readlink(f"/proc/{pid}/ns/mnt") == namespace
+            count += os.readlink(f"/proc/{pid}/ns/pid") == namespace
         except OSError:  # it ended while we looked
             pass
     return count
@@ -164,13 +164,15 @@ def test_a_fork_bomb_is_held_to_its_process_cap_and_leaves_nothing_behind(box, h
     finally:
         done.set()
         watcher.join()
-    assert result.status == "timeout" and seconds < LIMITS["timeout_s"] + 1.5, (result, seconds)
-    assert LIMITS["max_processes"] // 2 < peak[0] <= LIMITS["max_processes"] + 1, peak  # bwrap's init is the 1
+    # its processes' CPU seconds together run out long before the wall clock
+    assert result.status == "timeout" and seconds < LIMITS["timeout_s"], (result, seconds)
+    # bwrap's init and the launcher are the 2
+    assert LIMITS["max_processes"] // 2 < peak[0] <= LIMITS["max_processes"] + 2, peak
     deadline = time.monotonic() + 5
     while _processes_in(namespace[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _processes_in(namespace[0]) == 0
-    _stopped(box, result, "timeout", "wall-clock limit")
+    _stopped(box, result, "timeout", f"used up its {LIMITS['cpu_seconds']} CPU seconds")
 
 
 def test_a_fork_loop_that_gives_up_is_told_the_process_cap(long_box, host):
@@ -212,15 +214,15 @@ def test_a_busy_loop_is_stopped_by_its_cpu_seconds(long_box, host):
 
 
 @pytest.mark.timeout(60)
-def test_a_busy_loop_that_ignores_sigxcpu_is_killed_a_second_later(long_box, host):
+def test_a_busy_loop_that_ignores_sigxcpu_is_stopped_at_its_cpu_seconds_all_the_same(long_box, host):
     result, seconds = _python(long_box, """
         import signal
         signal.signal(signal.SIGXCPU, signal.SIG_IGN)
         while True:
             pass
         """)
-    _stopped(long_box, result, "killed", "SIGKILL")  # the hard limit, a CPU second after the soft one
-    assert 2 <= seconds < 10, seconds
+    _stopped(long_box, result, "timeout", "used up its 1 CPU seconds")  # watched from outside: no signal to ignore
+    assert 1 <= seconds < 2, seconds
 
 
 def test_output_past_the_file_limit_is_cut_off(tmp_path, host):

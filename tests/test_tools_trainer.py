@@ -222,3 +222,12 @@ def test_prompts_announcing_other_tools_are_refused_before_ray_starts(tmp_path):
     assert str(err.value).startswith("prompt 0 of ") and "announces the tools ['code_interpreter'] but the rollout " \
                                                          "runs ['calculator', 'python']; preprocess" in str(err.value)
     GRPOTrainer(load_trainer_config("grpo_tiny_tools_cpu", [*data, f"rl_config.tool_config_path={retool}"]))
+
+
+def test_calls_that_could_hold_more_memory_than_the_machine_warn(tmp_path):
+    tools = tmp_path / "big.yaml"
+    tools.write_text("tools:\n  - name: python\n    config: {memory_mb: 10000000}\n")
+    cfg = load_trainer_config("grpo_tiny_tools_cpu", [f"rl_config.tool_config_path={tools}"])
+    assert any(notice.startswith(f"max_parallel_calls={cfg.rl_config.max_parallel_calls} sandboxed calls may hold ")
+               and "more than this machine's" in notice for notice in cfg.notices), cfg.notices
+    assert not any("sandboxed calls" in notice for notice in load_trainer_config("grpo_tiny_tools_cpu").notices)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,12 +79,21 @@ class ToolTurns:
         return self.parse(self.tokenizer.decode(list(turn), skip_special_tokens=False))
 
 
-def check_tools(cfg: MultiTurnConfig) -> None:
+def check_tools(cfg: MultiTurnConfig) -> str | None:
     """What the ranks will build, built once before anything starts: the parser, the tools (a custom tool's
-    signature checked), and the sandbox started, so a problem is one sentence here and not in the first rollout."""
+    signature checked), and the sandbox started, so a problem is one sentence here and not in the first rollout.
+    Returns a warning where a turn's calls may hold more memory than this machine has."""
     get_parser(cfg.tool_parser_format)
-    tool_schemas(cfg)
+    with load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
+                      cfg.tool_response_truncate_side) as tools:
+        footprint = tools.footprint_bytes
     check_sandbox()
+    machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if footprint <= machine:
+        return None
+    return (f"max_parallel_calls={cfg.max_parallel_calls} sandboxed calls may hold {footprint >> 20} MB together "
+            f"(memory_mb + 3 × disk_mb each), more than this machine's {machine >> 20} MB, in every rollout process "
+            f"that runs tools; lower max_parallel_calls or the python tool's memory_mb.")
 
 
 def tool_schemas(cfg: MultiTurnConfig) -> list[dict]:

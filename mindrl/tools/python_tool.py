@@ -23,7 +23,7 @@ def build(settings: dict, where: str) -> Tool:
             raise ToolFailure(outcome.status, outcome.text)
         return outcome.text
 
-    return Tool(SCHEMA, python)
+    return Tool(SCHEMA, python, limits.footprint_bytes)
 
 
 def _limits(settings: dict, where: str) -> Limits:

@@ -29,7 +29,7 @@ def build_tool(name: str, settings: dict, schema: dict | None, where: str) -> To
         if schema is None:
             return tool
         check_accepts(tool.fn, schema, where)
-        return Tool(schema, tool.fn)
+        return Tool(schema, tool.fn, tool.footprint_bytes)
     if not is_spec(name):
         raise ConfigError(f"{where}: unknown tool {name!r}; known: {', '.join(sorted(BUILTINS))} (or your own as "
                           f"path/to/file.py:function or package.module:function).")

@@ -34,6 +34,8 @@ class ToolFailure(Exception):
 class Tool:
     schema: dict  # {"type": "function", "function": {"name", "description", "parameters"}}
     fn: Callable[..., str]
+    #: the most memory one call may hold outside the rollout process (a sandbox's processes and files)
+    footprint_bytes: int = 0
 
     @property
     def name(self) -> str:

@@ -35,7 +35,7 @@ class ToolBox:
     def __init__(self, tools: list[Tool], max_parallel_calls: int, max_tool_response_length: int,
                  truncate_side: str) -> None:
         self._tools = {tool.name: tool for tool in tools}
-        self._limit, self._side = max_tool_response_length, truncate_side
+        self._limit, self._side, self._parallel = max_tool_response_length, truncate_side, max_parallel_calls
         self._pool = ThreadPoolExecutor(max_parallel_calls, thread_name_prefix="tool-call")
 
     def run(self, calls: list[ToolCall]) -> list[ToolResult]:
@@ -45,6 +45,11 @@ class ToolBox:
     def schemas(self) -> list[dict]:
         """The tools' OpenAI function schemas, for the system prompt."""
         return [tool.schema for tool in self._tools.values()]
+
+    @property
+    def footprint_bytes(self) -> int:
+        """The most memory a turn's calls may hold at once outside this process."""
+        return self._parallel * max(tool.footprint_bytes for tool in self._tools.values())
 
     def close(self) -> None:
         self._pool.shutdown()

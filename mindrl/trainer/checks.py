@@ -211,13 +211,14 @@ def check_lengths(cfg: TrainerConfig) -> None:
                           f"max_tokens={max_tokens} when overlong_buffer_enable is true; make them equal.")
 
 
-def check_multi_turn(cfg: TrainerConfig) -> None:
+def check_multi_turn(cfg: TrainerConfig) -> list[str]:
     """The agent loop's limits against the engine's room, what it cannot be combined with, and its tools: loaded
-    (a custom tool's signature checked) and the sandbox started once, here rather than in the first rollout."""
+    (a custom tool's signature checked) and the sandbox started once, here rather than in the first rollout.
+    Returns warnings (tools that may hold more memory than the machine has)."""
     rl, gen = cfg.rl_config, cfg.generate_config
     multi_turn = rl.multi_turn(gen.max_model_len)
     if multi_turn is None:
-        return
+        return []
     total, max_tokens = multi_turn.max_total_response_length, gen.sampling_config.max_tokens
     if total < max_tokens:
         raise ConfigError(f"rl_config.max_total_response_length={total} is below sampling_config.max_tokens="
@@ -240,7 +241,8 @@ def check_multi_turn(cfg: TrainerConfig) -> None:
                           "turn the overlong penalty off.")
     from mindrl.rollout.agent_loop import check_tools
 
-    check_tools(multi_turn)
+    warning = check_tools(multi_turn)
+    return [warning] if warning else []
 
 
 def check_async(cfg: TrainerConfig) -> None:

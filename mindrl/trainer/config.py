@@ -36,14 +36,14 @@ def build_trainer_config(data: Mapping[str, Any], notes: list[KeyNote] | None = 
     """Every section built and checked, then the rules across sections; all but the resources."""
     cfg = TrainerConfig.from_dict(data, notes)
     checks.check_colocation(cfg)
-    checks.check_multi_turn(cfg)
+    tool_warnings = checks.check_multi_turn(cfg)
     checks.check_async(cfg)
     checks.check_layouts(cfg)
     checks.check_rollout(cfg)
     checks.check_batches(cfg)
     checks.check_lengths(cfg)
     checks.check_rewards(cfg)
-    return replace(cfg, notices=(*cfg.notices, *checks.inert_keys(cfg)))
+    return replace(cfg, notices=(*cfg.notices, *tool_warnings, *checks.inert_keys(cfg)))
 
 
 def check_resources(cfg: TrainerConfig, cluster: Cluster | None = None) -> None:
