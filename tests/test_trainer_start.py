@@ -59,6 +59,23 @@ def test_a_loader_steps_back_over_the_rows_it_gave_across_epochs(taken, back):
         after_taking().rewind(list(range(3 * taken + 3)), 3)
 
 
+def test_a_rewind_under_another_batch_size_gives_the_rows_again_or_says_which_size_does():
+    taken = PromptLoader(_prompts(10), batch_size=3, seed=2)
+    batches, states = [], []
+    for _ in range(4):  # epoch 0's three batches, then epoch 1's first
+        batches.append(taken.next_rows())
+        states.append(taken.state_dict())
+    bigger = PromptLoader(_prompts(10), batch_size=6, seed=2)
+    bigger.load_state_dict(states[2])
+    bigger.rewind(batches[1] + batches[2], 3)  # back at epoch 0's position 3: a batch of 6 fits before its end
+    assert bigger.next_rows() == batches[1] + batches[2]
+    stranded = PromptLoader(_prompts(10), batch_size=6, seed=2)
+    stranded.load_state_dict(states[3])
+    with pytest.raises(ConfigError, match="global_batch_size=6 would pass over some of the checkpoint's buffered "
+                                          "prompts at the end of the epoch; resume at global_batch_size=3"):
+        stranded.rewind(batches[2] + batches[3], 3)  # back at epoch 0's position 6 a batch of 6 runs past its end
+
+
 def test_too_few_prompts_and_a_missing_file_are_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="has 3 prompts, fewer than one batch of global_batch_size=4"):
         PromptLoader(_prompts(3), batch_size=4, seed=0)

@@ -59,8 +59,9 @@ class ToolTurns:
         self.tokenizer = tokenizer
         self.after, self.opening, self.closing = (self._fixed(text) for text in
                                                   (tool_turn.after, tool_turn.opening, tool_turn.closing))
-        #: between two results of one turn: each its own block, as the chat template writes several tool messages
-        self.separator = self._fixed(tool_turn.separator or "")
+        #: between two results of one turn: each its own block, as the chat template writes several tool messages; a
+        #: template without one runs one call a turn (AgentSpec), and the notes of calls not run follow on new lines
+        self.separator = self._fixed("\n" if tool_turn.separator is None else tool_turn.separator)
         self.parse = get_parser(parser)
 
     def _fixed(self, text: str) -> list[int]:

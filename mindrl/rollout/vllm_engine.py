@@ -54,10 +54,13 @@ def _name_shared_memory_per_engine() -> None:
     external_launcher), the same in every run: two runs starting engines over several ranks at the same moment on
     one machine created the same segments, and the second failed ('create shm in SHMManager failed. errno: 17').
     The engine's ranks agree on a name of their own first (rank 0's pid and a random tag, broadcast over the
-    ranks' world, which builds its engines together) and vLLM's group names start with it. On other devices vLLM
-    builds no such segments and the name goes unused."""
+    ranks' world, which builds its engines together) and vLLM's group names start with it. Other devices' vLLM
+    builds no such segments."""
     from vllm.distributed.device_communicators import cpu_communicator
+    from vllm.platforms import current_platform
 
+    if not current_platform.is_cpu():
+        return
     box = [f"mindrl{os.getpid()}x{secrets.token_hex(4)}" if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     tag = box[0]

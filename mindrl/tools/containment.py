@@ -27,12 +27,20 @@ KERNEL_ALLOWANCE = 64 << 20
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _names = itertools.count()
+#: what the call cgroups' names start with, before the pid of the process that made them
+_PREFIX = "mindrl-sandbox-"
+_swept: set[Path] = set()
 
 
 @dataclass(frozen=True)
 class Usage:
     cpu_seconds: float
     memory_bytes: int
+
+
+def can_watch() -> bool:
+    """Whether this kernel lists a process's children (CONFIG_PROC_CHILDREN), which the watch walks."""
+    return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
 def descendants(pid: int) -> list[int]:
@@ -56,14 +64,14 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def tree_usage(pid: int, memory: bool = True) -> Usage:
+def tree_usage(pid: int) -> Usage:
     """The CPU seconds of every process that ran below `pid`, and the memory of those alive below it.
 
     A process's own time is in its /proc stat while it lives; once it has ended and been waited for, its reaper's
     `cutime`/`cstime` hold it (its children's too), and an orphan's reaper is the namespace's init, which lives
     until the sandbox ends. So the sum over the living of own + waited-for children's time counts every process
-    once (a zombie still shows its own, until its reaper adds it). Memory is PSS from smaps_rollup (RSS where the
-    kernel has none)."""
+    once (a zombie still shows its own, until its reaper adds it). Memory is PSS and its swapped-out share from
+    smaps_rollup (RSS where the kernel has none)."""
     ticks, resident = 0, 0
     for child in descendants(pid):
         try:
@@ -72,20 +80,33 @@ def tree_usage(pid: int, memory: bool = True) -> Usage:
         except OSError:
             continue
         ticks += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
-        if memory:
-            resident += _memory(child, int(fields[21]))
+        resident += _memory(child, int(fields[21]))
     return Usage(ticks / _CLOCK_TICKS, resident)
 
 
 def _memory(pid: int, rss_pages: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) << 10
+            kilobytes = [int(line.split()[1]) for line in f if line.startswith(("Pss:", "SwapPss:"))]
     except OSError:
-        pass
-    return rss_pages * _PAGE
+        kilobytes = []
+    return sum(kilobytes) << 10 if kilobytes else rss_pages * _PAGE
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the call cgroups that processes now gone left below `parent` (a rollout process killed mid-call), once
+    per parent and process."""
+    if parent in _swept:
+        return
+    _swept.add(parent)
+    for folder in parent.glob(f"{_PREFIX}*"):
+        try:
+            os.kill(int(folder.name[len(_PREFIX):].split("-")[0]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):  # still holding a process: not ours to take
+                folder.rmdir()
+        except (ValueError, PermissionError):
+            continue
 
 
 def _delegated(controller: str) -> Path | None:
@@ -123,11 +144,12 @@ class CallCgroup:
         """None where no hierarchy is delegated here (or the child cannot be made): the closed routes then hold."""
         limits = {"memory": ("memory.limit_in_bytes", memory_bytes + KERNEL_ALLOWANCE), "pids": ("pids.max", processes)}
         folders: dict[str, Path] = {}
-        name = f"mindrl-sandbox-{os.getpid()}-{next(_names)}"
+        name = f"{_PREFIX}{os.getpid()}-{next(_names)}"
         for controller, (knob, value) in limits.items():
             parent = _delegated(controller)
             if parent is None:
                 continue
+            _sweep(parent)
             folder = parent / name
             try:
                 folder.mkdir()
@@ -146,21 +168,17 @@ class CallCgroup:
         """What the sandbox's first process writes its pid to, before it starts anything."""
         return [str(folder / "cgroup.procs") for folder in self.folders.values()]
 
-    @property
-    def bounds_memory(self) -> bool:
-        return "memory" in self.folders
-
     def ran_out_of_memory(self) -> bool:
-        """Whether the call hit its memory limit (the kernel refused or reclaimed past it, or killed a process)."""
+        """Whether the kernel killed a process of the call for its memory limit (reaching the limit and reclaiming,
+        `memory.failcnt`, is no failure)."""
         folder = self.folders.get("memory")
         if folder is None:
             return False
         try:
             oom = (folder / "memory.oom_control").read_text()
-            kills = next((int(line.split()[1]) for line in oom.splitlines() if line.startswith("oom_kill ")), 0)
-            return kills > 0 or int((folder / "memory.failcnt").read_text()) > 0
-        except (OSError, ValueError):
+        except OSError:
             return False
+        return any(line.split()[1] != "0" for line in oom.splitlines() if line.startswith("oom_kill "))
 
     def remove(self) -> None:
         """Remove the call's cgroups once its processes are gone (they leave a moment after the sandbox's init)."""

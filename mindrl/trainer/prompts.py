@@ -92,12 +92,19 @@ class PromptLoader(Generic[Row]):
             raise ConfigError(f"the checkpoint's {len(rows)} buffered prompts are no whole batches of "
                               f"{batch_size} taken from this data; resume with the schedule that wrote it.")
         epoch, position = divmod(taken, per_epoch)
-        replay = PromptLoader(self.prompts, batch_size, self.seed, self.shuffle)
-        replay.load_state_dict({"epoch": epoch, "position": position})
-        if [row for _ in range(len(rows) // batch_size) for row in replay.next_rows()] != rows:
-            raise ConfigError("the checkpoint's buffered prompts are not the rows this data and seed give at its "
-                              "position (the data, seed or global_batch_size changed since); resume with the data, "
-                              "seed and schedule that wrote it.")
+        for size in (batch_size, self.batch_size):  # the batches that gave them, and those that give them again
+            replay = PromptLoader(self.prompts, size, self.seed, self.shuffle)
+            replay.load_state_dict({"epoch": epoch, "position": position})
+            given: list[int] = []
+            while len(given) < len(rows):
+                given += replay.next_rows()
+            if given[:len(rows)] != rows:
+                raise ConfigError(
+                    "the checkpoint's buffered prompts are not the rows this data and seed give at its position (the "
+                    "data or seed changed since); resume with the data and seed that wrote it." if size == batch_size
+                    else f"global_batch_size={self.batch_size} would pass over some of the checkpoint's buffered "
+                         f"prompts at the end of the epoch; resume at global_batch_size={batch_size}, the batches "
+                         f"that took them.")
         self.load_state_dict({"epoch": epoch, "position": position})
 
     def state_dict(self) -> dict[str, int]:
