@@ -196,9 +196,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
 def _agent(cfg: EvalConfig, longest: int, tokenizer: Any) -> Any:
     """The trainer's agent loop, with the tool turn of the template the prompts were rendered with."""
     from mindrl.console import say
-    from mindrl.data.readers import read_columns
     from mindrl.data.stops import run_template
-    from mindrl.rollout.agent_loop import AgentSpec, check_announced, check_tools, tool_schemas
+    from mindrl.rollout.agent_loop import AgentSpec, check_data_announces, check_tools
     from mindrl.rollout.config import MultiTurnConfig
     from mindrl.trainer.prompts import split_path
 
@@ -210,13 +209,13 @@ def _agent(cfg: EvalConfig, longest: int, tokenizer: Any) -> Any:
     warning = check_tools(multi_turn)
     if warning:
         say(f"warning: {warning}")
-    template = run_template(split_path(cfg.data, "test"), cfg.prompt_type, cfg.prompt_type_path)
+    test_path = split_path(cfg.data, "test")
+    template = run_template(test_path, cfg.prompt_type, cfg.prompt_type_path)
     if template is None:
         raise ConfigError(f"--multi-turn needs the chat template's tool turn, but {cfg.data} records no template; "
                           f"pass --prompt-type (e.g. qwen).")
     spec = AgentSpec(multi_turn, cfg.tokenizer, template.tool_turn(tokenizer))
-    test_path = split_path(cfg.data, "test")
-    notice = check_announced(read_columns(test_path, ("prompt",))["prompt"], tool_schemas(multi_turn), test_path)
+    notice = check_data_announces(test_path, multi_turn)
     if notice:
         say(f"warning: {notice}")
     return spec

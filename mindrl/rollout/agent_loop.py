@@ -21,10 +21,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from mindrl.config.errors import ConfigError
 from mindrl.data.images import PromptImages
+from mindrl.data.readers import read_columns
 from mindrl.data.templates import ToolTurn, announced_tools
 from mindrl.rollout.base import LENGTH, STOP, RolloutEngine, RolloutResult, ToolStats
 from mindrl.rollout.config import MultiTurnConfig, SamplingConfig
@@ -85,8 +87,7 @@ def check_tools(cfg: MultiTurnConfig) -> str | None:
     signature checked), and the sandbox started, so a problem is one sentence here and not in the first rollout.
     Returns a warning where a turn's calls may hold more memory than this machine has."""
     get_parser(cfg.tool_parser_format)
-    with load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
-                      cfg.tool_response_truncate_side) as tools:
+    with open_tools(cfg) as tools:
         footprint = tools.footprint_bytes
     check_sandbox()
     machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -97,11 +98,17 @@ def check_tools(cfg: MultiTurnConfig) -> str | None:
             f"that runs tools; lower max_parallel_calls or the python tool's memory_mb.")
 
 
-def tool_schemas(cfg: MultiTurnConfig) -> list[dict]:
-    """The schemas of the tools a rollout with `cfg` runs (a custom tool's signature checked on the way)."""
-    with load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
-                      cfg.tool_response_truncate_side) as tools:
-        return tools.schemas()
+def open_tools(cfg: MultiTurnConfig) -> ToolBox:
+    """The ToolBox a rollout with `cfg` runs its calls in."""
+    return load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
+                        cfg.tool_response_truncate_side)
+
+
+def check_data_announces(data_file: Path, cfg: MultiTurnConfig) -> str | None:
+    """`check_announced` for the prompts of a preprocessed parquet and the tools `cfg` runs."""
+    with open_tools(cfg) as tools:
+        schemas = tools.schemas()
+    return check_announced(read_columns(data_file, ("prompt",))["prompt"], schemas, str(data_file))
 
 
 def check_announced(prompts: Sequence[str], tools: Sequence[dict], where: str) -> str | None:

@@ -26,10 +26,9 @@ from mindrl.algorithms.staleness import staleness_metrics
 from mindrl.config import ConfigError, ModelArch
 from mindrl.console import say
 from mindrl.data.images import check_image_tokens
-from mindrl.data.readers import read_columns
 from mindrl.data.stops import response_text, run_stop_words, run_template, stop_token_ids, trajectory_text
 from mindrl.rewards.scorer import ScoreResult
-from mindrl.rollout.agent_loop import AgentSpec, check_announced, tool_schemas
+from mindrl.rollout.agent_loop import AgentSpec, check_data_announces
 from mindrl.rollout.config import MultiTurnConfig, SamplingConfig, sampling_for_step
 from mindrl.trainer.config import check_resources
 from mindrl.trainer.experience import rollout_batch
@@ -530,7 +529,7 @@ def agent_spec(multi_turn: MultiTurnConfig | None, train_path: Path, actor: Any,
                           f"template and prompt_type is unset; set megatron_training.prompt_type to the template the "
                           f"data was rendered with (e.g. qwen).")
     spec = AgentSpec(multi_turn, actor.tokenizer_name_or_path, template.tool_turn(tokenizer))
-    notice = check_announced(read_columns(train_path, ("prompt",))["prompt"], tool_schemas(multi_turn), train_path)
+    notice = check_data_announces(train_path, multi_turn)
     if notice:
         say(f"warning: {notice}")
     return spec

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from mindrl.config import ModelArch
 from mindrl.data.images import PromptImages
-from mindrl.rollout.agent_loop import AgentLoop, AgentSpec, ToolTurns, run_here
+from mindrl.rollout.agent_loop import AgentLoop, AgentSpec, ToolTurns, open_tools, run_here
 from mindrl.rollout.base import RolloutEngine, RolloutResult
 from mindrl.rollout.config import GenerateConfig, SamplingConfig
 from mindrl.rollout.weight_sync import WeightSyncError
@@ -98,7 +98,6 @@ def build_agent_loop(engine: RolloutEngine, spec: AgentSpec, group: int, arch: M
     which the first of them hands the others each turn's tool results (collective over the default world: every
     rank builds one)."""
     from mindrl.data.tokenizer import load_tokenizer
-    from mindrl.tools import load_toolbox
 
     members: list[int | None] = [None] * dist.get_world_size()
     dist.all_gather_object(members, group)
@@ -109,8 +108,7 @@ def build_agent_loop(engine: RolloutEngine, spec: AgentSpec, group: int, arch: M
         if g == group and handle is not None:
             share = _shared_from(mine[0], handle)
     cfg = spec.cfg
-    tools = load_toolbox(cfg.tool_config_path, cfg.max_parallel_calls, cfg.max_tool_response_length,
-                         cfg.tool_response_truncate_side)
+    tools = open_tools(cfg)
     turns = ToolTurns(load_tokenizer(spec.tokenizer_path, arch), spec.tool_turn, cfg.tool_parser_format)
     return AgentLoop(engine, tools, turns, cfg, max_model_len, share)
 
