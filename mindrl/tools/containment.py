@@ -15,6 +15,7 @@ Two ways, each used where it works:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import time
@@ -29,7 +30,6 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _names = itertools.count()
 #: what the call cgroups' names start with, before the pid of the process that made them
 _PREFIX = "mindrl-sandbox-"
-_swept: set[Path] = set()
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,7 @@ def _memory(pid: int, rss_pages: int) -> int:
 
 
 def _sweep(parent: Path) -> None:
-    """Remove the call cgroups that processes now gone left below `parent` (a rollout process killed mid-call), once
-    per parent and process."""
-    if parent in _swept:
-        return
-    _swept.add(parent)
+    """Remove the call cgroups that processes now gone left below `parent` (a rollout process killed mid-call)."""
     for folder in parent.glob(f"{_PREFIX}*"):
         try:
             os.kill(int(folder.name[len(_PREFIX):].split("-")[0]), 0)
@@ -109,9 +105,11 @@ def _sweep(parent: Path) -> None:
             continue
 
 
+@functools.cache
 def _delegated(controller: str) -> Path | None:
     """This process's cgroup in the v1 hierarchy of `controller`, if a child may be made below it: not the
-    hierarchy's root, and writable."""
+    hierarchy's root, and writable. Looked up once a process (it stays where it starts), when the calls that
+    processes now gone left below it are swept."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -129,7 +127,10 @@ def _delegated(controller: str) -> Path | None:
             if not path.startswith(root):
                 return None
             folder = Path(point) / path[len(root):].lstrip("/")
-            return folder if folder.is_dir() and os.access(folder, os.W_OK) else None
+            if not (folder.is_dir() and os.access(folder, os.W_OK)):
+                return None
+            _sweep(folder)
+            return folder
     return None
 
 
@@ -149,7 +150,6 @@ class CallCgroup:
             parent = _delegated(controller)
             if parent is None:
                 continue
-            _sweep(parent)
             folder = parent / name
             try:
                 folder.mkdir()

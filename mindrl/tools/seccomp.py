@@ -26,6 +26,7 @@ the launcher itself may still set up the mounts the filter forbids afterwards.
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import signal
 import struct
@@ -92,8 +93,10 @@ def _assemble(program: list) -> bytes:
     return b"".join(out)
 
 
+@functools.cache
 def sandbox_filter(machine: str | None = None) -> bytes:
-    """The filter for this machine (`platform.machine()`), as the bytes of its `struct sock_filter` array."""
+    """The filter for this machine (`platform.machine()`), as the bytes of its `struct sock_filter` array (built once:
+    every sandboxed call installs it)."""
     machine = machine or platform.machine()
     if machine not in _TABLES:
         raise ConfigError(f"the python tool's sandbox filters system calls on {' and '.join(_TABLES)} machines, not "
