@@ -44,15 +44,11 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from mindrl.checkpoint import megatron as mg
-from mindrl.checkpoint import rng
+from mindrl.checkpoint import publish, rng
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
-from mindrl.config.errors import RunError
 from mindrl.config.lora import LoraConfig
 from mindrl.models import arch_fields
 from mindrl.models.gpt import load_stage_weights
-from mindrl.platform import get_platform
-
-_TMP, _OLD = ".tmp-", ".old-"
 
 
 @dataclass(frozen=True)
@@ -107,12 +103,12 @@ class Resumed:
     updates: int = 0
 
 
-def _optimizers(optimizer: Any) -> list[Any]:
+def optimizers(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
 def _is_sharded(optimizer: Any) -> bool:
-    return any(hasattr(opt, "get_parameter_state_dp_zero") for opt in _optimizers(optimizer))
+    return any(hasattr(opt, "get_parameter_state_dp_zero") for opt in optimizers(optimizer))
 
 
 class _Recorded:
@@ -162,81 +158,26 @@ def check_plain(extra: dict[str, Any]) -> None:
                              f"running code.") from None
 
 
-class SaveFailed(RunError):
-    """A step of a save failed on some rank; every rank raises it, in one sentence that names the first failing
-    rank's error (disk full, a file too large, a folder it may not write) and what is left intact."""
-
-
-def _together(action: Callable[[], Any], here: bool, what: str, after: str) -> None:
-    """Run `action` on the ranks where `here`; then every rank learns whether it failed anywhere, and how, and
-    raises if so (collectives, so no rank is left waiting for one that gave up): "`what` failed on rank r (its
-    error); `after`." """
-    error = None
-    if here:
-        try:
-            action()
-        except Exception as err:
-            error = err
-    flags = torch.zeros(dist.get_world_size(), device=get_platform().device())
-    flags[dist.get_rank()] = float(error is not None)
-    dist.all_reduce(flags)
-    failed = flags.nonzero().flatten().tolist()
-    if failed:
-        causes: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(causes, None if error is None else f"{type(error).__name__}: {error}")
-        raise SaveFailed(f"{what} failed on rank {failed[0]} ({causes[failed[0]]}); {after}.") from error
-
-
-def _clear_leftovers(root: Path) -> None:
-    """Remove what interrupted saves left; a set-aside iteration whose replacement never landed
-    is put back, so nothing the tracker may name is lost."""
-    for old in root.glob(f"{_OLD}iter_*"):
-        final = root / old.name[len(_OLD):]
-        if final.exists():
-            shutil.rmtree(old)
-        else:
-            old.rename(final)
-    for tmp in root.glob(f"{_TMP}iter_*"):
-        shutil.rmtree(tmp)
-
-
-def _prepare(root: Path, tmp: Path) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    _clear_leftovers(root)
-    tmp.mkdir()
-
-
-def _publish(root: Path, tmp: Path, iteration: int) -> None:
-    """Rename the finished directory into place (replacing a previous save of this iteration), then the tracker."""
-    final = root / mg.iteration_dir_name(iteration)
-    old = root / f"{_OLD}{final.name}"
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    if old.exists():
-        shutil.rmtree(old)
-    mg.write_tracker(root, iteration)
-
-
 def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, Any] | None = None) -> Path:
     """Every rank calls this; returns the iteration's directory once the tracker names it."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
     extra = dict(extra or {})
     check_plain(extra)
-    with _moments_for_saving(state.optimizer) as stepped:
+    with initial_moments(state.optimizer, keep=False) as stepped:
         return _save(state, Path(root), iteration, extra, stepped)
 
 
 @contextmanager
-def _moments_for_saving(optimizer: Any) -> Iterator[bool]:
+def initial_moments(optimizer: Any, keep: bool) -> Iterator[bool]:
     """Whether the optimizer has taken a step (PPO's critic warm-up saves an actor that has not). Before the first
-    step there are no Adam moments, which megatron-core's state_dict and gather read: for the save they are the
-    zeros (and step 0) Adam starts from, dropped again after, so the next step initialises them as it would have."""
-    optimizers = _optimizers(optimizer)
-    stepped = any(opt.optimizer.state for opt in optimizers)
+    step there are no Adam moments, which megatron-core's state_dict, gather and sharded state dict read: inside,
+    they are the zeros (and step 0) Adam starts from; unless `keep` (a load, which overwrites them) they are dropped
+    again after, so the next step initialises them as it would have."""
+    opts = optimizers(optimizer)
+    stepped = any(opt.optimizer.state for opt in opts)
     if not stepped:
-        for opt in optimizers:
+        for opt in opts:
             for group in opt.optimizer.param_groups:
                 for param in group["params"]:
                     opt.optimizer.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
@@ -244,8 +185,8 @@ def _moments_for_saving(optimizer: Any) -> Iterator[bool]:
     try:
         yield stepped
     finally:
-        if not stepped:
-            for opt in optimizers:
+        if not stepped and not keep:
+            for opt in opts:
                 opt.optimizer.state.clear()
 
 
@@ -256,29 +197,22 @@ def _save(state: TrainState, root: Path, iteration: int, extra: dict[str, Any], 
     dist.all_gather_object(rng_states, rng.capture(), group=parallel_state.get_data_parallel_group())
     param_state = None
     if sharded:  # a collective over the data-parallel group; data-parallel rank 0 receives it
-        states = [opt.get_parameter_state_dp_zero() for opt in _optimizers(state.optimizer)]
+        states = [opt.get_parameter_state_dp_zero() for opt in optimizers(state.optimizer)]
         param_state = states[0] if len(states) == 1 else states
-    tmp = root / f"{_TMP}{mg.iteration_dir_name(iteration)}"
+    tmp = publish.tmp_dir(root, iteration)
     what = f"saving checkpoint iteration {iteration} to {root}"
-    after = f"{_what_is_kept(root)} — free space or fix the folder, then resume with load={root}"
+    after = f"{publish.what_is_kept(root)} — free space or fix the folder, then resume with load={root}"
     first = dist.get_rank() == 0
     try:
-        _together(lambda: _prepare(root, tmp), first, what, after)
-        _together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra, stepped), state.writes,
-                  what, after)
-    except SaveFailed:
+        publish.together(lambda: publish.prepare(root, tmp), first, what, after)
+        publish.together(lambda: _write_rank(state, tmp, iteration, rng_states, param_state, extra, stepped),
+                         state.writes, what, after)
+    except publish.SaveFailed:
         if first:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _together(lambda: _publish(root, tmp, iteration), first, what, after)
+    publish.together(lambda: publish.publish(root, tmp, iteration), first, what, after)
     return root / mg.iteration_dir_name(iteration)
-
-
-def _what_is_kept(root: Path) -> str:
-    """What a failed save leaves for a resume, in words: the tracker's iteration, untouched."""
-    if (root / mg.TRACKER).is_file():
-        return f"the checkpoints before it are untouched and the tracker still names iteration {mg.read_tracker(root)}"
-    return "no earlier checkpoint was there"
 
 
 def _write_rank(state: TrainState, tmp: Path, iteration: int, rng_states: list[Any], param_state: Any,
@@ -333,10 +267,10 @@ def load(state: TrainState, root: str | Path, iteration: int | None = None, load
     if load_optim:
         _load_optimizer(state, contents, path.with_name(mg.OPTIM_FILE))
         if not contents.get("optimizer_stepped", True):  # saved before its first step: no moments to restore
-            for opt in _optimizers(state.optimizer):
+            for opt in optimizers(state.optimizer):
                 opt.optimizer.state.clear()
     else:
-        _fresh_optimizer(state)
+        fresh_optimizer(state)
     if load_rng:
         rng.restore(contents["rng_state"][dp_rank])
     return Resumed(int(contents["iteration"]), dict(contents.get("extra", {})), int(contents.get("actor_updates", 0)))
@@ -406,7 +340,7 @@ def _load_optimizer(state: TrainState, contents: dict[str, Any], optim_file: Pat
         # copies every per-parameter key from the file, which holds no `step` (it came with
         # `optimizer` above), so set it aside; and load_state_dict gave every parameter the *same*
         # step tensor, which Adam's in-place `step += 1` would then advance once per parameter.
-        steps = [(opt.optimizer.state, param, kept.pop("step")) for opt in _optimizers(state.optimizer)
+        steps = [(opt.optimizer.state, param, kept.pop("step")) for opt in optimizers(state.optimizer)
                  for param, kept in opt.optimizer.state.items() if "step" in kept]
         try:
             state.optimizer.load_parameter_state(str(optim_file))
@@ -415,10 +349,10 @@ def _load_optimizer(state: TrainState, contents: dict[str, Any], optim_file: Pat
                 states[param]["step"] = step.clone()
     state.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
     state.scheduler.load_state_dict(contents["opt_param_scheduler"])
-    _apply_loaded_schedule(state.scheduler)
+    apply_loaded_schedule(state.scheduler)
 
 
-def _apply_loaded_schedule(scheduler: Any) -> None:
+def apply_loaded_schedule(scheduler: Any) -> None:
     """The rates of the schedule the load settled on, in the param groups before the first resumed update.
     megatron-core's load sets them (its step) before it reads the checkpoint's weight decay, so that update would
     take this config's. With override_opt_param_scheduler the groups also take the config's `max_lr` / `min_lr`:
@@ -431,10 +365,10 @@ def _apply_loaded_schedule(scheduler: Any) -> None:
 
 
 @torch.no_grad()
-def _fresh_optimizer(state: TrainState) -> None:
+def fresh_optimizer(state: TrainState) -> None:
     """Megatron's --no-load-optim: Adam's moments and the LR schedule start over (so a warm-up
     protects the fresh moments), and the master weights are taken from the loaded model."""
-    for opt in _optimizers(state.optimizer):
+    for opt in optimizers(state.optimizer):
         opt.optimizer.state.clear()
     state.optimizer.reload_model_params()
     state.scheduler.num_steps = 0

@@ -49,3 +49,7 @@ class SwiGLU(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _SwiGLU.apply(x)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """Nothing to save: megatron-core's MLP asks each of its modules for its part of a distributed checkpoint."""
+        return {}

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from mindrl.algorithms.dpo_loss import pair_losses, sequence_chosen_nll
+from mindrl.checkpoint import files
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
 from mindrl.data.preference import dpo_batch, read_pairs
@@ -40,7 +41,7 @@ class DPOTrainer(StageTrainer):
             if not (root / mg.TRACKER).is_file():
                 raise ConfigError(f"dpo_config.ref_model={reference} holds no {mg.TRACKER}; point it at a Megatron "
                                   f"checkpoint (cli/convert_ckpt.py's output or a run's `save`).")
-            mg.check_checkpoint(root, mg.read_tracker(root), cfg.training.arch, cfg.training.parallel)
+            files.check_checkpoint(root, mg.read_tracker(root), cfg.training.arch, cfg.training.parallel)
         super().__init__(cfg)
         t, test_path = cfg.training, split_path(cfg.training.data_path, "test")
         self.test_pairs = []

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mindrl.checkpoint import files
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.lora import LoraConfig
@@ -65,6 +66,13 @@ class MegatronConfig:
     no_load_rng: bool = False
     no_save_optim: bool = False
     no_save_rng: bool = False
+    #: the format checkpoints are saved in (Megatron-LM's key): torch, Megatron's per-rank files, or torch_dist,
+    #: megatron-core's distributed checkpoint, which resumes at another TP / PP / EP / DP layout
+    ckpt_format: str = "torch"
+    #: torch_dist only: checkpoints are written in the background while training goes on (Megatron-LM's key)
+    async_save: bool = False
+    #: load a checkpoint in whichever format its files are, not only ckpt_format's (Megatron-LM's key)
+    auto_detect_ckpt_format: bool = False
     seed: int = 1234
     #: true: bf16 weights (fp32 master weights in the optimizer); false: fp32; auto: bf16 where the device runs it
     #: faster than fp32 (decided by the ranks, mindrl.platform.precision)
@@ -149,6 +157,13 @@ class MegatronConfig:
         if self.num_layer_list is not None:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
         self.lora.check(section)
+        files.check_ckpt_format(self.ckpt_format, self.async_save, section)
+        if self.ckpt_format == "torch_dist" and self.lora.enabled:
+            raise ConfigError(f"{section}.ckpt_format: torch_dist does not hold LoRA adapters yet; set ckpt_format: "
+                              f"torch for a LoRA run.")
+        if self.ckpt_format == "torch_dist" and self.arch is not None and self.arch.vision is not None:
+            raise ConfigError(f"{section}.ckpt_format: torch_dist does not hold a vision tower yet; set ckpt_format: "
+                              f"torch for model {self.arch.name}.")
         if self.lora_fusion:
             raise ConfigError(f"{section}.lora_fusion: true asks for MindSpeed's fused LoRA kernels, which mindrl does "
                               f"not build (its adapters run as two small matmuls beside each layer); remove the key.")
@@ -183,7 +198,7 @@ class MegatronConfig:
                            seed=self.seed, freeze_vision_tower=self.freeze_vision_tower,
                            override_opt_param_scheduler=self.override_opt_param_scheduler,
                            use_checkpoint_opt_param_scheduler=self.use_checkpoint_opt_param_scheduler,
-                           lora=self.lora, **update)
+                           lora=self.lora, ckpt_format=self.ckpt_format, async_save=self.async_save, **update)
 
     def check_full_checkpoints(self, section: str) -> None:
         """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""

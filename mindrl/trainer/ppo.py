@@ -21,6 +21,7 @@ import torch
 
 from mindrl.algorithms.gae import explained_variance, gae_advantages
 from mindrl.algorithms.kl import KLController, kl_divergence, kl_penalized_rewards
+from mindrl.checkpoint import files
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
 from mindrl.console import say
@@ -65,7 +66,7 @@ class PPOTrainer(GRPOTrainer):
         if root is None:
             return None
         try:
-            mg.check_checkpoint(root, mg.read_tracker(root), start_arch(root, critic.arch), critic.parallel)
+            files.check_checkpoint(root, mg.read_tracker(root), start_arch(root, critic.arch), critic.parallel)
         except (OSError, ConfigError) as err:
             raise ConfigError(f"the critic cannot start from {root}: {err}") from None
         return root

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mindrl.checkpoint import files
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError
 from mindrl.config.lora import LoraConfig
@@ -59,18 +60,19 @@ def _start_point(actor: MegatronConfig, job: str, section: str) -> StartPoint:
         raise ConfigError(f"{section}.load={actor.load} holds no {mg.TRACKER}; point it at a checkpoint from "
                           f"cli/convert_ckpt.py (hf → mg) or from a previous run's `save`.")
     iteration = _iteration(root, actor, section)
+    files.check_format(root, iteration, actor.ckpt_format, actor.auto_detect_ckpt_format, f"{section}.load")
     if iteration != "release":
         _refuse_damaged(root, iteration, section)
-    mg.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
-    if iteration == "release" or actor.finetune or not mg.holds_training_state(root, iteration):
-        if (_first_rank_state(root, iteration).get("lora") or {}).get("adapters_only"):
+    files.check_checkpoint(root, iteration, actor.arch, actor.parallel)  # here, not in the workers after Ray starts
+    if iteration == "release" or actor.finetune or not files.holds_training_state(root, iteration):
+        if (files.first_state(root, iteration).get("lora") or {}).get("adapters_only"):
             raise ConfigError(f"{section}.load=" + LoraConfig.no_base(root))
         if actor.ckpt_step is not None:
             raise ConfigError(f"{section}.ckpt_step={actor.ckpt_step} picks the training checkpoint a run resumes "
                               f"from, but {root} is loaded as starting weights (converted, or finetune: true), "
                               f"which come from the iteration its tracker names; remove ckpt_step.")
         return StartPoint(0, str(root))  # weights to start from: converted, re-sharded, or asked to start over
-    state = _first_rank_state(root, iteration)
+    state = files.first_state(root, iteration)
     extra = dict(state.get("extra") or {})
     if extra.get("job", JOB_GRPO) != job:
         return StartPoint(0, str(root))
@@ -97,10 +99,10 @@ def _iteration(root: Path, actor: MegatronConfig, section: str) -> int | str:
 
 def _refuse_damaged(root: Path, iteration: int, section: str) -> None:
     """A checkpoint cut short is one sentence before any worker starts, naming what loads instead."""
-    problem = mg.damage(root, iteration)
+    problem = files.damage(root, iteration)
     if problem is None:
         return
-    earlier = mg.newest_complete(root, iteration)
+    earlier = files.newest_complete(root, iteration)
     instead = (f"iteration {earlier}, the newest complete one before it, resumes with {section}.ckpt_step={earlier}"
                if earlier is not None else f"no complete iteration before it is there: start over without "
                                            f"{section}.load")
@@ -109,13 +111,4 @@ def _refuse_damaged(root: Path, iteration: int, section: str) -> None:
 
 def saved_extra(root: Path, iteration: int) -> dict[str, Any]:
     """The trainer state every rank file of a checkpoint carries (the same on each); read from the first."""
-    return dict(_first_rank_state(root, iteration).get("extra") or {})
-
-
-def _first_rank_state(root: Path, iteration: int) -> dict[str, Any]:
-    """A checkpoint's first rank file (tensors only mapped): its args and trainer state are every rank's."""
-    folder = root / mg.iteration_dir_name(iteration)
-    files = sorted(folder.glob(f"mp_rank_*/{mg.RANK_FILE}"))
-    if not files:
-        raise ConfigError(f"{folder} holds no {mg.RANK_FILE}; the checkpoint is incomplete — point load at another.")
-    return mg.load_rank_file(files[0])
+    return dict(files.first_state(root, iteration).get("extra") or {})

@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from mindrl.algorithms.value_loss import ValueLossConfig, value_loss
+from mindrl.checkpoint import files
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, check_batch, start_weights
@@ -38,7 +39,7 @@ def critic_arch(arch: ModelArch) -> ModelArch:
 def start_arch(root: str, arch: ModelArch) -> ModelArch:
     """The architecture the checkpoint at `root` must have to start a critic of `arch`: the same trunk, with an LM
     head or one value head (checked by the driver before any worker starts, and again by each rank)."""
-    stored = mg.arch_of(mg.load_args(root), root)
+    stored = mg.arch_of(files.load_args(root), root)
     if stored.num_labels not in (None, 1):
         raise ConfigError(f"critic_config.load={root} has a score head of {stored.num_labels} outputs; a critic "
                           f"starts from a causal LM or a reward model of one output.")
@@ -54,8 +55,9 @@ class CriticWorker(ActorWorker):
         self.value_cfg = loss
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
-        state = dict(start_weights(mg.load_rank(root, self.tp_rank, self.pp_rank, start_arch(root, self.arch),
-                                                self.par, ep_rank=self.ep_rank), root))
+        state = dict(start_weights(files.read_stage(self.model, root, self.tp_rank, self.pp_rank,
+                                                    start_arch(root, self.arch), self.par, self.ep_rank,
+                                                    new_heads=("rm_head.",)), root))
         state.pop(_LM_HEAD, None)
         if self.is_last_stage and "rm_head.weight" not in state:
             state["rm_head.weight"] = self.model.rm_head.weight.detach().clone()

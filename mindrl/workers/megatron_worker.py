@@ -30,8 +30,9 @@ from mindrl.algorithms.dpo_loss import DPOLossConfig, chosen_nll, pair_losses, s
 from mindrl.algorithms.policy_loss import LossConfig, actor_loss
 from mindrl.algorithms.rollout_is import mismatch_shares
 from mindrl.algorithms.sft_loss import sft_loss
+from mindrl.checkpoint import dist as dist_ckpt
+from mindrl.checkpoint import files, training
 from mindrl.checkpoint import megatron as mg
-from mindrl.checkpoint import training
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.lora import LoraConfig
 from mindrl.distributed import init_model_parallel
@@ -84,6 +85,11 @@ class ActorConfig:
     override_opt_param_scheduler: bool = False
     #: on resume, the checkpoint's schedule goes on without that warning (Megatron's use_checkpoint_opt_param_scheduler)
     use_checkpoint_opt_param_scheduler: bool = False
+    #: the format checkpoints are saved in: torch (Megatron's per-rank files) or torch_dist (megatron-core's
+    #: distributed checkpoint, which resumes at another layout); a load reads the format it finds
+    ckpt_format: str = "torch"
+    #: torch_dist saves are written while training goes on, published once every rank's writes are done
+    async_save: bool = False
     #: adapters on the linear layers (mindrl/models/lora.py); the base weights then take no gradient or optimizer state
     lora: LoraConfig = field(default_factory=LoraConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -108,6 +114,7 @@ class ActorConfig:
                               "a resume takes either the config's LR schedule or the checkpoint's; set one of them "
                               "to false.")
         self.lora.check("actor")
+        files.check_ckpt_format(self.ckpt_format, self.async_save, "actor")
 
 
 PROMPT_PACKING = ("auto", "on", "off")
@@ -204,8 +211,8 @@ class MegatronWorker:
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
         """This rank's stage of the Megatron checkpoint at `root`, checked against the model."""
-        return start_weights(mg.load_rank(root, self.tp_rank, self.pp_rank, self.arch, self.par, ep_rank=self.ep_rank),
-                             root)
+        return start_weights(files.read_stage(self.model, root, self.tp_rank, self.pp_rank, self.arch, self.par,
+                                              self.ep_rank), root)
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
         """Free the chosen training state from the device (`offload_train_*`); returns bytes freed. Gradients
@@ -457,6 +464,7 @@ class ActorWorker(MegatronWorker):
             override_opt_param_scheduler=cfg.override_opt_param_scheduler,
             use_checkpoint_opt_param_scheduler=not cfg.override_opt_param_scheduler)
         self.updates = 0
+        self._saving: dist_ckpt.PendingSave | None = None
         self.expert_load = (ExpertLoad(self.model, arch.num_layers, arch.num_experts, self.platform.device())
                             if arch.is_moe else None)
 
@@ -470,6 +478,7 @@ class ActorWorker(MegatronWorker):
         Metrics are the global values (over every data-parallel rank), the same on every
         rank, averaged over the optimizer steps.
         """
+        self.finish_saves(wait=False)  # an asynchronous save whose writes are done is published here
         cfg = self.cfg
         optional = ("old_log_probs", "rollout_is_weights", "engine_log_probs")
         keys = ("loss_mask", "advantages") + (("ref_log_probs",) if cfg.loss.use_kl_loss else ())
@@ -645,9 +654,22 @@ class ActorWorker(MegatronWorker):
                                    self.cfg.lora, self.base_digest)
 
     def save_checkpoint(self, root: str | Path, iteration: int, extra: dict | None = None) -> Path:
-        """A resumable training checkpoint (mindrl/checkpoint/training.py); every rank calls it.
-        `extra` is the caller's state to get back on resume (data position, trainer step, seeds)."""
-        return training.save(self._train_state("save_checkpoint"), root, iteration, extra)
+        """A resumable training checkpoint in `ckpt_format` (mindrl/checkpoint/training.py, dist.py); every rank
+        calls it. `extra` is the caller's state to get back on resume (data position, trainer step, seeds). An
+        asynchronous save is published later (`finish_saves`); the one before it is waited for first."""
+        self.finish_saves()
+        state = self._train_state("save_checkpoint")
+        if self.cfg.ckpt_format != files.FORMAT:
+            return training.save(state, root, iteration, extra)
+        pending = dist_ckpt.save(state, root, iteration, extra, self.cfg.async_save)
+        self._saving = pending if self.cfg.async_save else None
+        return Path(root) / mg.iteration_dir_name(iteration)
+
+    def finish_saves(self, wait: bool = True) -> None:
+        """Publish an asynchronous save whose writes are done on every rank (waiting for them where `wait`);
+        every rank calls it at the same point."""
+        if self._saving is not None and self._saving.finish(wait):
+            self._saving = None
 
     def kept_schedule(self) -> str | None:
         """After a resume, a sentence where the LR schedule the checkpoint carried differs from this config's (its
@@ -674,7 +696,12 @@ class ActorWorker(MegatronWorker):
                         load_rng: bool = True) -> training.Resumed:
         """Resume from the tracker's (or the given) iteration; `load_optim` / `load_rng` false are
         Megatron's no_load_optim / no_load_rng. Returns the iteration and the saved extra state."""
-        resumed = training.load(self._train_state("load_checkpoint"), root, iteration, load_optim, load_rng)
+        state = self._train_state("load_checkpoint")
+        iteration = mg.read_tracker(root) if iteration is None else iteration
+        if files.format_of(root, iteration) == files.FORMAT and iteration != "release":
+            resumed = dist_ckpt.load(state, root, iteration, load_optim, load_rng)
+        else:
+            resumed = training.load(state, root, iteration, load_optim, load_rng)
         self.offloader.forget_copies()
         self._base_digest = None  # a checkpoint with its base weights may have brought others
         self.updates = resumed.updates

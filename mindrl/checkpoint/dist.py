@@ -1,0 +1,368 @@
+"""Training checkpoints in megatron-core's distributed format (Megatron-LM's `--ckpt-format torch_dist`).
+
+    ROOT/latest_checkpointed_iteration.txt       the last complete iteration (written last, as for `torch`)
+    ROOT/iter_0000100/
+        metadata.json                            {"sharded_backend": "torch_dist", ...}: the format's mark
+        .metadata, __R_T.distcp                  torch.distributed.checkpoint's index and each rank's shards
+        common.pt                                what every rank holds alike: args, iteration, LR schedule,
+                                                 the optimizer's hyper-parameters, the trainer's extra state
+
+Every tensor is stored once, under its whole-model name and shape (`decoder.layers.7.mlp.linear_fc1.weight`
+of all TP ranks joined), with the optimizer's fp32 master weights and Adam moments in the same model space
+(megatron-core's `fully_reshardable` distributed-optimizer format): a checkpoint saved at one TP × PP × EP × DP
+layout loads at any other, optimizer state included. Each rank writes the shards it holds (replicas spread over
+the data-parallel ranks), so a save is parallel over the job.
+
+The writes run in threads of the rank, not in processes forked from it as megatron-core's own writer does (a
+rank forked from a daemon or a device runtime cannot have children); with `async_save` they run while training
+goes on, from a copy of the state taken when the save starts. A save is published (renamed into place, then the
+tracker) only once every rank's writes have finished (`PendingSave.finish`): a killed job leaves the previous
+iteration as the one a resume loads. RNG states are saved per rank and restored where the layout is the saved
+one; at another layout they cannot be matched to ranks and the generators keep their seeded state (said once).
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+    FullyParallelLoadStrategyWrapper,
+    FullyParallelSaveStrategyWrapper,
+)
+from megatron.core.dist_checkpointing.strategies.torch import (
+    TorchDistLoadShardedStrategy,
+    TorchDistSaveShardedStrategy,
+)
+from megatron.core.dist_checkpointing.validation import StrictHandling
+
+from mindrl.checkpoint import megatron as mg
+from mindrl.checkpoint import publish, rng
+from mindrl.checkpoint.files import FORMAT, common_state
+from mindrl.checkpoint.training import (
+    Resumed,
+    TrainState,
+    apply_loaded_schedule,
+    check_plain,
+    fresh_optimizer,
+    initial_moments,
+    optimizers,
+)
+from mindrl.config import ConfigError
+from mindrl.console import say
+from mindrl.platform import get_platform
+
+#: the distributed optimizer's state in the model's space, named as the parameters are (not by the optimizer that
+#: holds them): it reshards over TP, PP, EP and DP
+OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+_WRITE_THREADS = 2
+
+
+def layout(state: TrainState) -> dict[str, int]:
+    """The ranks' arrangement a checkpoint's RNG states belong to."""
+    return {"tp": state.par.tp, "pp": state.par.pp, "ep": state.par.ep, "dp": state.ranks[3],
+            "world": dist.get_world_size()}
+
+
+def _local_data_parallel_group() -> Any:
+    return parallel_state.get_data_parallel_group(with_context_parallel=True)
+
+
+class _ThreadedSave(TorchDistSaveShardedStrategy):
+    """megatron-core's torch_dist save with the files written by threads of this rank (module docstring)."""
+
+    def __init__(self, copy: bool) -> None:
+        super().__init__(FORMAT, 1, thread_count=_WRITE_THREADS)
+        self.copy = copy
+        # megatron-core's writer asks for a results queue of a spawned manager process; the threads use their own
+        if filesystem_async._results_queue is None:
+            filesystem_async._results_queue = queue.Queue()
+
+    def _get_save_and_finalize_callbacks(self, writer: Any, save_state_dict_ret: Any) -> AsyncRequest:
+        writer.results_queue = queue.Queue()
+        buckets = [(path, key, (data, [(item, _host(t, self.copy)) for item, t in tensors]))
+                   for path, key, (data, tensors) in writer.write_buckets or []]
+        transforms = [writer.transforms] if hasattr(writer, "transforms") else []
+
+        def finalize() -> None:
+            from megatron.core.dist_checkpointing.strategies.state_dict_saver import save_state_dict_async_finalize
+            save_state_dict_async_finalize(*save_state_dict_ret)
+
+        return AsyncRequest(partial(_write_buckets, transforms, buckets, writer.results_queue), (), [finalize])
+
+
+def _host(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
+    """The bytes to write, on the host: a copy where training may change them before the write (async), or
+    where they live on a device."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        return tensor.to("cpu")
+    return tensor.clone() if copy else tensor
+
+
+def _write_buckets(transforms: list, buckets: list, results: queue.Queue) -> None:
+    """Each bucket (one .distcp file) in its own thread; the write results, or the first error, for the finalize."""
+    done: queue.Queue = queue.Queue()
+    count: queue.Queue = queue.Queue()
+    threads = []
+    for index, bucket in enumerate(buckets):
+        count.put(index)
+        threads.append(threading.Thread(target=filesystem_async.FileSystemWriterAsync.write_preloaded_data,
+                                        args=(transforms, index, bucket, done, count, True), daemon=True))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out: dict[int, Any] | Exception = {}
+    for _ in buckets:
+        index, value = done.get()
+        if isinstance(value, Exception):
+            out = value
+            break
+        out[index] = value
+    results.put(out)
+
+
+class PendingSave:
+    """An iteration being written: published by `finish` once every rank's writes are done."""
+
+    def __init__(self, request: AsyncRequest, root: Path, tmp: Path, iteration: int, what: str) -> None:
+        self.request, self.root, self.tmp, self.iteration, self.what = request, root, tmp, iteration, what
+        self.thread = threading.Thread(target=request.async_fn, daemon=True, name=f"save-{iteration}")
+        self.thread.start()
+
+    def finish(self, wait: bool) -> bool:
+        """Publish the iteration if every rank's writes are done (waiting for them where `wait`); every rank
+        calls it at the same point. Returns whether it was published."""
+        if wait:
+            self.thread.join()
+        done = torch.tensor([float(not self.thread.is_alive())], device=get_platform().device())
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        if not done.item():
+            return False
+        after = f"{publish.what_is_kept(self.root)} — free space or fix the folder, then resume with load={self.root}"
+        try:
+            for fn in self.request.finalize_fns:
+                publish.together(fn, True, self.what, after)
+        except publish.SaveFailed:
+            if dist.get_rank() == 0:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        publish.together(lambda: publish.publish(self.root, self.tmp, self.iteration), dist.get_rank() == 0,
+                         self.what, after)
+        return True
+
+
+def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, Any] | None = None,
+         async_save: bool = False) -> PendingSave:
+    """Every rank calls this; the iteration is published by the returned save's `finish` (at once unless
+    `async_save`, where the writes go on in threads from a copy of the state)."""
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
+    if state.lora.enabled:
+        raise ConfigError("ckpt_format: torch_dist does not hold LoRA adapters yet; save a LoRA run with "
+                          "ckpt_format: torch.")
+    extra = dict(extra or {})
+    check_plain(extra)
+    root = Path(root)
+    tmp = publish.tmp_dir(root, iteration)
+    what = f"saving checkpoint iteration {iteration} to {root}"
+    after = f"{publish.what_is_kept(root)} — free space or fix the folder, then resume with load={root}"
+    publish.together(lambda: publish.prepare(root, tmp), dist.get_rank() == 0, what, after)
+    with initial_moments(state.optimizer, keep=False) as stepped:
+        sharded = _sharded_state(state, extra, stepped, iteration)
+        strategy = _ThreadedSave(copy=async_save)
+        wrapped = FullyParallelSaveStrategyWrapper(strategy, _local_data_parallel_group()) \
+            if state.ranks[3] > 1 else strategy
+        request: AsyncRequest | None = None
+
+        def plan() -> None:
+            nonlocal request
+            request = dist_checkpointing.save(sharded, str(tmp), wrapped, async_sharded_save=True)
+
+        try:
+            publish.together(plan, True, what, after)
+        except publish.SaveFailed:
+            if dist.get_rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    pending = PendingSave(request, root, tmp, iteration, what)
+    if not async_save:
+        pending.finish(wait=True)
+    return pending
+
+
+def _sharded_state(state: TrainState, extra: dict[str, Any], stepped: bool, iteration: int) -> dict[str, Any]:
+    model = state.model.sharded_state_dict()
+    args = mg.checkpoint_args(state.arch, state.par, state.model.config.params_dtype,
+                              data_parallel_size=state.ranks[3], use_distributed_optimizer=True)
+    return {
+        "model": model,
+        "optimizer": state.optimizer.sharded_state_dict(model, metadata=OPTIMIZER_SHARDING),
+        "rng_state": _rng_object(rng.capture()),
+        "iteration": iteration,
+        "checkpoint_version": mg.CHECKPOINT_VERSION,
+        "args": args,
+        "optimizer_stepped": stepped,
+        "opt_param_scheduler": state.scheduler.state_dict(),
+        "actor_updates": state.updates,
+        "extra": extra,
+        "mindrl_layout": layout(state),
+    }
+
+
+def _rng_object(value: Any) -> ShardedObject:
+    """One rank's generators, under its global rank (Megatron-LM keys them by its layout's ranks alike)."""
+    return ShardedObject("rng_state", value, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)
+
+
+def load(state: TrainState, root: str | Path, iteration: int, load_optim: bool = True,
+         load_rng: bool = True) -> Resumed:
+    """Every rank calls this; the counterpart of training.load for torch_dist iterations, at any layout."""
+    root = Path(root)
+    folder = root / mg.iteration_dir_name(iteration)
+    common = common_state(folder)
+    _check(state, root, iteration, common, load_optim)
+    if state.lora.enabled:
+        raise ConfigError("ckpt_format: torch_dist does not hold LoRA adapters yet; resume a LoRA run from "
+                          "ckpt_format: torch checkpoints.")
+    saved_layout = common.get("mindrl_layout")
+    same_ranks = saved_layout == layout(state)
+    if load_rng and not same_ranks and dist.get_rank() == 0:
+        say(f"checkpoint {root} iteration {iteration} was saved at {_layout_text(saved_layout)} and resumes at "
+            f"{_layout_text(layout(state))}: its random generator states belong to ranks of the old layout, so "
+            f"they are not restored (the seeded ones go on; no_load_rng: true silences this).")
+    with initial_moments(state.optimizer, keep=True):
+        model = state.model.sharded_state_dict()
+        _check_shapes(folder, model, dist_checkpointing.load_tensors_metadata(str(folder)))
+        sharded: dict[str, Any] = {"model": model}
+        if load_optim:
+            sharded["optimizer"] = state.optimizer.sharded_state_dict(model, is_loading=True,
+                                                                      metadata=OPTIMIZER_SHARDING)
+        if load_rng and same_ranks:
+            sharded["rng_state"] = _rng_object(None)
+        loaded = dist_checkpointing.load(sharded, str(folder), _load_strategy(state),
+                                         strict=StrictHandling.ASSUME_OK_UNEXPECTED)
+    _load_model(state.model, loaded["model"])
+    if load_optim:
+        _load_optimizer(state, loaded["optimizer"], common)
+        if not common.get("optimizer_stepped", True):
+            for opt in optimizers(state.optimizer):
+                opt.optimizer.state.clear()
+    else:
+        fresh_optimizer(state)
+    if load_rng and same_ranks:
+        rng.restore(loaded["rng_state"])
+    return Resumed(int(common["iteration"]), dict(common.get("extra") or {}), int(common.get("actor_updates", 0)))
+
+
+def read_stage(model: torch.nn.Module, root: str | Path, iteration: int | str,
+               new_heads: tuple[str, ...] = ()) -> dict[str, Any]:
+    """This rank's stage of a torch_dist iteration's weights, by the model's parameter names, at the model's
+    layout (any layout wrote it): a starting point, as a legacy rank file's `model` is. Parameters named with a
+    prefix in `new_heads` (a critic's value head) are read where the checkpoint has them. Every rank calls it."""
+    where = Path(root) / mg.iteration_dir_name(iteration)
+    model_sd = model.sharded_state_dict()
+    stored = dist_checkpointing.load_tensors_metadata(str(where))
+    model_sd = {name: value for name, value in model_sd.items()
+                if not name.startswith(new_heads) or _key(value) in stored}
+    _check_shapes(where, model_sd, stored)
+    loaded = dist_checkpointing.load({"model": model_sd}, str(where), TorchDistLoadShardedStrategy(),
+                                     strict=StrictHandling.ASSUME_OK_UNEXPECTED)["model"]
+    return {name: value for name, value in loaded.items() if torch.is_tensor(value)}
+
+
+def _key(value: Any) -> str | None:
+    return getattr(value, "key", None)
+
+
+def _check_shapes(where: Path, model_sd: dict[str, Any], stored: dict[str, Any]) -> None:
+    """Each of the model's tensors must be in the checkpoint with its whole-model shape: one sentence naming the
+    first that is not (a checkpoint of another architecture, or another vocabulary padding)."""
+    for name, value in model_sd.items():
+        key = _key(value)
+        if key is None or name.endswith("_extra_state"):
+            continue
+        if key not in stored:
+            raise ConfigError(f"torch_dist checkpoint {where} has no {key}, which the model has; it holds another "
+                              f"architecture — point load at the right checkpoint or fix the model yaml.")
+        want = getattr(value, "global_shape", None)
+        if want is not None and tuple(stored[key].global_shape) != tuple(want):
+            raise ConfigError(f"torch_dist checkpoint {where} holds {key} of shape "
+                              f"{tuple(stored[key].global_shape)}, the model's is {tuple(want)}; it holds another "
+                              f"architecture (or vocabulary padding) — point load at the right checkpoint or fix the "
+                              f"model yaml.")
+
+
+def _layout_text(saved: dict[str, int] | None) -> str:
+    if not saved:
+        return "an unrecorded layout"
+    return f"TP={saved['tp']} PP={saved['pp']} EP={saved['ep']} DP={saved['dp']}"
+
+
+def _load_strategy(state: TrainState) -> Any:
+    """megatron-core's torch_dist reader; spread over the data-parallel ranks on devices (its exchange of the
+    shards each rank read runs through device memory, which a CPU rank has none of)."""
+    strategy = TorchDistLoadShardedStrategy()
+    if state.ranks[3] > 1 and get_platform().name != "cpu":
+        return FullyParallelLoadStrategyWrapper(strategy, _local_data_parallel_group())
+    return strategy
+
+
+def _check(state: TrainState, root: Path, iteration: int, common: dict[str, Any], load_optim: bool) -> None:
+    from mindrl.models import arch_fields
+
+    args = common.get("args")
+    diffs = arch_fields.arch_differences(mg.arch_of(args, str(root)), state.arch, mg.parallel_of(args).tp)
+    if diffs:
+        raise ConfigError(f"checkpoint {root} iteration {iteration} holds a different architecture than model "
+                          f"{state.arch.name}: " + ", ".join(diffs[:4]) + "; point load at the right checkpoint "
+                          "or fix the model yaml.")
+    if load_optim and "opt_param_scheduler" not in common:
+        raise ConfigError(f"checkpoint {root} iteration {iteration} holds no optimizer state (starting weights); "
+                          f"resume from it with no_load_optim and no_load_rng.")
+
+
+@torch.no_grad()
+def _load_model(model: torch.nn.Module, loaded: dict[str, Any]) -> None:
+    """The loaded tensors were read into the parameters' own storage; anything else (a tensor the loader
+    replaced) is copied in."""
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ConfigError(f"the torch_dist checkpoint's model does not match this one: missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]}.")
+
+
+@torch.no_grad()  # the fp32 master weights are views of parameters that require grad
+def _load_optimizer(state: TrainState, loaded: Any, common: dict[str, Any]) -> None:
+    opts = optimizers(state.optimizer)
+    parts = [loaded] if len(opts) == 1 else [part for _, part in sorted(loaded.items())]
+    for opt, part in zip(opts, parts, strict=True):
+        part = dict(part)
+        param_state = part.pop("param_state")
+        part.pop("param_state_sharding_type", None)
+        opt.load_state_dict(part)  # hyper-parameters, and the step into every parameter's state
+        # torch's Adam keeps `step` per parameter, which megatron-core's loader of the master weights and moments
+        # does not expect (it copies every per-parameter key from the file), and its load gave every parameter the
+        # same step tensor, which Adam's in-place `step += 1` would advance once per parameter: set aside, then
+        # one copy each
+        steps = {param: kept.pop("step") for param, kept in opt.optimizer.state.items() if "step" in kept}
+        try:
+            opt.load_parameter_state_from_fully_reshardable(param_state)
+        finally:
+            for param, step in steps.items():
+                opt.optimizer.state[param]["step"] = step.clone()
+    state.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
+    state.scheduler.load_state_dict(common["opt_param_scheduler"])
+    apply_loaded_schedule(state.scheduler)
