@@ -202,6 +202,16 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
     return pending
 
 
+def save_weights(model: torch.nn.Module, folder: str | Path, common: dict[str, Any]) -> None:
+    """A model alone (starting weights, no optimizer) into an empty torch_dist folder, with `common` beside it;
+    every rank calls it."""
+    request = dist_checkpointing.save({"model": model.sharded_state_dict(), **common}, str(folder),
+                                      _ThreadedSave(copy=False), async_sharded_save=True)
+    request.async_fn()
+    for fn in request.finalize_fns:
+        fn()
+
+
 def _sharded_state(state: TrainState, extra: dict[str, Any], stepped: bool, iteration: int) -> dict[str, Any]:
     model = state.model.sharded_state_dict()
     args = mg.checkpoint_args(state.arch, state.par, state.model.config.params_dtype,
@@ -346,23 +356,43 @@ def _load_model(model: torch.nn.Module, loaded: dict[str, Any]) -> None:
 
 @torch.no_grad()  # the fp32 master weights are views of parameters that require grad
 def _load_optimizer(state: TrainState, loaded: Any, common: dict[str, Any]) -> None:
+    """The master weights and moments from the model-space state; the optimizer's own hyper-parameters with the
+    saved step count and loss scaler. The saved hyper-parameter groups are not read as they are: they are listed
+    per optimizer of the saving layout (a mixture of experts at EP > 1 has one for its experts, at EP = 1 may
+    not), and the LR schedule loaded after sets each group's rates anyway."""
     opts = optimizers(state.optimizer)
-    parts = [loaded] if len(opts) == 1 else [part for _, part in sorted(loaded.items())]
-    for opt, part in zip(opts, parts, strict=True):
-        part = dict(part)
-        param_state = part.pop("param_state")
-        part.pop("param_state_sharding_type", None)
-        opt.load_state_dict(part)  # hyper-parameters, and the step into every parameter's state
+    step, scaler = _saved(loaded, "param_groups"), _saved(loaded, "grad_scaler")
+    for index, opt in enumerate(opts):
+        part = loaded if len(opts) == 1 else loaded[index]
+        own = opt.state_dict()
+        for group in own["optimizer"]["param_groups"]:
+            group["step"] = step[0]["step"]
+        if scaler is not None and "grad_scaler" in own:
+            own["grad_scaler"] = scaler
+        opt.load_state_dict(own)  # hyper-parameters, and the step into every parameter's state
         # torch's Adam keeps `step` per parameter, which megatron-core's loader of the master weights and moments
         # does not expect (it copies every per-parameter key from the file), and its load gave every parameter the
         # same step tensor, which Adam's in-place `step += 1` would advance once per parameter: set aside, then
         # one copy each
         steps = {param: kept.pop("step") for param, kept in opt.optimizer.state.items() if "step" in kept}
         try:
-            opt.load_parameter_state_from_fully_reshardable(param_state)
+            opt.load_parameter_state_from_fully_reshardable(part["param_state"])
         finally:
-            for param, step in steps.items():
-                opt.optimizer.state[param]["step"] = step.clone()
+            for param, kept_step in steps.items():
+                opt.optimizer.state[param]["step"] = kept_step.clone()
     state.scheduler.num_steps = 0  # Megatron's load adds the saved steps to the current count
     state.scheduler.load_state_dict(common["opt_param_scheduler"])
     apply_loaded_schedule(state.scheduler)
+
+
+def _saved(tree: Any, key: str) -> Any:
+    """The first value under `key` in the saved optimizer state (every optimizer of a layout holds the same step
+    count and scaler)."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        for value in tree.values():
+            found = _saved(value, key)
+            if found is not None:
+                return found
+    return None

@@ -7,9 +7,15 @@ mistyped direction or a flag left over from another command line costs one sente
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+from mindrl.checkpoint.atomic import atomic_directory, check_target
 from mindrl.config import ConfigError
 from mindrl.models.dtypes import DTYPES
 from mindrl.models.hf_mapping import HF_MODEL_TYPES
@@ -28,6 +34,7 @@ _DIRECTIONS = {
     "max_shard_size": (MG2HF,),
     "lora_base": (MG2HF,),
     "save_lora_adapter": (MG2HF,),
+    "ckpt_format": (HF2MG, MG2MG),
 }
 
 
@@ -87,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "files are copied into the output (hf_assets/ of a Megatron checkpoint, beside "
                              "the weights of an HF one), replacing the source's, after checking that every "
                              "token id has an embedding row")
+    parser.add_argument("--ckpt-format", choices=["torch", "torch_dist"], default=None,
+                        help="hf -> mg, mg -> mg: the Megatron output's format (default torch, per-rank files); "
+                             "torch_dist is megatron-core's distributed checkpoint, which loads at any layout (so "
+                             "it takes no --target-* sizes). A torch_dist --load-dir is read whatever this is")
     parser.add_argument("--model-type", default="GPT",
                         help="MindSpeed-LLM's model type; only GPT (decoder-only) is converted")
     parser.add_argument("--use-mcore-models", action="store_true",
@@ -99,35 +110,71 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mindrl.ckpt_convert.hf2mcore import hf_to_mcore
-    from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
-    from mindrl.ckpt_convert.mcore2mcore import mcore_to_mcore
-
     direction = f"{args.load_model_type} -> {args.save_model_type}"
     start = time.perf_counter()
     try:
         _check_flags(args, direction)
         tp, pp = _size(args, "target_tensor_parallel_size"), _size(args, "target_pipeline_parallel_size")
         ep = _size(args, "target_expert_parallel_size")
-        progress = not args.no_progress
-        if direction == HF2MG:
-            hf_to_mcore(args.load_dir, args.save_dir, args.model_type_hf, tp, pp, args.num_layer_list,
-                        DTYPES[args.params_dtype or "bf16"], args.add_qkv_bias, args.overwrite, progress,
-                        args.tokenizer_model, args.orm, ep)
-        elif direction == MG2HF:
-            mcore_to_hf(args.load_dir, args.save_dir, args.hf_config_dir, args.max_shard_size or "5GB",
-                        args.overwrite, progress, args.model_type_hf, args.tokenizer_model, args.lora_base,
-                        args.save_lora_adapter)
-        else:
-            mcore_to_mcore(args.load_dir, args.save_dir, tp, pp, args.num_layer_list, args.overwrite, progress,
-                           args.hf_config_dir, args.model_type_hf, args.tokenizer_model, ep)
-            _say_weights_only(args.load_dir)
+        with _through_legacy(args, direction, tp * pp * ep) as legacy_args:
+            _convert(legacy_args, direction, tp, pp, ep)
     except (ConfigError, OSError, ValueError, KeyError) as err:
         print(f"error: {err.args[0] if len(err.args) == 1 else err}", file=sys.stderr)
         return 2
     print(f"[convert_ckpt] {direction}: wrote {args.save_dir} in {time.perf_counter() - start:.1f} s",
           file=sys.stderr)
     return 0
+
+
+def _convert(args: argparse.Namespace, direction: str, tp: int, pp: int, ep: int) -> None:
+    from mindrl.ckpt_convert.hf2mcore import hf_to_mcore
+    from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
+    from mindrl.ckpt_convert.mcore2mcore import mcore_to_mcore
+
+    progress = not args.no_progress
+    if direction == HF2MG:
+        hf_to_mcore(args.load_dir, args.save_dir, args.model_type_hf, tp, pp, args.num_layer_list,
+                    DTYPES[args.params_dtype or "bf16"], args.add_qkv_bias, args.overwrite, progress,
+                    args.tokenizer_model, args.orm, ep)
+    elif direction == MG2HF:
+        mcore_to_hf(args.load_dir, args.save_dir, args.hf_config_dir, args.max_shard_size or "5GB",
+                    args.overwrite, progress, args.model_type_hf, args.tokenizer_model, args.lora_base,
+                    args.save_lora_adapter)
+    else:
+        mcore_to_mcore(args.load_dir, args.save_dir, tp, pp, args.num_layer_list, args.overwrite, progress,
+                       args.hf_config_dir, args.model_type_hf, args.tokenizer_model, ep)
+        _say_weights_only(args.load_dir)
+
+
+@contextlib.contextmanager
+def _through_legacy(args: argparse.Namespace, direction: str, ranks: int) -> Iterator[argparse.Namespace]:
+    """The conversion's flags with torch_dist input and output replaced by legacy checkpoints of the whole model
+    in a scratch folder beside --save-dir (mindrl/ckpt_convert/dist_format.py); the flags as given otherwise."""
+    from mindrl.ckpt_convert import dist_format
+
+    reads = args.load_model_type == "mg" and dist_format.is_dist(args.load_dir)
+    writes = args.save_model_type == "mg" and args.ckpt_format == "torch_dist"
+    if not reads and not writes:
+        yield args
+        return
+    if writes and (ranks > 1 or args.num_layer_list):
+        raise ConfigError("--ckpt-format torch_dist stores whole tensors, which load at any TP / PP / EP layout; "
+                          "remove the --target-* sizes and --num-layer-list.")
+    target = check_target(args.save_dir, args.overwrite, [args.load_dir, args.hf_config_dir, args.tokenizer_model])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        legacy = argparse.Namespace(**vars(args))
+        if reads:
+            legacy.load_dir = str(dist_format.dist_to_legacy(args.load_dir, scratch / "input"))
+        if writes:
+            legacy.save_dir, legacy.overwrite = str(scratch / "whole"), False
+        yield legacy
+        if writes:
+            with atomic_directory(target, args.overwrite) as out:
+                dist_format.legacy_to_dist(scratch / "whole", out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _say_weights_only(load_dir: str) -> None:

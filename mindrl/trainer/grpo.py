@@ -515,7 +515,12 @@ class GRPOTrainer:
                 **({"schedule": self.scheduled.state_dict()} if self.scheduled is not None else {})}
 
     def export(self) -> Path | None:
+        self.finish_saves()
         return export_hf(self.cfg.actor_config.save, self.cfg.actor_config.tokenizer_name_or_path)
+
+    def finish_saves(self) -> None:
+        """The last checkpoint published (an asynchronous save's writes waited for) before anything reads it."""
+        self.group.call("finish_saves", phase="save")
 
 
 def agent_spec(multi_turn: MultiTurnConfig | None, train_path: Path, actor: Any,

@@ -156,6 +156,10 @@ class PPOTrainer(GRPOTrainer):
         metrics["actor/updated"] = 1.0
         return metrics
 
+    def finish_saves(self) -> None:
+        self.critic_group.call("finish_critic_saves", phase="save")
+        super().finish_saves()
+
     def save(self, step: int) -> None:
         self.critic_group.call("save_critic", str(Path(self.cfg.actor_config.save) / CRITIC_DIR), step,
                                {"job": self.job, "role": "critic", "step": step}, phase="save")

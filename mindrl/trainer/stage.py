@@ -216,6 +216,9 @@ class StageTrainer(ABC):
                     extra = {"job": self.JOB, "data": self.loader.state_dict(),
                              "initial_weights": self.start.initial_weights, "step": step}
                     self.group.call("save", t.save, step, extra)
-            return export_hf(t.save, t.tokenizer_name_or_path) if t.save else None
+            if not t.save:
+                return None
+            self.group.call("finish_saves")  # an asynchronous save's writes waited for before the export reads them
+            return export_hf(t.save, t.tokenizer_name_or_path)
         finally:
             self.close()

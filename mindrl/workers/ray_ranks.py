@@ -96,6 +96,11 @@ class CriticHost:
     def save_critic(self, root: str, iteration: int, extra: dict) -> str:
         return str(self.critic.save_checkpoint(root, iteration, extra))
 
+    def finish_critic_saves(self) -> None:
+        """Publish the critic's asynchronous save, once its writes are done on every rank."""
+        if self.critic is not None:
+            self.critic.finish_saves()
+
 
 @dataclass(frozen=True)
 class PolicySpec:
@@ -197,6 +202,11 @@ class ActorRank(RankProcess):
 
     def save(self, root: str, iteration: int, extra: dict) -> str:
         return str(self.actor.save_checkpoint(root, iteration, extra))
+
+    def finish_saves(self) -> None:
+        """Publish the actor's asynchronous save, once its writes are done on every rank (before an export reads
+        the last checkpoint)."""
+        self.actor.finish_saves()
 
 
 class PolicyRank(ActorRank, CriticHost):

@@ -1,0 +1,307 @@
+"""torch_dist checkpoints: saved at TP=2×PP=2, resumed at TP=1×PP=2, TP=2×PP=1 and TP=1×PP=1×DP=4 (an MoE model at
+EP=2 resumed at EP=1), the optimizer state resharded, not restarted; asynchronous saves hold the state of the moment
+they were asked for and resume bit-identically; a checkpoint written by megatron-core's own dist_checkpointing.save
+loads as starting weights; damaged or foreign files are named in one sentence.
+
+Launches: 4 ranks save (dense at TP2×PP2, MoE at EP2), 4 ranks run each new layout from the saved state and from the
+start, 2 ranks save a bare megatron-core GPTModel and start an actor from it.
+"""
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from megatron.core.dist_checkpointing.dict_utils import nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+from mindrl.checkpoint import dist as dist_ckpt
+from mindrl.checkpoint import files, training
+from mindrl.checkpoint import megatron as mg
+from mindrl.checkpoint.training import initial_moments
+from mindrl.config import ConfigError, ParallelConfig, load_model_arch
+from mindrl.distributed import release_model_parallel
+from mindrl.launch import run_ranks
+from mindrl.models import sharding
+from mindrl.workers.megatron_worker import ActorWorker
+from tests.test_training_checkpoint import CFG, _batch
+
+TORCH_DIST = {"ckpt_format": "torch_dist", "mini_batch_size": 8}  # one mini-batch, whole on 4 DP ranks
+SAVED_AT = ParallelConfig(2, 2)
+RESUME_AT = {"tp1pp2": ParallelConfig(1, 2), "tp2pp1": ParallelConfig(2, 1), "dp4": ParallelConfig(1, 1)}
+MOE_SAVED, MOE_RESUMED = ParallelConfig(1, 1, expert_model_parallel_size=2), ParallelConfig(1, 1)
+
+
+def _actor(arch_name: str, par: ParallelConfig, **cfg) -> ActorWorker:
+    import dataclasses
+
+    release_model_parallel()
+    arch = load_model_arch(arch_name)
+    return ActorWorker(arch, par, dataclasses.replace(CFG, **TORCH_DIST, **cfg),
+                       weights=sharding.random_full_state_dict(arch, seed=4))
+
+
+def _canonical(actor: ActorWorker) -> list[tuple[str, tuple, torch.Tensor]]:
+    """This rank's main replicas of the weights, fp32 master weights and Adam moments, each with its place in the
+    whole-model tensor (megatron-core's own description of the layout), for stitching in the test process."""
+    with initial_moments(actor.optimizer, keep=False):
+        model = actor.model.sharded_state_dict()
+        state = {"model": model,
+                 "optimizer": actor.optimizer.sharded_state_dict(model, metadata=dist_ckpt.OPTIMIZER_SHARDING)}
+        apply_factories(state)
+        out = []
+        for value in nested_values(state):
+            replica = value.replica_id if isinstance(value, ShardedTensor) else None
+            if replica is None or any(replica if isinstance(replica, tuple) else (replica,)):
+                continue
+            out.append((value.key, tuple(value.global_shape), value.global_slice(), value.data.detach().clone()))
+    return out
+
+
+def _stitch(ranks: list[list]) -> dict[str, torch.Tensor]:
+    whole: dict[str, torch.Tensor] = {}
+    for entries in ranks:
+        for key, shape, where, data in entries:
+            target = whole.setdefault(key, torch.full(shape, float("nan"), dtype=data.dtype))
+            target[where] = data.reshape(target[where].shape)
+    return whole
+
+
+def _save(rank: int, roots: dict[str, str]) -> dict:
+    vocab = load_model_arch("tiny_qwen").padded_vocab_size
+    actor = _actor("tiny_qwen", SAVED_AT)
+    actor.update(_batch(vocab, 0))
+    actor.save_checkpoint(roots["dense"], 1, extra={"job": "grpo", "data": {"index": 1}})
+    training.save(actor._train_state("save"), roots["legacy"], 1, extra={"job": "grpo"})  # the same state, per rank
+    # asynchronous: the state of the moment is written while the next update changes the weights
+    asynchronous = _actor("tiny_qwen", SAVED_AT, async_save=True)
+    asynchronous.update(_batch(vocab, 0))
+    at_save = _canonical(asynchronous)
+    asynchronous.save_checkpoint(roots["async"], 1, extra={"job": "grpo"})
+    published_early = (Path(roots["async"]) / mg.TRACKER).is_file()
+    asynchronous.update(_batch(vocab, 1))
+    asynchronous.finish_saves()
+    moe_vocab = load_model_arch("tiny_qwen3_moe").padded_vocab_size
+    moe = _actor("tiny_qwen3_moe", MOE_SAVED)
+    moe.update(_batch(moe_vocab, 0))
+    moe.save_checkpoint(roots["moe"], 1, extra={"job": "grpo"})
+    return {"async_at_save": at_save, "async_published_early": published_early}
+
+
+def _resume(rank: int, roots: dict[str, str]) -> dict:
+    vocab = load_model_arch("tiny_qwen").padded_vocab_size
+    out = {}
+    for name, par in RESUME_AT.items():
+        unbroken = _actor("tiny_qwen", par)
+        unbroken.update(_batch(vocab, 0))
+        first = _canonical(unbroken)
+        second_metrics = unbroken.update(_batch(vocab, 1))
+        resumed = _actor("tiny_qwen", par)
+        loaded = resumed.load_checkpoint(roots["dense"])
+        at_load = _canonical(resumed)
+        metrics = resumed.update(_batch(vocab, 1))
+        out[name] = {"unbroken": (first, _canonical(unbroken), second_metrics),
+                     "resumed": (at_load, _canonical(resumed), metrics), "iteration": loaded.iteration,
+                     "extra": loaded.extra}
+    return out
+
+
+def _async_resume(rank: int, roots: dict[str, str]) -> list:
+    actor = _actor("tiny_qwen", SAVED_AT, async_save=True)
+    actor.load_checkpoint(roots["async"])
+    return _canonical(actor)
+
+
+def _moe_resume(rank: int, roots: dict[str, str]) -> dict:
+    vocab = load_model_arch("tiny_qwen3_moe").padded_vocab_size
+    unbroken = _actor("tiny_qwen3_moe", MOE_RESUMED)
+    unbroken.update(_batch(vocab, 0))
+    resumed = _actor("tiny_qwen3_moe", MOE_RESUMED)
+    resumed.load_checkpoint(roots["moe"])
+    return {"unbroken": _canonical(unbroken), "resumed": _canonical(resumed)}
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("dist_ckpt")
+    return {name: str(base / name) for name in ("dense", "legacy", "async", "moe")}
+
+
+@pytest.fixture(scope="module")
+def saved(roots) -> list[dict]:
+    return run_ranks(_save, 4, roots)
+
+
+@pytest.fixture(scope="module")
+def resumed(saved, roots) -> list[dict]:
+    return run_ranks(_resume, 4, roots)
+
+
+def _close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol: float) -> list[str]:
+    """Keys whose largest difference exceeds rtol × the tensor's largest magnitude (or that are missing)."""
+    bad = [key for key in want if key not in got]
+    for key, value in want.items():
+        if key in got:
+            assert not torch.isnan(got[key]).any(), f"{key} was not stitched whole"
+            scale = value.abs().max().item() or 1.0
+            if (got[key].double() - value.double()).abs().max().item() > rtol * scale:
+                bad.append(key)
+    return bad
+
+
+def test_the_files_are_megatron_cores_distributed_format(saved, roots):
+    root = Path(roots["dense"])
+    folder = root / mg.iteration_dir_name(1)
+    assert mg.read_tracker(root) == 1
+    assert json.loads((folder / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+    assert (folder / ".metadata").is_file() and list(folder.glob("*.distcp"))
+    assert files.format_of(root) == "torch_dist" and files.damage(root, 1) is None
+    assert files.holds_training_state(root, 1)
+    assert not list(root.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("layout", list(RESUME_AT))
+def test_a_resume_at_another_layout_continues_as_an_unbroken_run_there(resumed, layout):
+    """After the load, weights, fp32 master weights and both Adam moments equal those of a run that took the same
+    first step at the new layout (their only difference: the first step's sums in another order), and so does
+    the next step's outcome. An optimizer that restarted would hold zero moments here."""
+    runs = [rank[layout] for rank in resumed]
+    assert {run["iteration"] for run in runs} == {1} and runs[0]["extra"]["data"] == {"index": 1}
+    for index in (0, 1):
+        want = _stitch([run["unbroken"][index] for run in runs])
+        got = _stitch([run["resumed"][index] for run in runs])
+        assert any(key.startswith("optimizer.state.exp_avg_sq.") for key in want)
+        assert set(got) == set(want)
+        assert _close(got, want, rtol=1e-5) == [], f"step {index + 1} state differs"
+    for key in ("pg_loss", "grad_norm", "lr"):
+        assert runs[0]["resumed"][2][key] == pytest.approx(runs[0]["unbroken"][2][key], rel=1e-5), key
+
+
+def test_a_restarted_optimizer_would_fail_the_comparison(resumed):
+    runs = [rank["tp2pp1"] for rank in resumed]
+    want = _stitch([run["unbroken"][0] for run in runs])
+    restarted = {key: torch.zeros_like(value) if key.startswith("optimizer.state.exp_avg") else value
+                 for key, value in _stitch([run["resumed"][0] for run in runs]).items()}
+    assert _close(restarted, want, rtol=1e-5)
+
+
+def test_an_async_save_holds_the_state_it_was_asked_for_and_resumes_bit_identically(saved, roots):
+    assert not any(rank["async_published_early"] for rank in saved)  # no tracker before every write was done
+    assert mg.read_tracker(roots["async"]) == 1 and files.damage(roots["async"], 1) is None
+    loaded = run_ranks(_async_resume, 4, roots)
+    want, got = _stitch([rank["async_at_save"] for rank in saved]), _stitch(loaded)
+    assert set(got) == set(want)
+    assert all(torch.equal(got[key], want[key]) for key in want)
+
+
+def test_an_moe_checkpoint_saved_at_ep2_resumes_at_ep1_with_its_expert_optimizer_state(saved, roots):
+    runs = run_ranks(_moe_resume, 4, roots)
+    want, got = _stitch([run["unbroken"] for run in runs]), _stitch([run["resumed"] for run in runs])
+    assert any("experts" in key and key.startswith("optimizer.state.exp_avg.") for key in want)
+    assert set(got) == set(want)
+    assert _close(got, want, rtol=1e-5) == []
+
+
+def bare_megatron_save(root: str) -> None:
+    """A plain megatron-core GPTModel (its own local layer spec) saved by dist_checkpointing.save with its default
+    strategy, as Megatron-LM writes a model: run as a process of its own (that writer spawns processes, which a
+    rank of run_ranks may not)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from mindrl.distributed import init_distributed, init_model_parallel
+    from mindrl.models.gpt import transformer_config
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    init_distributed(0, 1, master_port=port)
+    arch = load_model_arch("tiny_qwen")
+    init_model_parallel(ParallelConfig(1, 1), seed=7, arch=arch)
+    config = transformer_config(arch, ParallelConfig(1, 1), torch.float32)
+    model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm), arch.padded_vocab_size,
+                     arch.max_position_embeddings,
+                     share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
+                     position_embedding_type="rope", rotary_base=arch.rotary_base)
+    for param in model.parameters():
+        torch.nn.init.normal_(param, std=0.02)
+    folder = Path(root) / mg.iteration_dir_name("release")
+    folder.mkdir(parents=True)
+    mg.write_tracker(root, "release")
+    dist_checkpointing.save({"model": model.sharded_state_dict()}, str(folder))
+    torch.save({name: p for name, p in model.state_dict().items() if "_extra_state" not in name},
+               f"{root}.weights.pt")
+    torch.distributed.destroy_process_group()
+
+
+def _start_from(rank: int, root: str) -> dict:
+    release_model_parallel()
+    actor = ActorWorker(load_model_arch("tiny_qwen"), ParallelConfig(2, 1), CFG, weights=root)
+    return {"actor": {n: p.detach().clone() for n, p in actor.model.named_parameters()}, "tp_rank": actor.tp_rank}
+
+
+def test_a_bare_megatron_core_save_loads_as_starting_weights(tmp_path):
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "bare")
+    subprocess.run([sys.executable, "-c", f"from tests.test_dist_checkpoint import bare_megatron_save; "
+                                          f"bare_megatron_save({root!r})"],
+                   check=True, cwd=Path(__file__).resolve().parents[1], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ranks = run_ranks(_start_from, 2, root)
+    bare = torch.load(f"{root}.weights.pt")
+    stages = {(rank["tp_rank"], 0): rank["actor"] for rank in ranks}
+    whole = sharding.merge_state_dicts(stages, load_model_arch("tiny_qwen"), ParallelConfig(2, 1))
+    assert set(bare) <= set(whole)
+    for name, value in bare.items():
+        assert torch.equal(whole[name], value), name
+
+
+def test_damaged_and_foreign_torch_dist_files_are_one_sentence(saved, roots, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(roots["dense"], root)
+    folder = root / mg.iteration_dir_name(1)
+    shard = sorted(folder.glob("*.distcp"))[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    problem = files.damage(root, 1)
+    assert problem.startswith(f"{shard} is cut short (") and problem.count(".") <= 3
+    (folder / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr"}))
+    assert "'zarr' distributed format" in files.damage(root, 1)
+    with pytest.raises(ConfigError, match=r"is in the torch_dist format but actor_config.ckpt_format is torch; set "
+                                          r"ckpt_format: torch_dist .* or auto_detect_ckpt_format: true\.$"):
+        files.check_format(roots["dense"], 1, "torch", False, "actor_config.load")
+    files.check_format(roots["dense"], 1, "torch", True, "actor_config.load")
+    other = load_model_arch("tiny_qwen3_moe")
+    with pytest.raises(ConfigError, match=r"holds a different architecture than model tiny_qwen3_moe: "):
+        files.check_checkpoint(roots["dense"], 1, other)
+
+
+def _convert(*flags) -> None:
+    from mindrl.ckpt_convert.cli import main
+
+    assert main([*map(str, flags), "--no-progress"]) == 0
+
+
+def test_torch_dist_converts_to_hf_as_the_legacy_files_of_the_same_state_do_bit_for_bit(saved, roots, tmp_path):
+    """The same trained state saved both ways at TP=2×PP=2: megatron-core's reader of the distributed files and
+    mindrl's joining of the per-rank ones give the same HF tensors; and legacy → torch_dist → HF loses nothing."""
+    from safetensors.torch import load_file
+
+    def hf(load_dir, name):
+        _convert("--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", load_dir, "--save-dir",
+                 tmp_path / name)
+        return load_file(tmp_path / name / "model-00001-of-00001.safetensors")
+
+    from_legacy, from_dist = hf(roots["legacy"], "hf_legacy"), hf(roots["dense"], "hf_dist")
+    assert set(from_legacy) == set(from_dist)
+    assert all(torch.equal(from_legacy[key], from_dist[key]) for key in from_legacy)
+    _convert("--load-model-type", "mg", "--save-model-type", "mg", "--load-dir", roots["legacy"], "--save-dir",
+             tmp_path / "resaved", "--ckpt-format", "torch_dist")
+    assert files.format_of(tmp_path / "resaved") == "torch_dist"
+    again = hf(tmp_path / "resaved", "hf_again")
+    assert all(torch.equal(again[key], from_legacy[key]) for key in from_legacy)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
