@@ -105,6 +105,28 @@ def test_sigkill_mid_step_and_mid_checkpoint_then_resume_equals_an_uninterrupted
     assert jobs.run_values(got) == jobs.run_values(expected)
 
 
+def test_torch_dist_async_saves_killed_mid_write_resume_to_the_uninterrupted_run(tiny_math_data, reference_run,
+                                                                                  tmp_path):
+    """The reference run with megatron-core's distributed checkpoints written in the background: the whole job is
+    killed while iteration 2's files are being written, which leaves iteration 1 as the one the tracker names;
+    resumed from it, every step's metrics equal the uninterrupted (legacy-format) run's. Resuming at another
+    layout is tests/test_dist_checkpoint.py's."""
+    tokenizer, root = tiny_math_data
+    run = tmp_path / "run"
+    log = tmp_path / "log"
+    dist = {"+actor_config.ckpt_format": "torch_dist", "+actor_config.async_save": "true"}
+    job = _start(jobs.grpo_overrides(tokenizer, root / "eight", run, **REFERENCE, **dist), log)
+    jobs.kill_when(job, (run / f".tmp-{mg.iteration_dir_name(2)}").exists, log)
+    assert mg.read_tracker(run) == 1
+    assert (run / mg.iteration_dir_name(1) / "metadata.json").is_file()
+    _run(jobs.grpo_overrides(tokenizer, root / "eight", run, **REFERENCE, **dist, **{"actor_config.load": run}), log)
+    assert "at iteration 1" in log.read_text()
+    expected, got = jobs.metrics(reference_run / "metrics.jsonl"), jobs.metrics(run / "metrics.jsonl")
+    assert [line["step"] for line in got] == [1, 2, 3, 4]
+    assert jobs.run_values(got) == jobs.run_values(expected)
+    assert mg.read_tracker(run) == 4 and (run / "hf" / "model-00001-of-00001.safetensors").is_file()
+
+
 def test_a_damaged_latest_checkpoint_names_the_complete_one_before_it_which_resumes_exactly(tiny_math_data,
                                                                                              reference_run, tmp_path):
     """The reference run's last checkpoint cut short (a rank file halved, as a full disk or a killed copy leaves

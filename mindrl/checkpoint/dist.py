@@ -46,8 +46,8 @@ from megatron.core.dist_checkpointing.strategies.torch import (
 )
 from megatron.core.dist_checkpointing.validation import StrictHandling
 
+from mindrl.checkpoint import files, publish, rng
 from mindrl.checkpoint import megatron as mg
-from mindrl.checkpoint import publish, rng
 from mindrl.checkpoint.files import FORMAT, common_state
 from mindrl.checkpoint.training import (
     Resumed,
@@ -58,7 +58,7 @@ from mindrl.checkpoint.training import (
     initial_moments,
     optimizers,
 )
-from mindrl.config import ConfigError
+from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.console import say
 from mindrl.platform import get_platform
 
@@ -274,6 +274,18 @@ def load(state: TrainState, root: str | Path, iteration: int, load_optim: bool =
     if load_rng and same_ranks:
         rng.restore(loaded["rng_state"])
     return Resumed(int(common["iteration"]), dict(common.get("extra") or {}), int(common.get("actor_updates", 0)))
+
+
+def stage_start(model: torch.nn.Module, root: str | Path, tp_rank: int, pp_rank: int, arch: ModelArch,
+                par: ParallelConfig, ep_rank: int = 0, new_heads: tuple[str, ...] = ()) -> dict[str, Any]:
+    """This rank's stage of the checkpoint at `root`, in either format, as a start point (`model`, and a legacy
+    run's `lora` record), checked against the model: a legacy one must be at the model's layout, a distributed one
+    is read into `model` at its own (`new_heads`: read_stage). Every rank calls it."""
+    iteration = mg.read_tracker(root)
+    if not files.is_dist(files.folder(root, iteration)):
+        return mg.load_rank(root, tp_rank, pp_rank, arch, par, ep_rank=ep_rank)
+    files.check_checkpoint(root, iteration, arch)
+    return {"model": read_stage(model, root, iteration, new_heads), "lora": None}
 
 
 def read_stage(model: torch.nn.Module, root: str | Path, iteration: int | str,

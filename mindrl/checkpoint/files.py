@@ -140,16 +140,3 @@ def check_checkpoint(root: str | Path, iteration: int | str, expect_arch: ModelA
             raise ConfigError(f"checkpoint {root} holds a different architecture than model {expect_arch.name}: "
                               + ", ".join(diffs[:4]) + "; point load at the right checkpoint or fix the model yaml.")
 
-
-def read_stage(model: Any, root: str | Path, tp_rank: int, pp_rank: int, arch: ModelArch, par: ParallelConfig,
-               ep_rank: int = 0, new_heads: tuple[str, ...] = ()) -> dict[str, Any]:
-    """This rank's stage of the checkpoint at `root` as a start point (`model`, and a legacy run's `lora`
-    record), checked against the model; `model` is the rank's model, which a distributed checkpoint is read into
-    at its layout (`new_heads`: dist.read_stage)."""
-    iteration = mg.read_tracker(root)
-    if not is_dist(folder(root, iteration)):
-        return mg.load_rank(root, tp_rank, pp_rank, arch, par, ep_rank=ep_rank)
-    from mindrl.checkpoint import dist  # megatron-core: in the ranks only
-
-    check_checkpoint(root, iteration, arch)
-    return {"model": dist.read_stage(model, root, iteration, new_heads), "lora": None}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 from mindrl.console import say
@@ -15,11 +17,23 @@ def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path | None:
     run's adapters are merged there, and also written to `<save>/hf_lora_adapter` (a few MB, for PEFT users).
     An adapters-only run that started from random weights has no base checkpoint to merge into: one line says so
     and nothing is written (None), rather than ending the finished run with an error."""
+    from mindrl.ckpt_convert import dist_format
+
+    save = Path(save)
+    if not dist_format.is_dist(save):
+        return _export(save, save, tokenizer)
+    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=save))
+    try:  # megatron-core reads the distributed files into legacy ones of the whole model, exported from there
+        return _export(dist_format.dist_to_legacy(save, scratch / "whole"), save, tokenizer)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _export(checkpoint: Path, save: Path, tokenizer: str | Path | None) -> Path | None:
     from mindrl.ckpt_convert.mcore2hf import mcore_to_hf
     from mindrl.ckpt_convert.megatron_source import open_megatron
 
-    save = Path(save)
-    source = open_megatron(save)
+    source = open_megatron(checkpoint)
     if source.adapters_only and not source.initial_weights:
         say(f"final weights not exported to HF: {save} holds LoRA adapters only and the run started from random "
             f"weights, so there is no base checkpoint to merge them into")
@@ -32,7 +46,7 @@ def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path | None:
         if unplaceable:
             say(f"LoRA adapters not written as a PEFT folder ({unplaceable}); the merged HF weights hold them")
             adapter = None
-    target = mcore_to_hf(save, save / "hf", overwrite=True, progress=False, tokenizer_model=tokenizer,
+    target = mcore_to_hf(checkpoint, save / "hf", overwrite=True, progress=False, tokenizer_model=tokenizer,
                          lora_adapter_dir=adapter)
     say(f"final weights exported to {target} (HF format)" + (f", LoRA adapters to {adapter}" if adapter else ""))
     return target

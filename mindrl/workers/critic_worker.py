@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from mindrl.algorithms.value_loss import ValueLossConfig, value_loss
+from mindrl.checkpoint import dist as dist_ckpt
 from mindrl.checkpoint import files
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
@@ -55,7 +56,7 @@ class CriticWorker(ActorWorker):
         self.value_cfg = loss
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
-        state = dict(start_weights(files.read_stage(self.model, root, self.tp_rank, self.pp_rank,
+        state = dict(start_weights(dist_ckpt.stage_start(self.model, root, self.tp_rank, self.pp_rank,
                                                     start_arch(root, self.arch), self.par, self.ep_rank,
                                                     new_heads=("rm_head.",)), root))
         state.pop(_LM_HEAD, None)

@@ -211,7 +211,7 @@ class MegatronWorker:
 
     def _stage_weights(self, root: str) -> dict[str, torch.Tensor]:
         """This rank's stage of the Megatron checkpoint at `root`, checked against the model."""
-        return start_weights(files.read_stage(self.model, root, self.tp_rank, self.pp_rank, self.arch, self.par,
+        return start_weights(dist_ckpt.stage_start(self.model, root, self.tp_rank, self.pp_rank, self.arch, self.par,
                                               self.ep_rank), root)
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
