@@ -129,11 +129,12 @@ def megatron_checkpoint(load: str, workdir: Path) -> str:
 
 def _generate_rank(rank: int, checkpoint: str, cfg: EvalConfig, prompts: list[list[int]],
                    eos_token_ids: tuple[int, ...], images: list | None = None, agent: Any = None) -> Any:
+    from mindrl.checkpoint import files
     from mindrl.checkpoint import megatron as mg
     from mindrl.workers.colocated import ColocatedRollout
     from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
-    args = mg.load_args(checkpoint)
+    args = files.load_args(checkpoint)
     gen = cfg.generate_config()
     actor = ActorWorker(mg.arch_of(args, checkpoint), mg.parallel_of(args), ActorConfig(seed=cfg.seed), checkpoint)
     rollout = ColocatedRollout.build(actor, gen, eos_token_ids, agent=agent)

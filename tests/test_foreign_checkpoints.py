@@ -346,7 +346,7 @@ def test_files_mindrl_cannot_read_are_named(tmp_path):
     (dist / "iter_0000010").mkdir(parents=True)
     (dist / "iter_0000010" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     (dist / "latest_checkpointed_iteration.txt").write_text("10")
-    with pytest.raises(ConfigError, match=r"distributed format \(torch_dist\).*--ckpt-convert-format torch"):
+    with pytest.raises(ConfigError, match=r"distributed format \(torch_dist\).*cli/convert_ckpt.py, which reads it"):
         mcore_to_hf(dist, tmp_path / "back", progress=False)
     assert not (tmp_path / "back").exists()
 

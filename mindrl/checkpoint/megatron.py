@@ -156,12 +156,13 @@ def compact(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def check_format(root: str | Path, iteration: int | str) -> Path:
-    """The iteration's folder, after refusing Megatron's distributed (torch_dist) format in one sentence."""
+    """The iteration's folder, after refusing Megatron's distributed (torch_dist) format in one sentence: the
+    converter's command line and the trainers read it through mindrl/checkpoint/dist.py instead."""
     folder = Path(root) / iteration_dir_name(iteration)
     if (folder / "metadata.json").is_file() or any(folder.glob("*.distcp")):
-        raise ConfigError(f"checkpoint {root} is in Megatron's distributed format (torch_dist); mindrl reads "
-                          f"the per-rank torch format, so re-save it with Megatron-LM's --ckpt-convert-format "
-                          f"torch --ckpt-convert-save DIR first.")
+        raise ConfigError(f"checkpoint {root} is in Megatron's distributed format (torch_dist), which this reader of "
+                          f"per-rank files does not take; convert it with cli/convert_ckpt.py, which reads it (or "
+                          f"re-save it with Megatron-LM's --ckpt-convert-format torch --ckpt-convert-save DIR).")
     return folder
 
 
