@@ -1,12 +1,12 @@
 """What a checkpoint costs the training loop: the seconds an actor waits for a save (legacy per-rank files,
 torch_dist, torch_dist written in the background) and for a torch_dist load at another layout.
 
-Two CPU ranks hold small_qwen at TP=2 after one update; each format saves the same state three times, the median
-taken; the async figure is the time save_checkpoint takes to return (the writes then go on in threads) and
+Two CPU ranks hold small_qwen at TP=2 after one update; each format saves the same state twice (--repeats), the
+median taken; the async figure is the time save_checkpoint takes to return (the writes then go on in threads) and
 `async_publish_s` the wait for them at the end. The load reads the torch_dist checkpoint at TP=1 × DP=2.
 Prints one JSON line.
 
-    python bench/checkpoint_save.py [--model small_qwen] [--repeats 3]
+    python bench/checkpoint_save.py [--model small_qwen] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from mindrl.config import ParallelConfig, load_model_arch  # noqa: E402
-from mindrl.distributed import release_model_parallel  # noqa: E402
-from mindrl.launch import run_ranks  # noqa: E402
-from mindrl.models import sharding  # noqa: E402
-from mindrl.workers.megatron_worker import ActorConfig, ActorWorker  # noqa: E402
+from mindrl.config import ParallelConfig, load_model_arch
+from mindrl.distributed import release_model_parallel
+from mindrl.launch import run_ranks
+from mindrl.models import sharding
+from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
 
 def _batch(vocab: int) -> dict:
@@ -77,7 +77,7 @@ def _rank(rank: int, model: str, root: str, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small_qwen")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         result = run_ranks(_rank, 2, args.model, root, args.repeats)[0]

@@ -9,6 +9,7 @@ start, 2 ranks save a bare megatron-core GPTModel and start an actor from it.
 
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -305,3 +306,41 @@ def test_torch_dist_converts_to_hf_as_the_legacy_files_of_the_same_state_do_bit_
     again = hf(tmp_path / "resaved", "hf_again")
     assert all(torch.equal(again[key], from_legacy[key]) for key in from_legacy)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
+
+
+def _failed_async_save(rank: int, root: str) -> dict:
+    """Iteration 1 saved; iteration 2 written in the background while rank 1's files may not grow past 64 KiB."""
+    import resource
+
+    vocab = load_model_arch("tiny_qwen").padded_vocab_size
+    actor = _actor("tiny_qwen", ParallelConfig(2, 1), async_save=True)
+    actor.update(_batch(vocab, 0))
+    actor.save_checkpoint(root, 1)
+    actor.update(_batch(vocab, 1))
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if rank == 1:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, limit[1]))
+    try:
+        actor.save_checkpoint(root, 2)
+        actor.finish_saves()
+    except RuntimeError as err:
+        message = str(err)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+    actor.update(_batch(vocab, 2))  # a failed save is not asked again
+    actor.save_checkpoint(root, 3)
+    actor.finish_saves()
+    return {"message": message}
+
+
+def test_a_failed_async_save_is_one_sentence_on_every_rank_and_loses_nothing_earlier(tmp_path):
+    root = tmp_path / "failing"
+    ranks = run_ranks(_failed_async_save, 2, str(root), timeout_s=300)
+    for rank in ranks:
+        assert re.fullmatch(
+            rf"saving checkpoint iteration 2 to {re.escape(str(root))} failed on rank 0 \(RuntimeError: the writes "
+            rf"of rank 1 failed \(.*File too large.*\)\); the checkpoints before it are untouched and the tracker "
+            rf"still names iteration 1 — free space or fix the folder, then resume with load={re.escape(str(root))}"
+            rf"\.", rank["message"], flags=re.S), rank["message"]
+    assert sorted(p.name for p in root.iterdir()) == ["iter_0000001", "iter_0000003", mg.TRACKER]
+    assert mg.read_tracker(root) == 3 and files.damage(root, 1) is None and files.damage(root, 3) is None

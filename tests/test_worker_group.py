@@ -35,7 +35,7 @@ class Rank:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def save(self):
-        from mindrl.checkpoint.training import SaveFailed
+        from mindrl.checkpoint.publish import SaveFailed
 
         if self.rank == 1:
             raise SaveFailed(SAVE_FAILED)

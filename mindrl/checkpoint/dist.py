@@ -23,6 +23,8 @@ one; at another layout they cannot be matched to ranks and the generators keep t
 
 from __future__ import annotations
 
+import io
+import os
 import queue
 import shutil
 import threading
@@ -33,9 +35,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+from megatron.core.dist_checkpointing.strategies.common import TorchCommonSaveStrategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
     FullyParallelSaveStrategyWrapper,
@@ -45,6 +50,8 @@ from megatron.core.dist_checkpointing.strategies.torch import (
     TorchDistSaveShardedStrategy,
 )
 from megatron.core.dist_checkpointing.validation import StrictHandling
+from torch.distributed.checkpoint.filesystem import SerializationFormat, _write_item
+from torch.distributed.checkpoint.utils import _get_failure_dict
 
 from mindrl.checkpoint import files, publish, rng
 from mindrl.checkpoint import megatron as mg
@@ -79,58 +86,132 @@ def _local_data_parallel_group() -> Any:
 
 
 class _ThreadedSave(TorchDistSaveShardedStrategy):
-    """megatron-core's torch_dist save with the files written by threads of this rank (module docstring)."""
+    """megatron-core's torch_dist save with the files written by threads of this rank (module docstring), and a
+    finalize whose failures every rank learns of."""
 
-    def __init__(self, copy: bool) -> None:
+    def __init__(self, live: set[int]) -> None:
         super().__init__(FORMAT, 1, thread_count=_WRITE_THREADS)
-        self.copy = copy
+        self.live = live
         # megatron-core's writer asks for a results queue of a spawned manager process; the threads use their own
         if filesystem_async._results_queue is None:
             filesystem_async._results_queue = queue.Queue()
 
     def _get_save_and_finalize_callbacks(self, writer: Any, save_state_dict_ret: Any) -> AsyncRequest:
         writer.results_queue = queue.Queue()
-        buckets = [(path, key, (data, [(item, _host(t, self.copy)) for item, t in tensors]))
+        buckets = [(path, key, (data, [(item, _host(t, self.live)) for item, t in tensors]))
                    for path, key, (data, tensors) in writer.write_buckets or []]
         transforms = [writer.transforms] if hasattr(writer, "transforms") else []
-
-        def finalize() -> None:
-            from megatron.core.dist_checkpointing.strategies.state_dict_saver import save_state_dict_async_finalize
-            save_state_dict_async_finalize(*save_state_dict_ret)
-
-        return AsyncRequest(partial(_write_buckets, transforms, buckets, writer.results_queue), (), [finalize])
+        return AsyncRequest(partial(_write_buckets, transforms, buckets, writer.results_queue), (),
+                            [partial(_finalize, *save_state_dict_ret)])
 
 
-def _host(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
-    """The bytes to write, on the host: a copy where training may change them before the write (async), or
-    where they live on a device."""
+def _live_storages(state: TrainState) -> set[int]:
+    """The storages training goes on changing: the parameters, master weights and Adam moments."""
+    tensors = list(state.model.parameters())
+    for opt in optimizers(state.optimizer):
+        for group in opt.optimizer.param_groups:
+            for param in group["params"]:
+                tensors.append(param)
+                tensors.extend(v for v in opt.optimizer.state.get(param, {}).values() if torch.is_tensor(v))
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def _host(tensor: torch.Tensor, live: set[int]) -> torch.Tensor:
+    """The bytes to write, on the host: copied where they live on a device, or where training changes them
+    before a background write does (megatron-core's planner already copied the views into its buffers)."""
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         return tensor.to("cpu")
-    return tensor.clone() if copy else tensor
+    return tensor.clone() if tensor.untyped_storage().data_ptr() in live else tensor
 
 
 def _write_buckets(transforms: list, buckets: list, results: queue.Queue) -> None:
-    """Each bucket (one .distcp file) in its own thread; the write results, or the first error, for the finalize."""
-    done: queue.Queue = queue.Queue()
-    count: queue.Queue = queue.Queue()
-    threads = []
-    for index, bucket in enumerate(buckets):
-        count.put(index)
-        threads.append(threading.Thread(target=filesystem_async.FileSystemWriterAsync.write_preloaded_data,
-                                        args=(transforms, index, bucket, done, count, True), daemon=True))
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    out: dict[int, Any] | Exception = {}
-    for _ in buckets:
-        index, value = done.get()
-        if isinstance(value, Exception):
-            out = value
-            break
-        out[index] = value
-    results.put(out)
+    """Each bucket (one .distcp file) in its own thread; the write results, or the first error, for the finalize
+    (which every rank then learns of)."""
+    try:
+        done: queue.Queue = queue.Queue()
+        threads = [threading.Thread(target=_write_one, args=(transforms, index, bucket, done), daemon=True)
+                   for index, bucket in enumerate(buckets)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        out: dict[int, Any] = {}
+        while not done.empty():
+            index, value = done.get_nowait()
+            if isinstance(value, BaseException):
+                raise value
+            out[index] = value
+        if len(out) != len(buckets):
+            raise RuntimeError(f"{len(buckets) - len(out)} of {len(buckets)} writer threads ended without a result")
+        results.put(out)
+    except Exception as err:
+        results.put(err)
+
+
+class _RecordingFile(io.FileIO):
+    """A file whose failed write is kept: torch.save reports one as an assertion of its zip writer ("unexpected
+    pos …"), which loses the OS error (a full disk, a file too large) a user has to act on."""
+
+    error: OSError | None = None
+
+    def write(self, data: Any) -> int | None:
+        try:
+            return super().write(data)
+        except OSError as err:
+            self.error = OSError(err.errno, err.strerror, self.name)
+            raise
+
+
+def _write_one(transforms: list, index: int, bucket: Any, done: queue.Queue) -> None:
+    """One .distcp file as megatron-core's writer lays it out (torch.distributed.checkpoint's items, each
+    torch.save'd), flushed to the disk."""
+    path, storage_key, (bytes_data, tensor_data) = bucket
+    raw = None
+    try:
+        raw = _RecordingFile(path, "wb")
+        with io.BufferedWriter(raw) as stream:
+            written = [_write_item(*transforms, stream, data, item, storage_key, SerializationFormat.TORCH_SAVE)
+                       for item, data in [*bytes_data, *tensor_data]]
+            stream.flush()
+            os.fsync(raw.fileno())
+        done.put((index, written))
+    except Exception as err:
+        done.put((index, raw.error if raw is not None and raw.error is not None else err))
+
+
+def _finalize(writer: Any, metadata: Any, wrapper: Any) -> None:
+    """megatron-core's finalize: every rank's write results gathered, the index written by the coordinator. A
+    failure is raised on the coordinator after the gather, where publish.together shares it with every rank."""
+    results = wrapper.gather_object(writer.retrieve_write_results())
+    if wrapper.is_coordinator:
+        failures = _get_failure_dict(results)
+        if failures:
+            rank, failure = next(iter(failures.items()))
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            raise RuntimeError(f"the writes of rank {rank} failed ({cause})")
+        writer.finish(metadata, results)
+
+
+def _start(sharded: dict[str, Any], folder: Path, live: set[int], dp_size: int, what: str, after: str
+           ) -> AsyncRequest:
+    """The collective part of a save: the common state written by rank 0, the shards planned over the ranks (and
+    their replicas spread over the data-parallel ranks); the writes are the returned request's."""
+    sharded_part, common = save_preprocess(sharded, validate_access_integrity=True)
+    publish.together(lambda: TorchCommonSaveStrategy(FORMAT, 1).save_common(common, folder),
+                     dist.get_rank() == 0, what, after)
+    strategy: Any = _ThreadedSave(live)
+    if dp_size > 1:
+        strategy = FullyParallelSaveStrategyWrapper(strategy, _local_data_parallel_group())
+    return strategy.async_save(sharded_part, folder)
+
+
+def _complete(request: AsyncRequest, folder: Path, what: str, after: str) -> None:
+    """After the writes: the index and megatron-core's format file, each step's failure shared by every rank."""
+    for fn in request.finalize_fns:
+        publish.together(fn, True, what, after)
+    publish.together(lambda: save_config(CheckpointingConfig(FORMAT, 1), folder), dist.get_rank() == 0, what,
+                     after)
 
 
 class PendingSave:
@@ -143,17 +224,17 @@ class PendingSave:
 
     def finish(self, wait: bool) -> bool:
         """Publish the iteration if every rank's writes are done (waiting for them where `wait`); every rank
-        calls it at the same point. Returns whether it was published."""
+        calls it at the same point. Returns whether it was published; a failure is SaveFailed on every rank,
+        with the iteration's files removed."""
         if wait:
             self.thread.join()
         done = torch.tensor([float(not self.thread.is_alive())], device=get_platform().device())
         dist.all_reduce(done, op=dist.ReduceOp.MIN)
         if not done.item():
             return False
-        after = f"{publish.what_is_kept(self.root)} — free space or fix the folder, then resume with load={self.root}"
+        after = _after(self.root)
         try:
-            for fn in self.request.finalize_fns:
-                publish.together(fn, True, self.what, after)
+            _complete(self.request, self.tmp, self.what, after)
         except publish.SaveFailed:
             if dist.get_rank() == 0:
                 shutil.rmtree(self.tmp, ignore_errors=True)
@@ -163,10 +244,14 @@ class PendingSave:
         return True
 
 
+def _after(root: Path) -> str:
+    return f"{publish.what_is_kept(root)} — free space or fix the folder, then resume with load={root}"
+
+
 def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, Any] | None = None,
          async_save: bool = False) -> PendingSave:
     """Every rank calls this; the iteration is published by the returned save's `finish` (at once unless
-    `async_save`, where the writes go on in threads from a copy of the state)."""
+    `async_save`, where the writes go on in threads from a copy of what training changes)."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
     if state.lora.enabled:
@@ -176,26 +261,16 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
     check_plain(extra)
     root = Path(root)
     tmp = publish.tmp_dir(root, iteration)
-    what = f"saving checkpoint iteration {iteration} to {root}"
-    after = f"{publish.what_is_kept(root)} — free space or fix the folder, then resume with load={root}"
+    what, after = f"saving checkpoint iteration {iteration} to {root}", _after(root)
     publish.together(lambda: publish.prepare(root, tmp), dist.get_rank() == 0, what, after)
-    with initial_moments(state.optimizer, keep=False) as stepped:
-        sharded = _sharded_state(state, extra, stepped, iteration)
-        strategy = _ThreadedSave(copy=async_save)
-        wrapped = FullyParallelSaveStrategyWrapper(strategy, _local_data_parallel_group()) \
-            if state.ranks[3] > 1 else strategy
-        request: AsyncRequest | None = None
-
-        def plan() -> None:
-            nonlocal request
-            request = dist_checkpointing.save(sharded, str(tmp), wrapped, async_sharded_save=True)
-
-        try:
-            publish.together(plan, True, what, after)
-        except publish.SaveFailed:
-            if dist.get_rank() == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    try:
+        with initial_moments(state.optimizer, keep=False) as stepped:
+            request = _start(_sharded_state(state, extra, stepped, iteration), tmp,
+                             _live_storages(state) if async_save else set(), state.ranks[3], what, after)
+    except publish.SaveFailed:
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     pending = PendingSave(request, root, tmp, iteration, what)
     if not async_save:
         pending.finish(wait=True)
@@ -205,11 +280,11 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
 def save_weights(model: torch.nn.Module, folder: str | Path, common: dict[str, Any]) -> None:
     """A model alone (starting weights, no optimizer) into an empty torch_dist folder, with `common` beside it;
     every rank calls it."""
-    request = dist_checkpointing.save({"model": model.sharded_state_dict(), **common}, str(folder),
-                                      _ThreadedSave(copy=False), async_sharded_save=True)
+    folder = Path(folder)
+    what = f"saving weights to {folder}"
+    request = _start({"model": model.sharded_state_dict(), **common}, folder, set(), 1, what, "nothing was kept")
     request.async_fn()
-    for fn in request.finalize_fns:
-        fn()
+    _complete(request, folder, what, "nothing was kept")
 
 
 def _sharded_state(state: TrainState, extra: dict[str, Any], stepped: bool, iteration: int) -> dict[str, Any]:
@@ -310,20 +385,29 @@ def _key(value: Any) -> str | None:
 
 def _check_shapes(where: Path, model_sd: dict[str, Any], stored: dict[str, Any]) -> None:
     """Each of the model's tensors must be in the checkpoint with its whole-model shape: one sentence naming the
-    first that is not (a checkpoint of another architecture, or another vocabulary padding)."""
+    first that is not (a checkpoint of another architecture, or another vocabulary padding), raised on every rank
+    alike (a stage may find what another does not, and none may be left in the load's collectives)."""
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, _shape_problem(where, model_sd, stored))
+    problem = next((p for p in problems if p is not None), None)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def _shape_problem(where: Path, model_sd: dict[str, Any], stored: dict[str, Any]) -> str | None:
     for name, value in model_sd.items():
         key = _key(value)
         if key is None or name.endswith("_extra_state"):
             continue
         if key not in stored:
-            raise ConfigError(f"torch_dist checkpoint {where} has no {key}, which the model has; it holds another "
-                              f"architecture — point load at the right checkpoint or fix the model yaml.")
+            return (f"torch_dist checkpoint {where} has no {key}, which the model has; it holds another "
+                    f"architecture — point load at the right checkpoint or fix the model yaml.")
         want = getattr(value, "global_shape", None)
         if want is not None and tuple(stored[key].global_shape) != tuple(want):
-            raise ConfigError(f"torch_dist checkpoint {where} holds {key} of shape "
-                              f"{tuple(stored[key].global_shape)}, the model's is {tuple(want)}; it holds another "
-                              f"architecture (or vocabulary padding) — point load at the right checkpoint or fix the "
-                              f"model yaml.")
+            return (f"torch_dist checkpoint {where} holds {key} of shape {tuple(stored[key].global_shape)}, the "
+                    f"model's is {tuple(want)}; it holds another architecture (or vocabulary padding) — point load "
+                    f"at the right checkpoint or fix the model yaml.")
+    return None
 
 
 def _layout_text(saved: dict[str, int] | None) -> str:

@@ -70,8 +70,6 @@ def dist_damage(folder: str | Path) -> str | None:
     return None
 
 
-
-
 def folder(root: str | Path, iteration: int | str) -> Path:
     return Path(root) / mg.iteration_dir_name(iteration)
 
@@ -139,4 +137,3 @@ def check_checkpoint(root: str | Path, iteration: int | str, expect_arch: ModelA
         if diffs:
             raise ConfigError(f"checkpoint {root} holds a different architecture than model {expect_arch.name}: "
                               + ", ".join(diffs[:4]) + "; point load at the right checkpoint or fix the model yaml.")
-

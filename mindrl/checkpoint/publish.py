@@ -57,7 +57,7 @@ def clear_leftovers(root: Path) -> None:
             shutil.rmtree(old)
         else:
             old.rename(final)
-    for tmp in root.glob(f"{TMP}iter_*"):
+    for tmp in [*root.glob(f"{TMP}iter_*"), *root.glob(f"{TMP}export-*")]:
         shutil.rmtree(tmp)
 
 

@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         ep = _size(args, "target_expert_parallel_size")
         with _through_legacy(args, direction, tp * pp * ep) as legacy_args:
             _convert(legacy_args, direction, tp, pp, ep)
+        if direction == MG2MG:
+            _say_weights_only(args.load_dir)
     except (ConfigError, OSError, ValueError, KeyError) as err:
         print(f"error: {err.args[0] if len(err.args) == 1 else err}", file=sys.stderr)
         return 2
@@ -143,7 +145,6 @@ def _convert(args: argparse.Namespace, direction: str, tp: int, pp: int, ep: int
     else:
         mcore_to_mcore(args.load_dir, args.save_dir, tp, pp, args.num_layer_list, args.overwrite, progress,
                        args.hf_config_dir, args.model_type_hf, args.tokenizer_model, ep)
-        _say_weights_only(args.load_dir)
 
 
 @contextlib.contextmanager
@@ -180,10 +181,11 @@ def _through_legacy(args: argparse.Namespace, direction: str, ranks: int) -> Ite
 def _say_weights_only(load_dir: str) -> None:
     """Re-sharding carries the weights alone (optimizer, scheduler and RNG state belong to the old layout): a
     training checkpoint's user should know its copy starts a run rather than resumes one."""
+    from mindrl.checkpoint import files
     from mindrl.checkpoint import megatron as mg
 
     iteration = mg.read_tracker(load_dir)
-    if iteration != "release" and mg.holds_training_state(load_dir, iteration):
+    if iteration != "release" and files.holds_training_state(load_dir, iteration):
         print(f"[convert_ckpt] {load_dir} iteration {iteration} is a training checkpoint: the re-sharded copy keeps "
               f"its weights only (optimizer, scheduler, RNG and data position stay behind), so a run starts from it "
               f"(actor_config.load) at step 0 rather than resuming it.", file=sys.stderr)

@@ -17,12 +17,14 @@ def export_hf(save: str | Path, tokenizer: str | Path | None) -> Path | None:
     run's adapters are merged there, and also written to `<save>/hf_lora_adapter` (a few MB, for PEFT users).
     An adapters-only run that started from random weights has no base checkpoint to merge into: one line says so
     and nothing is written (None), rather than ending the finished run with an error."""
+    from mindrl.checkpoint import publish
     from mindrl.ckpt_convert import dist_format
 
     save = Path(save)
     if not dist_format.is_dist(save):
         return _export(save, save, tokenizer)
-    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=save))
+    # a scratch folder the next save's clean-up removes, should the run be killed before this one does
+    scratch = Path(tempfile.mkdtemp(prefix=f"{publish.TMP}export-", dir=save))
     try:  # megatron-core reads the distributed files into legacy ones of the whole model, exported from there
         return _export(dist_format.dist_to_legacy(save, scratch / "whole"), save, tokenizer)
     finally:

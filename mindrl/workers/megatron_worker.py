@@ -478,7 +478,6 @@ class ActorWorker(MegatronWorker):
         Metrics are the global values (over every data-parallel rank), the same on every
         rank, averaged over the optimizer steps.
         """
-        self.finish_saves(wait=False)  # an asynchronous save whose writes are done is published here
         cfg = self.cfg
         optional = ("old_log_probs", "rollout_is_weights", "engine_log_probs")
         keys = ("loss_mask", "advantages") + (("ref_log_probs",) if cfg.loss.use_kl_loss else ())
@@ -540,6 +539,9 @@ class ActorWorker(MegatronWorker):
             loss, metrics = loss_of(log_probs, entropies, mb, normalisers)
             return loss * scale, {_LOSS: loss.detach(), **{k: torch.tensor(v) for k, v in metrics.items()}}
 
+        # every optimizer step of every trainer (actor, critic, SFT, DPO) passes here, on every rank alike: an
+        # asynchronous save whose writes are done is published at the first one after
+        self.finish_saves(wait=False)
         zero_grads(self.ddp, self.optimizer)
         return run_microbatches(self.ddp, micro, loss_fn), len(micro)
 
@@ -668,8 +670,9 @@ class ActorWorker(MegatronWorker):
     def finish_saves(self, wait: bool = True) -> None:
         """Publish an asynchronous save whose writes are done on every rank (waiting for them where `wait`);
         every rank calls it at the same point."""
-        if self._saving is not None and self._saving.finish(wait):
-            self._saving = None
+        pending, self._saving = self._saving, None
+        if pending is not None and not pending.finish(wait):  # a failed one raises, and is not asked again
+            self._saving = pending
 
     def kept_schedule(self) -> str | None:
         """After a resume, a sentence where the LR schedule the checkpoint carried differs from this config's (its
