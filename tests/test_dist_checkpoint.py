@@ -24,6 +24,7 @@ from mindrl.checkpoint import files, training
 from mindrl.checkpoint import megatron as mg
 from mindrl.checkpoint.training import initial_moments
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch
+from mindrl.config.lora import LoraConfig
 from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import sharding
@@ -33,6 +34,7 @@ from tests.test_training_checkpoint import CFG, _batch
 TORCH_DIST = {"ckpt_format": "torch_dist", "mini_batch_size": 8}  # one mini-batch, whole on 4 DP ranks
 SAVED_AT = ParallelConfig(2, 2)
 RESUME_AT = {"tp1pp2": ParallelConfig(1, 2), "tp2pp1": ParallelConfig(2, 1), "dp4": ParallelConfig(1, 1)}
+LORA = LoraConfig(("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"), r=4, alpha=8.0)
 MOE_SAVED, MOE_RESUMED = ParallelConfig(1, 1, expert_model_parallel_size=2), ParallelConfig(1, 1)
 
 
@@ -85,6 +87,10 @@ def _save(rank: int, roots: dict[str, str]) -> dict:
     published_early = (Path(roots["async"]) / mg.TRACKER).is_file()
     asynchronous.update(_batch(vocab, 1))
     asynchronous.finish_saves()
+    adapted = _actor("tiny_qwen", SAVED_AT, lora=LORA)
+    adapted.update(_batch(vocab, 0))
+    adapted.save_checkpoint(roots["lora"], 1, extra={"job": "grpo"})
+    training.save(adapted._train_state("save"), roots["lora_legacy"], 1, extra={"job": "grpo"})
     moe_vocab = load_model_arch("tiny_qwen3_moe").padded_vocab_size
     moe = _actor("tiny_qwen3_moe", MOE_SAVED)
     moe.update(_batch(moe_vocab, 0))
@@ -110,6 +116,15 @@ def _resume(rank: int, roots: dict[str, str]) -> dict:
     return out
 
 
+def _lora_resume(rank: int, roots: dict[str, str]) -> dict:
+    vocab = load_model_arch("tiny_qwen").padded_vocab_size
+    unbroken = _actor("tiny_qwen", RESUME_AT["dp4"], lora=LORA)
+    unbroken.update(_batch(vocab, 0))
+    resumed = _actor("tiny_qwen", RESUME_AT["dp4"], lora=LORA)
+    resumed.load_checkpoint(roots["lora"])
+    return {"unbroken": _canonical(unbroken), "resumed": _canonical(resumed)}
+
+
 def _async_resume(rank: int, roots: dict[str, str]) -> list:
     actor = _actor("tiny_qwen", SAVED_AT, async_save=True)
     actor.load_checkpoint(roots["async"])
@@ -128,7 +143,7 @@ def _moe_resume(rank: int, roots: dict[str, str]) -> dict:
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory) -> dict[str, str]:
     base = tmp_path_factory.mktemp("dist_ckpt")
-    return {name: str(base / name) for name in ("dense", "legacy", "async", "moe")}
+    return {name: str(base / name) for name in ("dense", "legacy", "async", "moe", "lora", "lora_legacy")}
 
 
 @pytest.fixture(scope="module")
@@ -344,3 +359,32 @@ def test_a_failed_async_save_is_one_sentence_on_every_rank_and_loses_nothing_ear
             rf"\.", rank["message"], flags=re.S), rank["message"]
     assert sorted(p.name for p in root.iterdir()) == ["iter_0000001", "iter_0000003", mg.TRACKER]
     assert mg.read_tracker(root) == 3 and files.damage(root, 1) is None and files.damage(root, 3) is None
+
+
+def test_a_lora_run_resumes_at_another_layout_with_its_adapters_cut_as_the_layout_cuts_them(saved, roots):
+    """Saved at TP=2×PP=2, resumed at DP=4: each adapter factor (a column-parallel layer's B, a row-parallel one's
+    A, and the gated fc1's B in its gate and up halves) and its Adam moments equal an unbroken run's there."""
+    runs = run_ranks(_lora_resume, 4, roots)
+    want, got = _stitch([run["unbroken"] for run in runs]), _stitch([run["resumed"] for run in runs])
+    adapters = [key for key in want if ".adapter.lora_" in key]
+    assert any(key.startswith("optimizer.state.exp_avg.") and key.endswith("linear_fc1.adapter.lora_B")
+               for key in adapters)
+    assert any(want[key].abs().max() > 0 for key in adapters if key.endswith("lora_B"))  # B has left zero
+    assert set(got) == set(want)
+    assert _close(got, want, rtol=1e-5) == []
+
+
+def test_a_lora_torch_dist_checkpoint_exports_merged_as_its_legacy_files_do(saved, roots, tmp_path):
+    from safetensors.torch import load_file
+
+    exported = {}
+    for name in ("lora", "lora_legacy"):
+        _convert("--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", roots[name], "--save-dir",
+                 tmp_path / name)
+        exported[name] = load_file(tmp_path / name / "model-00001-of-00001.safetensors")
+    assert set(exported["lora"]) == set(exported["lora_legacy"])
+    for key, value in exported["lora_legacy"].items():  # W + (alpha / r)·B·A, merged per TP shard or whole
+        torch.testing.assert_close(exported["lora"][key], value, rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match=r"is a LoRA run's torch_dist checkpoint, which mindrl resumes but does "
+                                          r"not start from; export it with cli/convert_ckpt.py"):
+        files.check_start(roots["lora"], 1)

@@ -73,6 +73,9 @@ from mindrl.platform import get_platform
 #: holds them): it reshards over TP, PP, EP and DP
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 _WRITE_THREADS = 2
+ADAPTERS_ONLY = ("ckpt_format: torch_dist saves a LoRA run's base weights with its adapters: an adapters-only save "
+                 "(lora_ckpt_filter) is verified against its base rank by rank, which another layout cannot do; "
+                 "set lora_ckpt_filter: false or ckpt_format: torch.")
 
 
 def layout(state: TrainState) -> dict[str, int]:
@@ -254,9 +257,8 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
     `async_save`, where the writes go on in threads from a copy of what training changes)."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
-    if state.lora.enabled:
-        raise ConfigError("ckpt_format: torch_dist does not hold LoRA adapters yet; save a LoRA run with "
-                          "ckpt_format: torch.")
+    if state.lora.ckpt_filter:
+        raise ConfigError(ADAPTERS_ONLY)
     extra = dict(extra or {})
     check_plain(extra)
     root = Path(root)
@@ -303,6 +305,8 @@ def _sharded_state(state: TrainState, extra: dict[str, Any], stepped: bool, iter
         "actor_updates": state.updates,
         "extra": extra,
         "mindrl_layout": layout(state),
+        "lora": {"r": state.lora.r, "alpha": state.lora.alpha, "target_modules": list(state.lora.target_modules),
+                 "adapters_only": False, "base_digest": None} if state.lora.enabled else None,
     }
 
 
@@ -318,9 +322,9 @@ def load(state: TrainState, root: str | Path, iteration: int, load_optim: bool =
     folder = root / mg.iteration_dir_name(iteration)
     common = common_state(folder)
     _check(state, root, iteration, common, load_optim)
-    if state.lora.enabled:
-        raise ConfigError("ckpt_format: torch_dist does not hold LoRA adapters yet; resume a LoRA run from "
-                          "ckpt_format: torch checkpoints.")
+    mismatch = state.lora.resume_mismatch(common.get("lora"))
+    if mismatch:
+        raise ConfigError(f"checkpoint {root} {mismatch}")
     saved_layout = common.get("mindrl_layout")
     same_ranks = saved_layout == layout(state)
     if load_rng and not same_ranks and dist.get_rank() == 0:
@@ -360,6 +364,7 @@ def stage_start(model: torch.nn.Module, root: str | Path, tp_rank: int, pp_rank:
     if not files.is_dist(files.folder(root, iteration)):
         return mg.load_rank(root, tp_rank, pp_rank, arch, par, ep_rank=ep_rank)
     files.check_checkpoint(root, iteration, arch)
+    files.check_start(root, iteration)
     return {"model": read_stage(model, root, iteration, new_heads), "lora": None}
 
 

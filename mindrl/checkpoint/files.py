@@ -137,3 +137,13 @@ def check_checkpoint(root: str | Path, iteration: int | str, expect_arch: ModelA
         if diffs:
             raise ConfigError(f"checkpoint {root} holds a different architecture than model {expect_arch.name}: "
                               + ", ".join(diffs[:4]) + "; point load at the right checkpoint or fix the model yaml.")
+
+
+def check_start(root: str | Path, iteration: int | str, key: str = "load") -> None:
+    """A LoRA run's torch_dist checkpoint is resumed, not started from: its adapters would have to be merged into
+    the base at the new run's layout (the legacy files merge them); one sentence naming the way round."""
+    where = folder(root, iteration)
+    if is_dist(where) and common_state(where).get("lora"):
+        raise ConfigError(f"{key}={root} is a LoRA run's torch_dist checkpoint, which mindrl resumes but does not "
+                          f"start from; export it with cli/convert_ckpt.py --load-model-type mg --save-model-type "
+                          f"hf (which merges the adapters) and start from that model converted back (hf -> mg).")

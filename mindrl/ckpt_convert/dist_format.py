@@ -66,15 +66,23 @@ def dist_to_legacy(load_dir: str | Path, out_dir: str | Path) -> Path:
 
 def _dist_to_legacy_rank(rank: int, root: str, iteration: int | str, out_dir: str) -> None:
     from mindrl.checkpoint import dist
+    from mindrl.config.lora import LoraConfig
     from mindrl.distributed import init_model_parallel
+    from mindrl.models import lora, sharding
     from mindrl.models.gpt import build_gpt_model
 
-    args = files.load_args(root, iteration)
-    arch = mg.arch_of(args, root)
+    common = files.first_state(root, iteration)
+    arch = mg.arch_of(common.get("args"), root)
     init_model_parallel(WHOLE, arch=arch)
     model = build_gpt_model(arch, WHOLE, _stored_dtype(root, iteration))
+    record = common.get("lora")
+    if record:  # a LoRA run's: its adapters read too, and recorded, so the legacy directions merge them
+        full_names = {name: name for name in sharding.stage_names(arch, WHOLE, 0, 0).values()}
+        lora.add_adapters(model, LoraConfig(tuple(record["target_modules"]), record["r"], record["alpha"]),
+                          full_names, seed=0)
     weights = dist.read_stage(model, root, iteration)
-    mg.save_rank(out_dir, "release", 0, 0, weights, _whole_args(args))
+    mg.save_rank(out_dir, "release", 0, 0, weights, _whole_args(common.get("args")),
+                 **({"lora": record} if record else {}))
     mg.write_tracker(out_dir, "release")
 
 

@@ -27,13 +27,15 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from megatron.core import tensor_parallel
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from mindrl.config.lora import LoraConfig
 from mindrl.models import sharding
@@ -146,8 +148,34 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig, full_names: Mapping[st
             adapter.lora_A.copy_(whole)
         layer.add_module(ADAPTER, adapter)
         layer.register_forward_hook(_with_adapter, with_kwargs=True)
+        gated = name.endswith("linear_fc1") and layer.config.gated_linear_unit
+        layer.sharded_state_dict = _with_sharded_adapter(layer, layer.sharded_state_dict, gated)
         count += 1
     return count
+
+
+def _with_sharded_adapter(layer: ColumnParallelLinear | RowParallelLinear, base: Callable[..., dict],
+                          gated: bool) -> Callable[..., dict]:
+    """The layer's part of a distributed checkpoint with its adapter's TP-cut factor described as cut (the
+    layer's own description takes every tensor but its weight and bias as whole on every rank): a
+    column-parallel B by rows, a row-parallel A by columns, and a gated fc1's B as two halves the way
+    megatron-core stores the weight (gate rows, then up rows), so the whole-model tensors do not depend on TP."""
+
+    def sharded_state_dict(prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        out = base(prefix, sharded_offsets, metadata)
+        adapter: LoraAdapter = getattr(layer, ADAPTER)
+        name, axis = (B_NAME, 0) if adapter.column else (A_NAME, 1)
+        cut = make_sharded_tensors_for_checkpoint({name: getattr(adapter, name.rsplit(".", 1)[1])}, prefix,
+                                                  {name: axis}, sharded_offsets, tp_group=layer.tp_group,
+                                                  dp_cp_group=metadata["dp_cp_group"])
+        if gated:
+            key = f"{prefix}{B_NAME}"
+            cut[key] = apply_swiglu_sharded_factory(cut[key], sharded_offsets,
+                                                    (metadata or {}).get("singleton_local_shards", False))
+        out.update(cut)
+        return out
+
+    return sharded_state_dict
 
 
 def is_adapter(name: str) -> bool:

@@ -158,9 +158,10 @@ class MegatronConfig:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
         self.lora.check(section)
         files.check_ckpt_format(self.ckpt_format, self.async_save, section)
-        if self.ckpt_format == "torch_dist" and self.lora.enabled:
-            raise ConfigError(f"{section}.ckpt_format: torch_dist does not hold LoRA adapters yet; set ckpt_format: "
-                              f"torch for a LoRA run.")
+        if self.ckpt_format == "torch_dist" and self.lora_ckpt_filter:
+            raise ConfigError(f"{section}.ckpt_format: torch_dist saves a LoRA run's base weights with its adapters: "
+                              f"an adapters-only save (lora_ckpt_filter) is verified against its base rank by rank, "
+                              f"which another layout cannot do; set lora_ckpt_filter: false or ckpt_format: torch.")
         if self.ckpt_format == "torch_dist" and self.arch is not None and self.arch.vision is not None:
             raise ConfigError(f"{section}.ckpt_format: torch_dist does not hold a vision tower yet; set ckpt_format: "
                               f"torch for model {self.arch.name}.")

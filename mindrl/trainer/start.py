@@ -67,6 +67,7 @@ def _start_point(actor: MegatronConfig, job: str, section: str) -> StartPoint:
     if iteration == "release" or actor.finetune or not files.holds_training_state(root, iteration):
         if (files.first_state(root, iteration).get("lora") or {}).get("adapters_only"):
             raise ConfigError(f"{section}.load=" + LoraConfig.no_base(root))
+        files.check_start(root, iteration, f"{section}.load")
         if actor.ckpt_step is not None:
             raise ConfigError(f"{section}.ckpt_step={actor.ckpt_step} picks the training checkpoint a run resumes "
                               f"from, but {root} is loaded as starting weights (converted, or finetune: true), "
@@ -75,6 +76,7 @@ def _start_point(actor: MegatronConfig, job: str, section: str) -> StartPoint:
     state = files.first_state(root, iteration)
     extra = dict(state.get("extra") or {})
     if extra.get("job", JOB_GRPO) != job:
+        files.check_start(root, iteration, f"{section}.load")
         return StartPoint(0, str(root))
     if "data" not in extra:
         raise ConfigError(f"{root} iteration {iteration} is not a training checkpoint of this trainer (it records no "
