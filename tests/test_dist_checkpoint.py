@@ -388,3 +388,23 @@ def test_a_lora_torch_dist_checkpoint_exports_merged_as_its_legacy_files_do(save
     with pytest.raises(ConfigError, match=r"is a LoRA run's torch_dist checkpoint, which mindrl resumes but does "
                                           r"not start from; export it with cli/convert_ckpt.py"):
         files.check_start(roots["lora"], 1)
+
+
+def _vision_language(rank: int, root: str) -> dict:
+    """tiny_qwen25_vl saved at TP=2 with its vision tower moved off its initial weights, loaded at DP=2."""
+    saver = _actor("tiny_qwen25_vl", ParallelConfig(2, 1))
+    with torch.no_grad():
+        for param in saver.model.vision_model.parameters():
+            param.add_(0.01)
+    saver.save_checkpoint(root, 1)
+    saved = _canonical(saver)
+    loader = _actor("tiny_qwen25_vl", ParallelConfig(1, 1))
+    loader.load_checkpoint(root)
+    return {"saved": saved, "loaded": _canonical(loader)}
+
+
+def test_a_vision_language_model_resumes_at_another_layout_with_its_vision_tower(tmp_path):
+    runs = run_ranks(_vision_language, 2, str(tmp_path / "vl"))
+    want, got = _stitch([run["saved"] for run in runs]), _stitch([run["loaded"] for run in runs])
+    assert any(key.startswith("vision_model.") for key in want) and set(got) == set(want)
+    assert all(torch.equal(got[key], want[key]) for key in want)

@@ -162,9 +162,6 @@ class MegatronConfig:
             raise ConfigError(f"{section}.ckpt_format: torch_dist saves a LoRA run's base weights with its adapters: "
                               f"an adapters-only save (lora_ckpt_filter) is verified against its base rank by rank, "
                               f"which another layout cannot do; set lora_ckpt_filter: false or ckpt_format: torch.")
-        if self.ckpt_format == "torch_dist" and self.arch is not None and self.arch.vision is not None:
-            raise ConfigError(f"{section}.ckpt_format: torch_dist does not hold a vision tower yet; set ckpt_format: "
-                              f"torch for model {self.arch.name}.")
         if self.lora_fusion:
             raise ConfigError(f"{section}.lora_fusion: true asks for MindSpeed's fused LoRA kernels, which mindrl does "
                               f"not build (its adapters run as two small matmuls beside each layer); remove the key.")
