@@ -129,10 +129,12 @@ def test_train_sft_learns_resumes_exactly_and_is_where_grpo_starts(tiny_math_dat
     six = {"megatron_training.train_iters": 6, "megatron_training.lr_decay_iters": 6}
     jobs.run("train_sft.py", "sft_tiny_cpu", _sft_overrides(tokenizer, root / "math", whole, **six),
              tmp_path / "whole.log")
-    four = {**six, "megatron_training.train_iters": 4}
+    # the interrupted run saves megatron-core's distributed checkpoints, written in the background
+    dist = {"+megatron_training.ckpt_format": "torch_dist", "+megatron_training.async_save": "true"}
+    four = {**six, **dist, "megatron_training.train_iters": 4}
     jobs.run("train_sft.py", "sft_tiny_cpu", _sft_overrides(tokenizer, root / "math", cut, **four),
              tmp_path / "cut.log")
-    jobs.run("train_sft.py", "sft_tiny_cpu", _sft_overrides(tokenizer, root / "math", cut, **six,
+    jobs.run("train_sft.py", "sft_tiny_cpu", _sft_overrides(tokenizer, root / "math", cut, **six, **dist,
                                                            **{"megatron_training.load": cut}), tmp_path / "cut.log")
     assert f"resumed from {cut} at iteration 4 (epoch 0, example 32)" in (tmp_path / "cut.log").read_text()
     expected, got = jobs.metrics(whole / "metrics.jsonl"), jobs.metrics(cut / "metrics.jsonl")
@@ -140,7 +142,8 @@ def test_train_sft_learns_resumes_exactly_and_is_where_grpo_starts(tiny_math_dat
     assert jobs.run_values(got) == jobs.run_values(expected)
     losses = [line["sft/loss"] for line in expected]
     assert losses[-1] < 0.9 * losses[0], losses  # from ln(1024) ≈ 6.9 at random weights: 7.05 → 5.81 measured
-    assert (whole / "hf" / "config.json").is_file()
+    assert (whole / "hf" / "config.json").is_file() and (cut / "hf" / "config.json").is_file()
+    assert (cut / "iter_0000006" / "metadata.json").is_file() and not list(cut.glob(".tmp-*"))
     base = load_sft_config("sft_tiny_cpu").training
     loaded = dataclasses.replace(base, load=str(whole))
     assert start_point(loaded, JOB_SFT).resume == str(whole)  # SFT resumes its own checkpoint ...
