@@ -7,6 +7,7 @@ Launches: 4 ranks save (dense at TP2×PP2, MoE at EP2), 4 ranks run each new lay
 start, 2 ranks save a bare megatron-core GPTModel and start an actor from it.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -35,12 +36,11 @@ TORCH_DIST = {"ckpt_format": "torch_dist", "mini_batch_size": 8}  # one mini-bat
 SAVED_AT = ParallelConfig(2, 2)
 RESUME_AT = {"tp1pp2": ParallelConfig(1, 2), "tp2pp1": ParallelConfig(2, 1), "dp4": ParallelConfig(1, 1)}
 LORA = LoraConfig(("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"), r=4, alpha=8.0)
+ADAPTERS_ONLY = dataclasses.replace(LORA, ckpt_filter=True)
 MOE_SAVED, MOE_RESUMED = ParallelConfig(1, 1, expert_model_parallel_size=2), ParallelConfig(1, 1)
 
 
 def _actor(arch_name: str, par: ParallelConfig, **cfg) -> ActorWorker:
-    import dataclasses
-
     release_model_parallel()
     arch = load_model_arch(arch_name)
     return ActorWorker(arch, par, dataclasses.replace(CFG, **TORCH_DIST, **cfg),
@@ -76,6 +76,7 @@ def _stitch(ranks: list[list]) -> dict[str, torch.Tensor]:
 def _save(rank: int, roots: dict[str, str]) -> dict:
     vocab = load_model_arch("tiny_qwen").padded_vocab_size
     actor = _actor("tiny_qwen", SAVED_AT)
+    training.save(actor._train_state("save"), roots["base"], 1)  # the initial weights, in the legacy format
     actor.update(_batch(vocab, 0))
     actor.save_checkpoint(roots["dense"], 1, extra={"job": "grpo", "data": {"index": 1}})
     training.save(actor._train_state("save"), roots["legacy"], 1, extra={"job": "grpo"})  # the same state, per rank
@@ -91,6 +92,9 @@ def _save(rank: int, roots: dict[str, str]) -> dict:
     adapted.update(_batch(vocab, 0))
     adapted.save_checkpoint(roots["lora"], 1, extra={"job": "grpo"})
     training.save(adapted._train_state("save"), roots["lora_legacy"], 1, extra={"job": "grpo"})
+    adapters_only = _actor("tiny_qwen", SAVED_AT, lora=ADAPTERS_ONLY)
+    adapters_only.update(_batch(vocab, 0))
+    adapters_only.save_checkpoint(roots["lora_only"], 1, extra={"job": "grpo", "initial_weights": roots["base"]})
     moe_vocab = load_model_arch("tiny_qwen3_moe").padded_vocab_size
     moe = _actor("tiny_qwen3_moe", MOE_SAVED)
     moe.update(_batch(moe_vocab, 0))
@@ -122,7 +126,18 @@ def _lora_resume(rank: int, roots: dict[str, str]) -> dict:
     unbroken.update(_batch(vocab, 0))
     resumed = _actor("tiny_qwen", RESUME_AT["dp4"], lora=LORA)
     resumed.load_checkpoint(roots["lora"])
-    return {"unbroken": _canonical(unbroken), "resumed": _canonical(resumed)}
+    only = _actor("tiny_qwen", RESUME_AT["dp4"], lora=ADAPTERS_ONLY)
+    only.load_checkpoint(roots["lora_only"])
+    arch = load_model_arch("tiny_qwen")
+    other_base = ActorWorker(arch, RESUME_AT["dp4"], dataclasses.replace(CFG, **TORCH_DIST, lora=ADAPTERS_ONLY),
+                             weights=sharding.random_full_state_dict(arch, seed=5))
+    try:
+        other_base.load_checkpoint(roots["lora_only"])
+        refusal = None
+    except ConfigError as err:
+        refusal = str(err)
+    return {"unbroken": _canonical(unbroken), "resumed": _canonical(resumed), "adapters_only": _canonical(only),
+            "refusal": refusal}
 
 
 def _async_resume(rank: int, roots: dict[str, str]) -> list:
@@ -143,7 +158,8 @@ def _moe_resume(rank: int, roots: dict[str, str]) -> dict:
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory) -> dict[str, str]:
     base = tmp_path_factory.mktemp("dist_ckpt")
-    return {name: str(base / name) for name in ("dense", "legacy", "async", "moe", "lora", "lora_legacy")}
+    return {name: str(base / name) for name in ("dense", "legacy", "async", "moe", "lora", "lora_legacy", "lora_only",
+                                                   "base")}
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +388,12 @@ def test_a_lora_run_resumes_at_another_layout_with_its_adapters_cut_as_the_layou
     assert any(want[key].abs().max() > 0 for key in adapters if key.endswith("lora_B"))  # B has left zero
     assert set(got) == set(want)
     assert _close(got, want, rtol=1e-5) == []
+    only = _stitch([run["adapters_only"] for run in runs])  # adapters-only: the base rebuilt, the adapters loaded
+    assert set(only) == set(want) and _close(only, want, rtol=1e-5) == []
+    assert all(re.fullmatch(rf"checkpoint {re.escape(roots['lora_only'])} holds LoRA adapters only, trained on other "
+                            rf"base weights than the model's \(\S+ differs\); start the run from the base checkpoint "
+                            rf"they were trained on \(its `initial_weights`\), unchanged\.", run["refusal"])
+               for run in runs), runs[0]["refusal"]
 
 
 def test_a_lora_torch_dist_checkpoint_exports_merged_as_its_legacy_files_do(saved, roots, tmp_path):
@@ -385,6 +407,11 @@ def test_a_lora_torch_dist_checkpoint_exports_merged_as_its_legacy_files_do(save
     assert set(exported["lora"]) == set(exported["lora_legacy"])
     for key, value in exported["lora_legacy"].items():  # W + (alpha / r)·B·A, merged per TP shard or whole
         torch.testing.assert_close(exported["lora"][key], value, rtol=0, atol=1e-6)
+    # adapters-only: merged into the recorded initial weights (a legacy checkpoint at TP=2×PP=2), checked first
+    _convert("--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", roots["lora_only"], "--save-dir",
+             tmp_path / "only")
+    only = load_file(tmp_path / "only" / "model-00001-of-00001.safetensors")
+    assert set(only) == set(exported["lora"]) and all(torch.equal(only[k], v) for k, v in exported["lora"].items())
     with pytest.raises(ConfigError, match=r"is a LoRA run's torch_dist checkpoint, which mindrl resumes but does "
                                           r"not start from; export it with cli/convert_ckpt.py"):
         files.check_start(roots["lora"], 1)

@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
-from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.dict_utils import nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
 from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
@@ -73,10 +74,6 @@ from mindrl.platform import get_platform
 #: holds them): it reshards over TP, PP, EP and DP
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 _WRITE_THREADS = 2
-ADAPTERS_ONLY = ("ckpt_format: torch_dist saves a LoRA run's base weights with its adapters: an adapters-only save "
-                 "(lora_ckpt_filter) is verified against its base rank by rank, which another layout cannot do; "
-                 "set lora_ckpt_filter: false or ckpt_format: torch.")
-
 
 def layout(state: TrainState) -> dict[str, int]:
     """The ranks' arrangement a checkpoint's RNG states belong to."""
@@ -257,8 +254,6 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
     `async_save`, where the writes go on in threads from a copy of what training changes)."""
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"checkpoint iteration must be a non-negative integer, got {iteration!r}.")
-    if state.lora.ckpt_filter:
-        raise ConfigError(ADAPTERS_ONLY)
     extra = dict(extra or {})
     check_plain(extra)
     root = Path(root)
@@ -290,7 +285,7 @@ def save_weights(model: torch.nn.Module, folder: str | Path, common: dict[str, A
 
 
 def _sharded_state(state: TrainState, extra: dict[str, Any], stepped: bool, iteration: int) -> dict[str, Any]:
-    model = state.model.sharded_state_dict()
+    model = _model_state(state)
     args = mg.checkpoint_args(state.arch, state.par, state.model.config.params_dtype,
                               data_parallel_size=state.ranks[3], use_distributed_optimizer=True)
     return {
@@ -306,8 +301,56 @@ def _sharded_state(state: TrainState, extra: dict[str, Any], stepped: bool, iter
         "extra": extra,
         "mindrl_layout": layout(state),
         "lora": {"r": state.lora.r, "alpha": state.lora.alpha, "target_modules": list(state.lora.target_modules),
-                 "adapters_only": False, "base_digest": None} if state.lora.enabled else None,
+                 "adapters_only": state.lora.ckpt_filter, "base_digest": None,
+                 "base_fingerprint": base_fingerprint(state.model) if state.lora.ckpt_filter else None}
+        if state.lora.enabled else None,
     }
+
+
+def _model_state(state: TrainState) -> dict[str, Any]:
+    """The model's sharded state dict; an adapters-only LoRA run's holds what trains (its base is the run's
+    initial weights, checked by base_fingerprint)."""
+    model = state.model.sharded_state_dict()
+    if not state.lora.ckpt_filter:
+        return model
+    return {name: value for name, value in model.items() if getattr(value.data, "requires_grad", False)}
+
+
+def base_fingerprint(model: torch.nn.Module) -> list[list]:
+    """[key, n, Σx, Σx²] of every frozen whole-model tensor, summed in float64 over the ranks' shards: the same
+    at every layout (to the sums' rounding), where a per-rank digest of the base is not. Every rank calls it."""
+    sums: dict[str, list[float]] = {}
+    sharded = {name: value for name, value in model.sharded_state_dict().items()
+               if not getattr(value.data, "requires_grad", True)}
+    apply_factories(sharded)
+    for value in nested_values(sharded):
+        replica = value.replica_id if isinstance(value.replica_id, tuple) else (value.replica_id,)
+        if not isinstance(value, ShardedTensor) or any(replica):
+            continue
+        data = value.data.detach().double()
+        kept = sums.setdefault(value.key, [0.0, 0.0, 0.0])
+        for index, part in enumerate((float(data.numel()), data.sum().item(), data.square().sum().item())):
+            kept[index] += part
+    gathered: list[dict[str, list[float]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sums)
+    total: dict[str, list[float]] = {}
+    for part in gathered:
+        for key, values in (part or {}).items():
+            kept = total.setdefault(key, [0.0, 0.0, 0.0])
+            for index, value in enumerate(values):
+                kept[index] += value
+    return [[key, *total[key]] for key in sorted(total)]
+
+
+def fingerprint_differs(saved: list[list], found: list[list]) -> str | None:
+    """The first base tensor whose sums differ by more than their rounding could (1e-9 of Σx², and of the bound
+    √(n·Σx²) on Σ|x| for Σx), or None."""
+    if [row[0] for row in saved] != [row[0] for row in found]:
+        return "the set of base tensors"
+    for (key, n, s1, s2), (_, m, t1, t2) in zip(saved, found, strict=True):
+        if n != m or abs(s2 - t2) > 1e-9 * max(s2, t2) or abs(s1 - t1) > 1e-9 * (n * max(s2, t2)) ** 0.5:
+            return key
+    return None
 
 
 def _rng_object(value: Any) -> ShardedObject:
@@ -331,8 +374,15 @@ def load(state: TrainState, root: str | Path, iteration: int, load_optim: bool =
         say(f"checkpoint {root} iteration {iteration} was saved at {_layout_text(saved_layout)} and resumes at "
             f"{_layout_text(layout(state))}: its random generator states belong to ranks of the old layout, so "
             f"they are not restored (the seeded ones go on; no_load_rng: true silences this).")
+    record = common.get("lora") or {}
+    if record.get("adapters_only"):
+        differs = fingerprint_differs(record["base_fingerprint"], base_fingerprint(state.model))
+        if differs:
+            raise ConfigError(f"checkpoint {root} holds LoRA adapters only, trained on other base weights than the "
+                              f"model's ({differs} differs); start the run from the base checkpoint they were "
+                              f"trained on (its `initial_weights`), unchanged.")
     with initial_moments(state.optimizer, keep=True):
-        model = state.model.sharded_state_dict()
+        model = _model_state(state)
         _check_shapes(folder, model, dist_checkpointing.load_tensors_metadata(str(folder)))
         sharded: dict[str, Any] = {"model": model}
         if load_optim:
@@ -342,7 +392,7 @@ def load(state: TrainState, root: str | Path, iteration: int, load_optim: bool =
             sharded["rng_state"] = _rng_object(None)
         loaded = dist_checkpointing.load(sharded, str(folder), _load_strategy(state),
                                          strict=StrictHandling.ASSUME_OK_UNEXPECTED)
-    _load_model(state.model, loaded["model"])
+    _load_model(state.model, loaded["model"], adapters_only=bool(record.get("adapters_only")))
     if load_optim:
         _load_optimizer(state, loaded["optimizer"], common)
         if not common.get("optimizer_stepped", True):
@@ -369,15 +419,17 @@ def stage_start(model: torch.nn.Module, root: str | Path, tp_rank: int, pp_rank:
 
 
 def read_stage(model: torch.nn.Module, root: str | Path, iteration: int | str,
-               new_heads: tuple[str, ...] = ()) -> dict[str, Any]:
+               new_heads: tuple[str, ...] = (), only_trained: bool = False) -> dict[str, Any]:
     """This rank's stage of a torch_dist iteration's weights, by the model's parameter names, at the model's
     layout (any layout wrote it): a starting point, as a legacy rank file's `model` is. Parameters named with a
-    prefix in `new_heads` (a critic's value head) are read where the checkpoint has them. Every rank calls it."""
+    prefix in `new_heads` (a critic's value head) are read where the checkpoint has them; `only_trained` reads
+    what trains alone (an adapters-only checkpoint's adapters). Every rank calls it."""
     where = Path(root) / mg.iteration_dir_name(iteration)
     model_sd = model.sharded_state_dict()
     stored = dist_checkpointing.load_tensors_metadata(str(where))
     model_sd = {name: value for name, value in model_sd.items()
-                if not name.startswith(new_heads) or _key(value) in stored}
+                if (not name.startswith(new_heads) or _key(value) in stored)
+                and (not only_trained or getattr(value.data, "requires_grad", False))}
     _check_shapes(where, model_sd, stored)
     loaded = dist_checkpointing.load({"model": model_sd}, str(where), TorchDistLoadShardedStrategy(),
                                      strict=StrictHandling.ASSUME_OK_UNEXPECTED)["model"]
@@ -445,11 +497,12 @@ def _check(state: TrainState, root: Path, iteration: int, common: dict[str, Any]
 
 
 @torch.no_grad()
-def _load_model(model: torch.nn.Module, loaded: dict[str, Any]) -> None:
+def _load_model(model: torch.nn.Module, loaded: dict[str, Any], adapters_only: bool = False) -> None:
     """The loaded tensors were read into the parameters' own storage; anything else (a tensor the loader
-    replaced) is copied in."""
+    replaced) is copied in. An adapters-only checkpoint leaves the base as the run built it."""
     missing, unexpected = model.load_state_dict(loaded, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    missing = [k for k in missing if not k.endswith("_extra_state") and (k in trained or not adapters_only)]
     if missing or unexpected:
         raise ConfigError(f"the torch_dist checkpoint's model does not match this one: missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]}.")

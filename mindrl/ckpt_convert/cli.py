@@ -166,8 +166,9 @@ def _through_legacy(args: argparse.Namespace, direction: str, ranks: int) -> Ite
     scratch = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         legacy = argparse.Namespace(**vars(args))
-        if reads:
-            legacy.load_dir = str(dist_format.dist_to_legacy(args.load_dir, scratch / "input"))
+        if reads:  # an adapters-only checkpoint's base is read there, so the legacy one holds it
+            legacy.load_dir = str(dist_format.dist_to_legacy(args.load_dir, scratch / "input", args.lora_base))
+            legacy.lora_base = None
         if writes:
             legacy.save_dir, legacy.overwrite = str(scratch / "whole"), False
         yield legacy

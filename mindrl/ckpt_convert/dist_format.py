@@ -21,6 +21,7 @@ from mindrl.checkpoint import files
 from mindrl.checkpoint import megatron as mg
 from mindrl.ckpt_convert.assets import ASSETS_DIR
 from mindrl.config import ConfigError, ParallelConfig
+from mindrl.config.lora import LoraConfig
 
 WHOLE = ParallelConfig(1, 1)
 
@@ -42,9 +43,12 @@ def _whole_args(args: Any) -> Any:
     return args
 
 
-def dist_to_legacy(load_dir: str | Path, out_dir: str | Path) -> Path:
+def dist_to_legacy(load_dir: str | Path, out_dir: str | Path, lora_base: str | Path | None = None) -> Path:
     """The torch_dist checkpoint at `load_dir` (its tracker's iteration) as a legacy release checkpoint at
-    TP = PP = EP = 1 in `out_dir` (with its hf_assets/); refuses, in one sentence, one without args."""
+    TP = PP = EP = 1 in `out_dir` (with its hf_assets/), a LoRA run's adapters kept beside the base they go on
+    (an adapters-only one's base read from `lora_base`, else the run's recorded initial weights, and checked
+    against the fingerprint it was saved with); refuses, in one sentence, one without args or without a base."""
+    from mindrl.ckpt_convert.mcore2mcore import mcore_to_mcore
     from mindrl.launch import run_ranks
 
     root = Path(load_dir)
@@ -52,45 +56,74 @@ def dist_to_legacy(load_dir: str | Path, out_dir: str | Path) -> Path:
     problem = files.damage(root, iteration) if iteration != "release" else None
     if problem:
         raise ConfigError(f"{problem}, so {root} cannot be converted; point --load-dir at a complete checkpoint.")
-    args = files.load_args(root, iteration)
-    if args is None:
+    common = files.first_state(root, iteration)
+    if common.get("args") is None:
         raise ConfigError(f"{root} is a torch_dist checkpoint without args (a bare megatron-core save); start a run "
                           f"from it (actor_config.load) with the model yaml describing it, which reads it at any "
                           f"layout, and convert that run's checkpoint.")
-    mg.arch_of(args, str(root))  # an architecture mindrl cannot build: one sentence here, not in the rank
-    run_ranks(_dist_to_legacy_rank, 1, str(root), iteration, str(out_dir))
+    mg.arch_of(common["args"], str(root))  # an architecture mindrl cannot build: one sentence here, not in the rank
+    base = adapters_base(common, lora_base)
+    if (common.get("lora") or {}).get("adapters_only") and base is None:
+        raise ConfigError(LoraConfig.no_base(root))
+    scratch = Path(f"{out_dir}-base")
+    try:
+        if base is not None and files.format_of(base) != files.FORMAT:  # a legacy base, read whole
+            mcore_to_mcore(base, scratch, 1, 1, None, False, False, None, None, None, 1)
+            base = str(scratch)
+        run_ranks(_dist_to_legacy_rank, 1, str(root), iteration, str(out_dir), None if base is None else str(base))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if (root / ASSETS_DIR).is_dir():
         shutil.copytree(root / ASSETS_DIR, Path(out_dir) / ASSETS_DIR)
     return Path(out_dir)
 
 
-def _dist_to_legacy_rank(rank: int, root: str, iteration: int | str, out_dir: str) -> None:
+def adapters_base(common: dict[str, Any], lora_base: str | Path | None = None) -> str | None:
+    """The base an adapters-only checkpoint's adapters go on: `lora_base` if given, else the run's initial weights
+    (None for any other checkpoint, and where neither is known)."""
+    if not (common.get("lora") or {}).get("adapters_only"):
+        return None
+    return str(lora_base) if lora_base else (common.get("extra") or {}).get("initial_weights")
+
+
+def _dist_to_legacy_rank(rank: int, root: str, iteration: int | str, out_dir: str, base: str | None) -> None:
     from mindrl.checkpoint import dist
-    from mindrl.config.lora import LoraConfig
     from mindrl.distributed import init_model_parallel
     from mindrl.models import lora, sharding
-    from mindrl.models.gpt import build_gpt_model
+    from mindrl.models.gpt import build_gpt_model, load_stage_weights
 
     common = files.first_state(root, iteration)
     arch = mg.arch_of(common.get("args"), root)
     init_model_parallel(WHOLE, arch=arch)
     model = build_gpt_model(arch, WHOLE, _stored_dtype(root, iteration))
+    if base is not None:  # an adapters-only run's base, whole
+        if files.format_of(base) == files.FORMAT:
+            dist.read_stage(model, base, mg.read_tracker(base))
+        else:
+            load_stage_weights(model, mg.load_rank(base, 0, 0, iteration=mg.read_tracker(base))["model"])
     record = common.get("lora")
     if record:  # a LoRA run's: its adapters read too, and recorded, so the legacy directions merge them
         full_names = {name: name for name in sharding.stage_names(arch, WHOLE, 0, 0).values()}
         lora.add_adapters(model, LoraConfig(tuple(record["target_modules"]), record["r"], record["alpha"]),
                           full_names, seed=0)
-    weights = dist.read_stage(model, root, iteration)
-    mg.save_rank(out_dir, "release", 0, 0, weights, _whole_args(common.get("args")),
-                 **({"lora": record} if record else {}))
+    if base is not None:
+        differs = dist.fingerprint_differs(record["base_fingerprint"], dist.base_fingerprint(model))
+        if differs:
+            raise ConfigError(f"{root} holds LoRA adapters only, trained on other base weights than {base} "
+                              f"({differs} differs); pass the base they were trained on with --lora-base.")
+    dist.read_stage(model, root, iteration, only_trained=base is not None)
+    weights = {name: param.detach() for name, param in model.named_parameters()}
+    kept = {"lora": {**record, "adapters_only": False, "base_fingerprint": None}} if record else {}
+    mg.save_rank(out_dir, "release", 0, 0, weights, _whole_args(common.get("args")), **kept)
     mg.write_tracker(out_dir, "release")
 
 
 def _stored_dtype(root: str, iteration: int | str) -> torch.dtype:
+    """The model's dtype, as its stored tensors have it (an adapters-only checkpoint's adapters included)."""
     from megatron.core import dist_checkpointing
 
     stored = dist_checkpointing.load_tensors_metadata(str(files.folder(root, iteration)))
-    return stored["embedding.word_embeddings.weight"].dtype
+    return next(value.dtype for key, value in sorted(stored.items()) if not key.startswith("optimizer."))
 
 
 def legacy_to_dist(whole_dir: str | Path, save_dir: str | Path) -> None:

@@ -158,10 +158,6 @@ class MegatronConfig:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
         self.lora.check(section)
         files.check_ckpt_format(self.ckpt_format, self.async_save, section)
-        if self.ckpt_format == "torch_dist" and self.lora_ckpt_filter:
-            raise ConfigError(f"{section}.ckpt_format: torch_dist saves a LoRA run's base weights with its adapters: "
-                              f"an adapters-only save (lora_ckpt_filter) is verified against its base rank by rank, "
-                              f"which another layout cannot do; set lora_ckpt_filter: false or ckpt_format: torch.")
         if self.lora_fusion:
             raise ConfigError(f"{section}.lora_fusion: true asks for MindSpeed's fused LoRA kernels, which mindrl does "
                               f"not build (its adapters run as two small matmuls beside each layer); remove the key.")
