@@ -435,3 +435,33 @@ def test_a_vision_language_model_resumes_at_another_layout_with_its_vision_tower
     want, got = _stitch([run["saved"] for run in runs]), _stitch([run["loaded"] for run in runs])
     assert any(key.startswith("vision_model.") for key in want) and set(got) == set(want)
     assert all(torch.equal(got[key], want[key]) for key in want)
+
+
+def _odd_vocabulary(rank: int, root: str) -> dict:
+    """A vocabulary of 1023 rows, padded to 1024 at TP=2 and not at TP=1: saved at TP=2 after a step, loaded at
+    DP=2 (megatron-core reads the rows both have)."""
+    arch = dataclasses.replace(load_model_arch("tiny_qwen"), padded_vocab_size=1023, make_vocab_size_divisible_by=1)
+    full = sharding.random_full_state_dict(arch, seed=4)
+    out = {}
+    for name, par in (("saved", ParallelConfig(2, 1)), ("loaded", ParallelConfig(1, 1))):
+        release_model_parallel()
+        actor = ActorWorker(arch, par, dataclasses.replace(CFG, **TORCH_DIST), weights=full)
+        if name == "saved":
+            actor.update(_batch(1023, 0))
+            actor.save_checkpoint(root, 1)
+        else:
+            actor.load_checkpoint(root)
+        out[name] = _canonical(actor)
+    return out
+
+
+def test_a_resume_at_a_tp_that_pads_the_vocabulary_otherwise_reads_the_rows_both_have(tmp_path):
+    runs = run_ranks(_odd_vocabulary, 2, str(tmp_path / "odd"))
+    saved, loaded = _stitch([run["saved"] for run in runs]), _stitch([run["loaded"] for run in runs])
+    assert set(saved) == set(loaded)
+    padded = [key for key in saved if saved[key].shape != loaded[key].shape]
+    assert "embedding.word_embeddings.weight" in padded
+    assert any(key.startswith("optimizer.state.exp_avg.embedding") for key in padded)
+    for key, value in saved.items():
+        rows = min(value.shape[0], loaded[key].shape[0]) if key in padded else value.shape[0]
+        assert torch.equal(loaded[key][:rows], value[:rows]), key

@@ -95,7 +95,7 @@ def _dist_to_legacy_rank(rank: int, root: str, iteration: int | str, out_dir: st
     common = files.first_state(root, iteration)
     arch = mg.arch_of(common.get("args"), root)
     init_model_parallel(WHOLE, arch=arch)
-    model = build_gpt_model(arch, WHOLE, _stored_dtype(root, iteration))
+    model = build_gpt_model(arch, WHOLE, _stored_dtype(common.get("args")))
     if base is not None:  # an adapters-only run's base, whole
         if files.format_of(base) == files.FORMAT:
             dist.read_stage(model, base, mg.read_tracker(base))
@@ -118,12 +118,13 @@ def _dist_to_legacy_rank(rank: int, root: str, iteration: int | str, out_dir: st
     mg.write_tracker(out_dir, "release")
 
 
-def _stored_dtype(root: str, iteration: int | str) -> torch.dtype:
-    """The model's dtype, as its stored tensors have it (an adapters-only checkpoint's adapters included)."""
-    from megatron.core import dist_checkpointing
-
-    stored = dist_checkpointing.load_tensors_metadata(str(files.folder(root, iteration)))
-    return next(value.dtype for key, value in sorted(stored.items()) if not key.startswith("optimizer."))
+def _stored_dtype(args: Any) -> torch.dtype:
+    """The model's dtype, as its args give it (Megatron-LM's `params_dtype`, else its bf16 / fp16 flags)."""
+    dtype = getattr(args, "params_dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return torch.bfloat16 if getattr(args, "bf16", False) else torch.float16 if getattr(args, "fp16", False) \
+        else torch.float32
 
 
 def legacy_to_dist(whole_dir: str | Path, save_dir: str | Path) -> None:
@@ -145,8 +146,7 @@ def _legacy_to_dist_rank(rank: int, whole_dir: str, save_dir: str) -> None:
     contents = mg.load_rank(whole_dir, 0, 0, iteration=iteration)
     arch = mg.arch_of(contents["args"], whole_dir)
     init_model_parallel(WHOLE, arch=arch)
-    dtype = next(iter(contents["model"].values())).dtype
-    model = build_gpt_model(arch, WHOLE, dtype)
+    model = build_gpt_model(arch, WHOLE, _stored_dtype(contents["args"]))
     load_stage_weights(model, contents["model"])
     folder = Path(save_dir) / mg.iteration_dir_name(iteration)
     folder.mkdir(parents=True)

@@ -308,6 +308,8 @@ class GRPOTrainer:
                 if self.test_prompts and step % self.cfg.rl_config.test_interval == 0:
                     metrics.update(self.validate())
                 self.sink.log(step, metrics)
+                if self.skipped.over:  # a graceful stop: the last checkpoint, if being written, is published first
+                    self.finish_saves()
                 self.skipped.stop_if_over(self.resume_hint())
                 if actor.saves_at(step):
                     self.save(step)

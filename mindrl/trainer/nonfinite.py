@@ -91,10 +91,15 @@ class SkippedSteps:
                 f"the run)")
         return {SKIPPED_STEPS: float(self.total)}
 
+    @property
+    def over(self) -> bool:
+        """Whether stop_if_over ends the run."""
+        return self.in_a_row > self.limit
+
     def stop_if_over(self, last_checkpoint: str) -> None:
         """After a step is logged: end the run in one sentence once more than `limit` steps in a row were skipped
         (`last_checkpoint` says where a resume would start)."""
-        if self.in_a_row <= self.limit:
+        if not self.over:
             return
         step, what = self.first
         raise RunError(f"{what} went non-finite at step {step}, and {self.in_a_row} steps in a row have been "

@@ -14,6 +14,7 @@ resume at the actor's iteration.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,9 @@ class PPOTrainer(GRPOTrainer):
         cfg, start = self.cfg, self.start
         critic = cfg.critic_config
         resume = str(Path(start.resume) / CRITIC_DIR) if start.resume else None
-        return CriticSpec(critic.arch, critic.parallel, cfg.critic_update_config(),
+        # the critic's save is published before the actor's starts (its tracker marks a step whole): synchronous
+        update = dataclasses.replace(cfg.critic_update_config(), async_save=False)
+        return CriticSpec(critic.arch, critic.parallel, update,
                           cfg.rl_config.value_loss_config(self.max_response), critic.bf16, self.critic_weights,
                           resume, start.iteration if resume else None, start.bf16,
                           load_optim=not critic.no_load_optim, load_rng=not critic.no_load_rng)
