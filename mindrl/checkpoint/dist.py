@@ -64,6 +64,7 @@ from mindrl.checkpoint.training import (
     check_plain,
     fresh_optimizer,
     initial_moments,
+    optimizer_tensors,
     optimizers,
 )
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
@@ -107,12 +108,7 @@ class _ThreadedSave(TorchDistSaveShardedStrategy):
 
 def _live_storages(state: TrainState) -> set[int]:
     """The storages training goes on changing: the parameters, master weights and Adam moments."""
-    tensors = list(state.model.parameters())
-    for opt in optimizers(state.optimizer):
-        for group in opt.optimizer.param_groups:
-            for param in group["params"]:
-                tensors.append(param)
-                tensors.extend(v for v in opt.optimizer.state.get(param, {}).values() if torch.is_tensor(v))
+    tensors = [*state.model.parameters(), *optimizer_tensors(state.optimizer)]
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 

@@ -107,6 +107,17 @@ def optimizers(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
+def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """Every tensor the optimizer keeps: its (master) parameters and their state (Adam's moments and step)."""
+    tensors = []
+    for opt in optimizers(optimizer):
+        for group in opt.optimizer.param_groups:
+            for param in group["params"]:
+                tensors.append(param)
+                tensors.extend(v for v in opt.optimizer.state.get(param, {}).values() if torch.is_tensor(v))
+    return tensors
+
+
 def _is_sharded(optimizer: Any) -> bool:
     return any(hasattr(opt, "get_parameter_state_dp_zero") for opt in optimizers(optimizer))
 

@@ -634,13 +634,7 @@ class ActorWorker(MegatronWorker):
         return False
 
     def _optimizer_tensors(self) -> list[torch.Tensor]:
-        tensors = []
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            for group in opt.optimizer.param_groups:
-                for param in group["params"]:
-                    tensors.append(param)
-                    tensors.extend(v for v in opt.optimizer.state.get(param, {}).values() if torch.is_tensor(v))
-        return tensors
+        return training.optimizer_tensors(self.optimizer)
 
     def base_digest(self) -> str:
         """The digest of this rank's frozen base (mindrl.models.lora.base_digest), taken once: hashing a 32B stage
