@@ -48,10 +48,30 @@ class PackedLayout:
         return self.prompt_allowed.numel() + self.response_allowed.numel()
 
 
+@dataclass(frozen=True)
+class Segments:
+    """The samples of a padding-free packed sequence [T] (mindrl/models/micro_batches.py): each query segment
+    attends causally to its own tokens and, in full, to the keys of its prefix before them (the prompt a
+    response shares with its group's other samples; length 0 for none). Tokens past the last segment are
+    padding and get zeros."""
+
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    prefixes: tuple[tuple[int, int], ...]  # (start, length) of each segment's prefix keys
+
+    def to(self, device: torch.device | str) -> Segments:
+        return self  # plain offsets: the attention slices by them
+
+    def attention_pairs(self) -> int:
+        """(query, key) pairs the attention computes."""
+        return sum(n * (n + 1) // 2 + n * prefix for n, (_, prefix) in zip(self.lengths, self.prefixes, strict=True))
+
+
 class SDPAttention(DotProductAttention):
     """DotProductAttention's interface and scale (the Megatron rollout engine reads them), computed by
     scaled_dot_product_attention (in bf16 it accumulates the softmax in fp32 itself; small packed segments on
-    CPU by matmuls, see the module's docstring). `attention_mask` is None (causal rows) or a PackedLayout."""
+    CPU by matmuls, see the module's docstring). `attention_mask` is None (causal rows), a PackedLayout (rows
+    packed behind shared prompts) or Segments (one padding-free packed sequence)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -63,8 +83,8 @@ class SDPAttention(DotProductAttention):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: PackedLayout | None, attn_mask_type=None,
                 attention_bias: torch.Tensor | None = None, packed_seq_params=None) -> torch.Tensor:
-        if not (attention_mask is None or isinstance(attention_mask, PackedLayout)):
-            raise TypeError(f"mindrl's attention core takes causal rows (no mask) or a PackedLayout, not "
+        if not (attention_mask is None or isinstance(attention_mask, (PackedLayout, Segments))):
+            raise TypeError(f"mindrl's attention core takes causal rows (no mask), a PackedLayout or Segments, not "
                             f"{type(attention_mask).__name__}.")
         if attention_bias is not None or packed_seq_params is not None:
             raise NotImplementedError("mindrl's attention core takes no attention bias or packed_seq_params; "
@@ -75,6 +95,11 @@ class SDPAttention(DotProductAttention):
         if isinstance(attention_mask, PackedLayout):
             flat = [t.reshape(seq * batch, *t.shape[2:]) for t in (query, key, value)]
             return segmented_attention(*flat, attention_mask, scale, self.enable_gqa).view(seq, batch, -1)
+        if isinstance(attention_mask, Segments):
+            if batch != 1:
+                raise ValueError(f"a padding-free packed micro-batch is one sequence, but this one has {batch} rows.")
+            flat = [t.squeeze(1) for t in (query, key, value)]
+            return packed_attention(*flat, attention_mask, scale, self.enable_gqa).view(seq, 1, -1)
         query, key, value = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         context = _sdpa(query, key, value, self.enable_gqa, is_causal=True, scale=scale)
         return context.permute(2, 0, 1, 3).reshape(seq, batch, -1)
@@ -112,6 +137,45 @@ def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return query.new_zeros(query.shape).index_copy(0, layout.destination, rows)
 
 
+def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: Segments,
+                     scale: float, enable_gqa: bool = False) -> torch.Tensor:
+    """Attention over a padding-free packed sequence: [T, heads, dim] queries, [T, groups, dim] keys and values,
+    sample by sample (each its own shapes: nothing is padded to the longest sample)."""
+    def heads_first(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(0, 1).unsqueeze(0)  # [L, heads, dim] → [1, heads, L, dim]
+
+    pieces = []
+    for start, length, (first, prefix) in zip(segments.starts, segments.lengths, segments.prefixes, strict=True):
+        own = slice(start, start + length)
+        keys, values = key[own], value[own]
+        if prefix:
+            keys = torch.cat([key[first:first + prefix], keys])
+            values = torch.cat([value[first:first + prefix], values])
+        out = _causal(heads_first(query[own]), heads_first(keys), heads_first(values), prefix, scale, enable_gqa)
+        pieces.append(out.squeeze(0).transpose(0, 1))
+    end = segments.starts[-1] + segments.lengths[-1] if segments.starts else 0
+    pieces.append(query.new_zeros((query.shape[0] - end, *query.shape[1:])))
+    return torch.cat(pieces)
+
+
+def _causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix: int, scale: float,
+            enable_gqa: bool) -> torch.Tensor:
+    """[1, heads, L, dim] queries over [1, groups, prefix + L, dim] keys: every prefix key, then causally."""
+    length = query.shape[2]
+    if not prefix and not _materialised(query, key.shape[2]):
+        return _sdpa(query, key, value, enable_gqa, is_causal=True, scale=scale)
+    allowed = torch.ones(length, prefix + length, dtype=torch.bool, device=query.device).tril(prefix)
+    return _attend(query, key, value, allowed[None, None], scale, enable_gqa)
+
+
+def _materialised(query: torch.Tensor, keys: int) -> bool:
+    """Whether this CPU segment's score matrix is small enough to compute by matmuls (the module's docstring);
+    fp16 scores could overflow to inf before the softmax, where the fused kernel accumulates in fp32."""
+    heads, length = query.shape[1:3]
+    return (query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
+            and heads * length * keys <= MATERIALISE_MAX)
+
+
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
             scale: float, enable_gqa: bool) -> torch.Tensor:
     """softmax(q·kᵀ·scale where allowed)·v for [N, heads, L, dim] queries over [N, groups, S, dim] keys; for
@@ -119,9 +183,7 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed
     n, heads, length, dim = query.shape
     groups, keys = key.shape[1], key.shape[2]
     per_group = heads // groups
-    # fp16 scores could overflow to inf before the softmax, where the fused kernel accumulates in fp32
-    if (query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16)
-            or heads * length * keys > MATERIALISE_MAX):
+    if not _materialised(query, keys):
         return _sdpa(query, key, value, enable_gqa, attn_mask=allowed, scale=scale)
     # the heads of a query group share its keys: one [heads/groups · L, S] score matrix per group, the mask
     # added by the matmul itself; scores round to the activations' dtype, as in Megatron's unfused core

@@ -39,6 +39,7 @@ from mindrl.distributed import init_model_parallel
 from mindrl.models import lora, sharding
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
+from mindrl.models.micro_batches import Batching, cut, pack_rows
 from mindrl.models.moe import ExpertLoad
 from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.models.prompt_packing import pack, packed_width, packing_pays, prompt_groups
@@ -78,6 +79,9 @@ class ActorConfig:
     seed: int = 1234
     #: auto | on | off: pack a prompt's samples behind one copy of it (auto: when that costs fewer FLOPs)
     prompt_packing: str = "auto"
+    #: how updates cut their rows: padding-free packing and a token budget (the worker's log-prob passes start with
+    #: it too; a trainer gives them their own)
+    batching: Batching = field(default_factory=Batching)
     #: a vision-language model's tower (merger included) takes no gradient and no optimizer state
     freeze_vision_tower: bool = False
     #: on resume, this config's LR / weight-decay schedule replaces the checkpoint's from the checkpoint's step on
@@ -181,10 +185,13 @@ class MegatronWorker:
 
     def __init__(self, arch: ModelArch, par: ParallelConfig, weights: str | dict | None = None,
                  params_dtype: torch.dtype = torch.float32, temperature: float = 1.0,
-                 micro_batch_size: int = 2, seed: int = 1234, prompt_packing: str = "auto") -> None:
+                 micro_batch_size: int = 2, seed: int = 1234, prompt_packing: str = "auto",
+                 batching: Batching | None = None) -> None:
         check_prompt_packing(prompt_packing)
         self.arch, self.par, self.temperature, self.micro_batch_size = arch, par, temperature, micro_batch_size
         self.prompt_packing = prompt_packing
+        #: how the forward passes (log-probs, values, scores) cut their rows
+        self.batching = batching or Batching()
         self.packed = False  # whether the last pass packed its rows (auto decides per pass)
         self.vocab_size = arch.padded_vocab_size  # the model's own vocabulary; TP padding beyond it is masked
         self.platform = get_platform()
@@ -255,13 +262,87 @@ class MegatronWorker:
         share = batch_size // self.dp_size
         return slice(self.dp_rank * share, (self.dp_rank + 1) * share)
 
-    def _micro_batches(self, batch: dict, rows: torch.Tensor | slice, size: int) -> list[dict]:
+    def _micro_batches(self, batch: dict, rows: torch.Tensor | slice, size: int,
+                       batching: Batching | None = None) -> list[dict]:
+        """This pass's micro-batches of `rows`, cut as `batching` says (the worker's forward batching by default):
+        padding-free packed sequences (mindrl/models/micro_batches.py), or right-padded rows (`_padded`). Every
+        per-token tensor the loss reads stays in the plain rows' [rows, S] layout."""
+        batching = self.batching if batching is None else batching
+        selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
+        self.packed = False
+        out = self._packed(selected, size, batching) if batching.remove_padding else \
+            self._padded(selected, size, (int(batch["prompt_lengths"].max()), int(batch["response_lengths"].max()))
+                         if "prompt_lengths" in batch and "response_lengths" in batch else None)
+        for mb in out:
+            real = mb.pop("real_lengths")
+            if self.arch.is_moe:  # the routers' load-balancing and z-losses count the real tokens only
+                mb["padding_mask"] = torch.arange(mb["tokens"].shape[1]) >= real.unsqueeze(1)
+        device = self.platform.device()
+        return [{k: v.to(device) for k, v in mb.items()} for mb in out]
+
+    def _packed(self, selected: dict[str, torch.Tensor], size: int, batching: Batching) -> list[dict]:
+        """Each micro-batch's rows as one padding-free sequence, a prompt's samples behind one copy of it (unless
+        `prompt_packing: off`); under PP every sequence of the pass takes the longest one's length (the pipeline
+        exchanges one shape), under sequence parallelism a multiple of TP."""
+        if self.arch.vision is not None:
+            raise ConfigError(f"use_remove_padding packs text rows, but model {self.arch.name} is a vision-language "
+                              f"model whose multimodal positions are per padded row; set use_remove_padding: false.")
+        tokens = selected["tokens"]
+        lengths = real_lengths(selected)
+        share = self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= selected.keys()
+        groups = prompt_groups(tokens, selected["prompt_lengths"]) if share else \
+            [range(row, row + 1) for row in range(tokens.shape[0])]
+        cuts = cut(lengths.tolist(), selected["prompt_lengths"].tolist() if share else None, groups, size, batching)
+        if batching.max_tokens is not None:
+            cuts += [None] * self._missing_micro_batches(len(cuts))
+        multiple = self.par.tp if self.model.config.sequence_parallel else 1
+        width = 1
+        for _ in range(2 if self.par.pp > 1 else 1):  # under PP: again, at the longest one's length
+            out = [self._packed_one(selected, lengths, share, rows, width, multiple) for rows in cuts]
+            width = max(mb["tokens"].shape[1] for mb in out)
+        return out
+
+    def _packed_one(self, selected: dict[str, torch.Tensor], lengths: torch.Tensor, share: bool, rows: range | None,
+                    width: int, multiple: int) -> dict[str, torch.Tensor]:
+        """One packed micro-batch of `rows`; None: a stand-in that keeps this data-parallel rank's micro-batch count
+        equal to the others' (expert parallelism exchanges tokens in every one), the rank's shortest row with every
+        per-token value zero, so it adds nothing to the loss, the gradients or the results kept."""
+        if rows is None:
+            shortest = int(lengths.argmin())
+            mb = {k: v[shortest:shortest + 1].clone() for k, v in selected.items()}
+            for key, value in mb.items():
+                if key not in ("tokens", "prompt_lengths", "response_lengths", "routes"):
+                    value.zero_()
+            lengths = lengths[shortest:shortest + 1]
+        else:
+            mb = {k: v[rows.start:rows.stop] for k, v in selected.items()}
+            lengths = lengths[rows.start:rows.stop]
+        groups = prompt_groups(mb["tokens"], mb["prompt_lengths"]) if share else None
+        packed = pack_rows(mb["tokens"], lengths, mb.get("prompt_lengths") if share else None, groups, width,
+                           multiple)
+        self.packed |= packed.shared
+        mb["labels"] = shifted_labels(mb["tokens"])
+        if "routes" in mb:  # each packed token replays the routes of the plain token it is; padding 0 … k − 1
+            routes = mb["routes"].reshape(-1, *mb["routes"].shape[2:])[packed.origin]
+            routes[packed.real:] = torch.arange(routes.shape[-1], dtype=routes.dtype)
+            mb["routes"] = routes.unsqueeze(0)
+        mb.update(tokens=packed.tokens, position_ids=packed.position_ids, attention_mask=packed.segments,
+                  source=packed.source, real_lengths=torch.tensor([packed.real]))
+        return mb
+
+    def _missing_micro_batches(self, count: int) -> int:
+        """How many micro-batches this data-parallel rank lacks beside the rank with the most (token budgets cut
+        each rank's rows into its own number)."""
+        counts = torch.tensor([count], device=self.platform.device())
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
+        return int(counts.item()) - count
+
+    def _padded(self, selected: dict[str, torch.Tensor], size: int, segments: tuple[int, int] | None) -> list[dict]:
         """Micro-batches of exactly `size` rows: the pipeline exchanges fixed-shape activations,
         so a short last one is filled with rows of padding whose loss mask is zero. Given prompt and
         response lengths, rows sharing a prompt are packed (`prompt_packing`: on, or auto where that
-        costs fewer FLOPs); the model then sees the packed rows, the loss still the plain ones."""
-        selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
-        self.packed = False
+        costs fewer FLOPs); the model then sees the packed rows, the loss still the plain ones, and every
+        packed row's segments take the whole batch's longest prompt and response (`segments`)."""
         out, lengths = [], real_lengths(selected)
         for start in range(0, selected["tokens"].shape[0], size):
             mb = {k: v[start:start + size] for k, v in selected.items()}
@@ -279,13 +360,12 @@ class MegatronWorker:
         # replayed routes are per plain row (a packed row would need them re-laid as its tokens are), a
         # sequence-parallel model's rows are padded to a multiple of TP, which the packed index would not follow,
         # and multimodal positions are per plain row too
-        if self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= out[0].keys() \
+        if self.prompt_packing != "off" and segments is not None \
                 and "routes" not in out[0] and not self.model.config.sequence_parallel and self.arch.vision is None:
             groups = [prompt_groups(mb["tokens"], mb["prompt_lengths"]) for mb in out]
             # one packed shape for every micro-batch, as the pipeline needs
             shape = (max(map(len, groups)), max(packed_width(mb["prompt_lengths"], mb["response_lengths"], g)
                                                 for mb, g in zip(out, groups, strict=True)))
-            segments = (int(batch["prompt_lengths"].max()), int(batch["response_lengths"].max()))
             packed = [pack(mb["tokens"], mb["prompt_lengths"], mb["response_lengths"], *shape, groups=g,
                            segments=segments) for mb, g in zip(out, groups, strict=True)]
             self.packed = self.prompt_packing == "on" or packing_pays(self.arch, tuple(out[0]["tokens"].shape),
@@ -296,12 +376,7 @@ class MegatronWorker:
                               real_lengths=p.lengths)
         if self.model.config.sequence_parallel:
             out = [_padded_to(mb, self.par.tp) for mb in out]
-        for mb in out:
-            real = mb.pop("real_lengths")
-            if self.arch.is_moe:  # the routers' load-balancing and z-losses count the real tokens only
-                mb["padding_mask"] = torch.arange(mb["tokens"].shape[1]) >= real.unsqueeze(1)
-        device = self.platform.device()
-        return [{k: v.to(device) for k, v in mb.items()} for mb in out]
+        return out
 
     def _with_images(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A vision-language micro-batch: its rows' images as the tower takes them, where their placeholders are,
@@ -436,7 +511,7 @@ class ActorWorker(MegatronWorker):
                 f"rank a whole number of micro-batches of micro_batch_size={cfg.micro_batch_size}; make "
                 f"mini_batch_size a multiple of {dp_size * cfg.micro_batch_size}.")
         super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed,
-                         cfg.prompt_packing)
+                         cfg.prompt_packing, cfg.batching)
         self.cfg = cfg
         self._base_digest: str | None = None
         if cfg.lora.enabled:  # before the wrap: DDP and the optimizer see only what trains
@@ -523,7 +598,7 @@ class ActorWorker(MegatronWorker):
         over data-parallel ranks in Megatron's grad buffers. Returns the loss's metric shares and the number of
         micro-batches."""
         cfg = self.cfg
-        micro = self._micro_batches(batch, rows, cfg.micro_batch_size)
+        micro = self._micro_batches(batch, rows, cfg.micro_batch_size, cfg.batching)
         # Normalise by the whole mini-batch across data-parallel ranks, and undo Megatron's
         # division by the micro-batch count and DDP's gradient averaging: every TP/PP/DP
         # layout and micro-batch size then minimises the same loss.
@@ -710,11 +785,12 @@ class BackboneReference:
     frozen base with no second model in memory. It answers as a reference worker does (log-probs, rows, ranks); it
     holds nothing of its own, so it is never among the models offloaded beside the actor."""
 
-    def __init__(self, actor: ActorWorker, micro_batch_size: int) -> None:
+    def __init__(self, actor: ActorWorker, micro_batch_size: int, batching: Batching | None = None) -> None:
         if not actor.cfg.lora.enabled:
             raise ConfigError("share_backbone makes the reference the actor with its LoRA adapters off, but the actor "
                               "has none; set lora_target_modules or turn share_backbone off.")
         self.actor, self.micro_batch_size = actor, micro_batch_size
+        self.batching = actor.batching if batching is None else batching
 
     def __getattr__(self, name: str):
         if name == "actor":  # not set yet (a copy being built): no endless lookup
@@ -723,10 +799,10 @@ class BackboneReference:
 
     def compute_log_prob(self, batch: dict, with_entropy: bool = False,
                          temperature: float | None = None) -> dict[str, torch.Tensor] | None:
-        actor, kept = self.actor, self.actor.micro_batch_size
-        actor.micro_batch_size = self.micro_batch_size
+        actor, kept = self.actor, (self.actor.micro_batch_size, self.actor.batching)
+        actor.micro_batch_size, actor.batching = self.micro_batch_size, self.batching
         try:
             with lora.adapters_disabled(actor.model):
                 return actor.compute_log_prob(batch, with_entropy, temperature)
         finally:
-            actor.micro_batch_size = kept
+            actor.micro_batch_size, actor.batching = kept

@@ -1,0 +1,149 @@
+"""How a pass's rows become padding-free micro-batches, cut by a row count or by a token budget.
+
+Reasoning RL's responses are long-tailed: padded to the batch's longest, most of a pass's FLOPs and activations
+go to padding, and one long response sets every micro-batch's peak. With `remove_padding` the rows of a
+micro-batch are concatenated into one sequence [1, T] (Megatron's THD layout), each sample attending only to
+itself (mindrl.models.attention.Segments) with its RoPE positions restarting at 0. Rows that share a prompt
+(GRPO's n samples side by side) keep one copy of it in the sequence: each response attends to that copy and to
+its own tokens, as mindrl/models/prompt_packing.py does for padded rows, so the prompt's tokens go through the
+model once. Without padding this always saves work, so it is done wherever it applies (`prompt_packing: off`
+turns it off).
+
+A token budget (`max_tokens`, MindSpeed-RL's use_dynamic_bsz with *_max_packing_token_size) cuts the rows in
+order into micro-batches of at most that many packed tokens (and `max_rows` rows): consecutive rows keep a
+prompt's samples together and the results in the rows' order. A sample longer than the budget goes alone into
+its micro-batch: MindSpeed-RL's published 20k recipe leaves the reference's budget (4096) below its longest
+samples and runs, so refusing would break it; the peak of that pass is then the longest sample's, which the
+trainer says at start. A budget below the longest prompt is refused before Ray starts (a prompt is never cut).
+
+The loss never sees the packed sequence: every per-token tensor of the pass stays in its plain [rows, S] layout
+and `source` names the packed position whose logits score each plain token, so the loss normalisation of every
+`loss_agg_mode` (mini-batch totals, mindrl.algorithms.aggregation) does not depend on the cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mindrl.config import ConfigError
+from mindrl.models.attention import Segments
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How one pass cuts its rows: padding-free packing, and a token budget per micro-batch."""
+
+    #: each micro-batch's rows as one padding-free sequence (use_remove_padding)
+    remove_padding: bool = False
+    #: at most this many packed tokens per micro-batch (use_dynamic_bsz); None: micro_batch_size rows each
+    max_tokens: int | None = None
+    #: at most this many rows in a budgeted micro-batch (MindSpeed-RL's *_dynamic_max_batch_size); None: no cap
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("max_tokens", "max_rows"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
+        if self.max_tokens is not None and not self.remove_padding:
+            raise ConfigError("a token budget per micro-batch (use_dynamic_bsz) cuts padding-free micro-batches; set "
+                              "use_remove_padding: true as well.")
+        if self.max_rows is not None and self.max_tokens is None:
+            raise ConfigError("a row cap per micro-batch (dynamic_max_batch_size) applies to token-budget "
+                              "micro-batches; set use_dynamic_bsz: true or remove it.")
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """One micro-batch's rows as a padding-free sequence."""
+
+    tokens: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    segments: Segments  # which keys each packed token attends to
+    #: [rows, S] flat index into the packed logits ([T]) that score tokens[row, t + 1]; −1 where none does
+    source: torch.Tensor
+    #: [T] flat index into the plain rows ([rows · S]) each packed token comes from (0 for padding)
+    origin: torch.Tensor
+    #: tokens before the padding
+    real: int
+    #: whether some rows share one copy of their prompt
+    shared: bool
+
+
+def cut(lengths: list[int], prompts: list[int] | None, groups: list[range], size: int,
+        batching: Batching) -> list[range]:
+    """The consecutive runs of rows each micro-batch takes: `size` rows each, or under a token budget as many as
+    fit. A row costs its real length, or only its response's where its prompt is already in the micro-batch
+    (`prompts` given: rows of one group share it)."""
+    rows = len(lengths)
+    if batching.max_tokens is None:
+        return [range(start, min(start + size, rows)) for start in range(0, rows, size)]
+    group_of = [0] * rows
+    for g, members in enumerate(groups):
+        for row in members:
+            group_of[row] = g
+    out, start, used = [], 0, 0
+    for row in range(rows):
+        shares = prompts is not None and row > start and group_of[row] == group_of[row - 1]
+        cost = lengths[row] - (prompts[row] if shares else 0)
+        full = batching.max_rows is not None and row - start >= batching.max_rows
+        if row > start and (used + cost > batching.max_tokens or full):
+            out.append(range(start, row))
+            start, used, cost = row, 0, lengths[row]
+        used += cost
+    if rows:
+        out.append(range(start, rows))
+    return out
+
+
+def pack_rows(tokens: torch.Tensor, lengths: torch.Tensor, prompt_lengths: torch.Tensor | None,
+              groups: list[range] | None, width: int = 1, multiple: int = 1) -> PackedRows:
+    """The right-padded rows [rows, S] (each `lengths` tokens long) as one sequence of at least `width` tokens,
+    padded to a multiple of `multiple` (a sequence-parallel model cuts it in that many shards). Rows of one of
+    `groups` (given with `prompt_lengths`) share one copy of their prompt; every other row is one segment."""
+    rows, seq = tokens.shape
+    groups = groups if groups is not None else [range(r, r + 1) for r in range(rows)]
+    starts, sizes, prefixes, origins, positions = [], [], [], [], []
+    source = torch.full((rows, seq), -1, dtype=torch.long)
+    offset, shared = 0, False
+
+    def segment(row: int, first: int, count: int, prefix: tuple[int, int], position: int) -> None:
+        nonlocal offset
+        starts.append(offset)
+        sizes.append(count)
+        prefixes.append(prefix)
+        origins.append(row * seq + torch.arange(first, first + count))
+        positions.append(torch.arange(position, position + count))
+        offset += count
+
+    for group in groups:
+        if prompt_lengths is None or len(group) < 2:
+            for row in group:
+                length = int(lengths[row])
+                source[row, :max(length - 1, 0)] = torch.arange(offset, offset + max(length - 1, 0))
+                segment(row, 0, length, (offset, 0), 0)
+            continue
+        shared = True
+        prompt = int(prompt_lengths[group.start])
+        prompt_at = offset
+        segment(group.start, 0, prompt, (offset, 0), 0)
+        for row in group:
+            response = int(lengths[row]) - prompt
+            if response <= 0:
+                continue
+            # tokens[row, prompt] is scored at the prompt's last position, the rest at their predecessors'
+            source[row, prompt - 1] = prompt_at + prompt - 1
+            source[row, prompt:prompt + response - 1] = torch.arange(offset, offset + response - 1)
+            segment(row, prompt, response, (prompt_at, prompt), prompt)
+    real = offset
+    total = max(real, width, 1)
+    total += -total % multiple
+    pad = total - real
+    origin = torch.cat([*origins, torch.zeros(pad, dtype=torch.long)])
+    packed = tokens.reshape(-1)[origin]
+    packed[real:] = 0
+    position_ids = torch.cat([*positions, torch.zeros(pad, dtype=torch.long)])
+    return PackedRows(packed.unsqueeze(0), position_ids.unsqueeze(0),
+                      Segments(tuple(starts), tuple(sizes), tuple(prefixes)), source, origin, real, shared)
