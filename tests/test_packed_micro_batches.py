@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch
+from mindrl.config.batching import Batching
 from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import sharding
-from mindrl.models.micro_batches import Batching, cut, pack_rows
+from mindrl.models.micro_batches import cut, pack_rows
 from mindrl.models.prompt_packing import prompt_groups
 from mindrl.workers.megatron_worker import ActorWorker
 from tests.grads import reduced_grads
@@ -47,7 +48,7 @@ def test_a_packed_sequence_gives_every_scored_token_its_own_rows_context():
     lengths = prompts + batch["response_lengths"]
     for shared in (True, False):
         groups = prompt_groups(tokens, prompts) if shared else None
-        packed = pack_rows(tokens, lengths, prompts if shared else None, groups, width=203, multiple=8)
+        packed = pack_rows(tokens, lengths, prompts, groups, width=203, multiple=8)
         assert packed.tokens.shape == (1, 208) and packed.shared == shared
         assert packed.real == int(lengths.sum() - (prompts[1::4].sum() * 3 if shared else 0))
         flat, positions, seg = packed.tokens[0], packed.position_ids[0], packed.segments
@@ -57,7 +58,8 @@ def test_a_packed_sequence_gives_every_scored_token_its_own_rows_context():
                 visible[start + i] = set(range(first, first + prefix)) | set(range(start, start + i + 1))
         for row in range(tokens.shape[0]):
             p, end = int(prompts[row]), int(lengths[row])
-            for t in range(p - 1, end - 1):
+            assert (packed.source[row, :p - 1] == -1).all() and (packed.source[row, end:] == -1).all()
+            for t in range(p - 1, end):
                 src = int(packed.source[row, t])
                 assert flat[src] == tokens[row, t] and positions[src] == t
                 assert sorted(int(flat[k]) for k in visible[src]) == sorted(tokens[row, :t + 1].tolist())

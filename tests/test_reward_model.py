@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from mindrl.checkpoint import megatron as mg
 from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf
 from mindrl.config import ConfigError
+from mindrl.config.batching import Batching
 from mindrl.launch import run_ranks
 from tests.hf_models import build_hf_model, save_hf_model
 
@@ -56,22 +57,29 @@ def test_a_reward_model_without_orm_and_a_causal_lm_with_it_are_refused(tmp_path
     assert not (tmp_path / "out1").exists() and not (tmp_path / "out2").exists()
 
 
+#: padding-free micro-batches of at most 30 tokens
+PACKED = Batching(remove_padding=True, max_tokens=30)
+
+
 def _megatron_scores(rank: int, roots: list[str], tokens: torch.Tensor, positions: torch.Tensor) -> list:
     from mindrl.workers.reward_worker import RewardModelWorker
 
     out = []
     for root in roots:
         args = mg.load_args(root)
-        for sequence_parallel in (False, True):  # its score head sees every TP rank's shard of the sequence
+        # its score head sees every TP rank's shard of the sequence; packed, every row's scored token in one
+        for sequence_parallel, batching in ((False, None), (True, None), (True, PACKED)):
             par = dataclasses.replace(mg.parallel_of(args), sequence_parallel=sequence_parallel)
-            worker = RewardModelWorker(mg.arch_of(args), par, root, torch.float32, micro_batch_size=2)
+            worker = RewardModelWorker(mg.arch_of(args), par, root, torch.float32, micro_batch_size=2,
+                                       batching=batching)
             out.append(worker.score({"tokens": tokens, "score_positions": positions}))
     return out
 
 
 def test_reward_worker_tp2_pp2_scores_equal_hf_sequence_classification(tmp_path):
     """Five right-padded rows of mixed lengths (micro-batches of 2, so the last is padded too), for a
-    Qwen2 (QKV biases, GQA) and a Llama reward model, in plain and sequence-parallel TP."""
+    Qwen2 (QKV biases, GQA) and a Llama reward model, in plain and sequence-parallel TP, and packed without
+    padding under a token budget of 30 (so 24 tokens go alone)."""
     lengths = torch.tensor([24, 9, 17, 3, 20])
     gen = torch.Generator().manual_seed(1)
     tokens = torch.zeros(5, 24, dtype=torch.long)  # pad_token_id 0, never a real token below
@@ -89,9 +97,9 @@ def test_reward_worker_tp2_pp2_scores_equal_hf_sequence_classification(tmp_path)
     assert len(held) == 2  # the two TP ranks of the last stage
     for i, hf in enumerate(expected):
         assert hf.abs().max() > 0.1 and hf.std() > 0.01  # real scores that differ by row
-        for scores in held[0][2 * i:2 * i + 2]:
+        for scores in held[0][3 * i:3 * i + 3]:
             assert (scores - hf).abs().max().item() < 1e-4
-        assert torch.equal(held[0][2 * i], held[1][2 * i]) and torch.equal(held[0][2 * i + 1], held[1][2 * i + 1])
+        assert all(torch.equal(held[0][j], held[1][j]) for j in range(3 * i, 3 * i + 3))
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from mindrl.config import ConfigError
+from mindrl.config.batching import Batching
 from mindrl.config.resources import Cluster
 from mindrl.trainer.config import (
     TRAINER_CONFIGS_DIR,
@@ -102,6 +103,8 @@ def test_a_role_section_overrides_architecture_keys():
 PPO = ["megatron_training.stage=ray_ppo", "rl_config.adv_estimator=gae"]
 #: grpo_tiny_cpu on the tiny mixture of experts
 MOE = ["model=tiny_qwen3_moe", "megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]
+#: padding-free micro-batches cut by a token budget
+PACKING = ["+rl_config.use_remove_padding=true", "+rl_config.use_dynamic_bsz=true"]
 MISTAKES = {
     "unknown key": (["+rl_config.n_sample_per_prompt=4"], ["rl_config", "n_sample_per_prompt", "n_samples_per_prompt"]),
     "unknown megatron key": (["+actor_config.lr_decay_stile=cosine"], ["actor_config", "lr_decay_style"]),
@@ -217,6 +220,14 @@ MISTAKES = {
     "vLLM-CPU prefill": (["generate_config.max_num_batched_tokens=100"], ["max_num_batched_tokens=100", "768"]),
     "no HF family": (["+actor_config.qk_layernorm=true"], ["QK layer norms", "HF family"]),
     "score head on the policy": (["+model.tiny_qwen.num_labels=1"], ["num_labels=1", "LM head"]),
+    "token budget without packing": (["+rl_config.use_dynamic_bsz=true"], ["use_dynamic_bsz",
+                                                                          "use_remove_padding: true"]),
+    "token budget below the longest prompt": (
+        [*PACKING, "+rl_config.update_max_packing_token_size=500"],
+        ["rl_config.update_max_packing_token_size=500", "max_prompt_length=512", "never cut"]),
+    "packed samples that see each other": (["+rl_config.use_remove_padding=true",
+                                            "+megatron_training.reset_attention_mask=false"],
+                                           ["actor_config.reset_attention_mask: false", "use_remove_padding"]),
     "missing config": None,
 }
 
@@ -460,3 +471,31 @@ def test_checkpoints_are_written_every_save_interval_steps_and_after_the_last_st
     """The trainers ask saves_at after each step; the last step is saved though the interval does not divide it."""
     cfg = MegatronConfig(train_iters=5, save_interval=interval, save=save)
     assert [step for step in range(1, 6) if cfg.saves_at(step)] == steps
+
+
+def test_packing_keys_reach_each_pass_and_a_budget_below_the_longest_sample_is_said():
+    """MindSpeed-RL's keys: each pass its own budget, else max_packing_token_size (not MindSpeed-RL's frozen 4096);
+    a budget the longest sample (512 + 256 tokens) exceeds leaves that sample alone in its micro-batch, said once."""
+    cfg = load_trainer_config("grpo_tiny_cpu", [*PACKING, "+rl_config.max_packing_token_size=1024",
+                                                "+rl_config.update_max_packing_token_size=600",
+                                                "+rl_config.ref_dynamic_max_batch_size=4"])
+    rl = cfg.rl_config
+    assert rl.batching("ref") == Batching(True, 1024, 4)
+    assert rl.batching("actor") == Batching(True, 1024, None)
+    assert cfg.actor_update_config().batching == rl.batching("update") == Batching(True, 600, None)
+    assert rl.batching("reward") == rl.batching("critic") == Batching(True, 1024, None)
+    said = [notice for notice in cfg.notices if "max_packing_token_size" in notice]
+    assert said == ["rl_config.update_max_packing_token_size=600 is below the longest sample this run can make (768 "
+                    "tokens: max_prompt_length + the response's limit); such a sample is alone in its micro-batch, "
+                    "whose activations then follow the sample, not the budget; raise it to 768 to bound every "
+                    "micro-batch."]
+    plain = load_trainer_config("grpo_tiny_cpu", ["+rl_config.use_remove_padding=true"]).rl_config
+    assert plain.batching("update") == Batching(remove_padding=True)
+    assert load_trainer_config("grpo_tiny_cpu").actor_update_config().batching == Batching()
+
+
+def test_a_vision_language_model_is_not_packed():
+    with pytest.raises(ConfigError) as err:
+        load_trainer_config("grpo_tiny_vl_cpu", ["+rl_config.use_remove_padding=true"])
+    _one_sentence(str(err.value))
+    assert "vision-language" in str(err.value) and "use_remove_padding: false" in str(err.value)

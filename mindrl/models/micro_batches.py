@@ -27,32 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mindrl.config import ConfigError
+from mindrl.config.batching import Batching
 from mindrl.models.attention import Segments
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How one pass cuts its rows: padding-free packing, and a token budget per micro-batch."""
-
-    #: each micro-batch's rows as one padding-free sequence (use_remove_padding)
-    remove_padding: bool = False
-    #: at most this many packed tokens per micro-batch (use_dynamic_bsz); None: micro_batch_size rows each
-    max_tokens: int | None = None
-    #: at most this many rows in a budgeted micro-batch (MindSpeed-RL's *_dynamic_max_batch_size); None: no cap
-    max_rows: int | None = None
-
-    def __post_init__(self) -> None:
-        for key in ("max_tokens", "max_rows"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
-        if self.max_tokens is not None and not self.remove_padding:
-            raise ConfigError("a token budget per micro-batch (use_dynamic_bsz) cuts padding-free micro-batches; set "
-                              "use_remove_padding: true as well.")
-        if self.max_rows is not None and self.max_tokens is None:
-            raise ConfigError("a row cap per micro-batch (dynamic_max_batch_size) applies to token-budget "
-                              "micro-batches; set use_dynamic_bsz: true or remove it.")
 
 
 @dataclass(frozen=True)
@@ -62,7 +38,8 @@ class PackedRows:
     tokens: torch.Tensor  # [1, T]
     position_ids: torch.Tensor  # [1, T]
     segments: Segments  # which keys each packed token attends to
-    #: [rows, S] flat index into the packed logits ([T]) that score tokens[row, t + 1]; −1 where none does
+    #: [rows, S] where tokens[row, t] is in the packed sequence (its logits score tokens[row, t + 1]), for every
+    #: token from the prompt's last on (from the first where no prompt length is given); −1 elsewhere
     source: torch.Tensor
     #: [T] flat index into the plain rows ([rows · S]) each packed token comes from (0 for padding)
     origin: torch.Tensor
@@ -102,9 +79,11 @@ def pack_rows(tokens: torch.Tensor, lengths: torch.Tensor, prompt_lengths: torch
               groups: list[range] | None, width: int = 1, multiple: int = 1) -> PackedRows:
     """The right-padded rows [rows, S] (each `lengths` tokens long) as one sequence of at least `width` tokens,
     padded to a multiple of `multiple` (a sequence-parallel model cuts it in that many shards). Rows of one of
-    `groups` (given with `prompt_lengths`) share one copy of their prompt; every other row is one segment."""
+    `groups` share one copy of their prompt (`prompt_lengths`); every other row is one segment. Only the positions
+    that score a response are named in `source` where the prompts are known: a pass gathers nothing else."""
     rows, seq = tokens.shape
-    groups = groups if groups is not None else [range(r, r + 1) for r in range(rows)]
+    shares = groups is not None
+    groups = groups if shares else [range(r, r + 1) for r in range(rows)]
     starts, sizes, prefixes, origins, positions = [], [], [], [], []
     source = torch.full((rows, seq), -1, dtype=torch.long)
     offset, shared = 0, False
@@ -119,10 +98,11 @@ def pack_rows(tokens: torch.Tensor, lengths: torch.Tensor, prompt_lengths: torch
         offset += count
 
     for group in groups:
-        if prompt_lengths is None or len(group) < 2:
+        if not shares or len(group) < 2:
             for row in group:
                 length = int(lengths[row])
-                source[row, :max(length - 1, 0)] = torch.arange(offset, offset + max(length - 1, 0))
+                first = 0 if prompt_lengths is None else max(int(prompt_lengths[row]) - 1, 0)
+                source[row, first:length] = torch.arange(offset + first, offset + length)
                 segment(row, 0, length, (offset, 0), 0)
             continue
         shared = True
@@ -135,7 +115,7 @@ def pack_rows(tokens: torch.Tensor, lengths: torch.Tensor, prompt_lengths: torch
                 continue
             # tokens[row, prompt] is scored at the prompt's last position, the rest at their predecessors'
             source[row, prompt - 1] = prompt_at + prompt - 1
-            source[row, prompt:prompt + response - 1] = torch.arange(offset, offset + response - 1)
+            source[row, prompt:prompt + response] = torch.arange(offset, offset + response)
             segment(row, prompt, response, (prompt_at, prompt), prompt)
     real = offset
     total = max(real, width, 1)

@@ -16,7 +16,7 @@ from mindrl.config.parallel import validate_sequence_parallel
 from mindrl.models import hf_mapping as hfm
 from mindrl.platform import PLATFORMS
 from mindrl.rollout.config import VLLM_ROUTES, GenerateConfig, check_megatron_rollout
-from mindrl.trainer.grpo_config import TrainerConfig
+from mindrl.trainer.grpo_config import TrainerConfig, max_response_length
 from mindrl.trainer.megatron import SEQUENCE_PARALLEL_AT_TP1
 from mindrl.trainer.reward_model import REWARD_MODEL
 from mindrl.trainer.rl import RLConfig
@@ -209,6 +209,33 @@ def check_lengths(cfg: TrainerConfig) -> None:
     if reward.overlong_buffer_enable and reward.rollout_max_tokens != max_tokens:
         raise ConfigError(f"rl_config.rollout_max_tokens={reward.rollout_max_tokens} must equal sampling_config."
                           f"max_tokens={max_tokens} when overlong_buffer_enable is true; make them equal.")
+
+
+def check_packing(cfg: TrainerConfig) -> list[str]:
+    """use_remove_padding against the models and megatron_training's packing keys; the notices of budgets that
+    the longest sample exceeds (it is then alone in its micro-batch)."""
+    rl = cfg.rl_config
+    if not rl.use_remove_padding:
+        return []
+    for section, role, _ in cfg.roles():
+        if role.arch.vision is not None:
+            raise ConfigError(f"rl_config.use_remove_padding packs text rows, but {section}'s model {role.arch.name} "
+                              f"is a vision-language model whose multimodal positions are per padded row (MindSpeed-RL "
+                              f"refuses it too); set use_remove_padding: false.")
+        if role.reset_attention_mask is False:
+            raise ConfigError(f"{section}.reset_attention_mask: false would let packed samples attend to each "
+                              f"other, which mindrl does not build (use_remove_padding always restarts attention and "
+                              f"positions at each sample); set it to true or remove it.")
+    if cfg.reward_config is not None and rl.batching("reward").max_tokens is not None \
+            and rl.batching("reward").max_tokens < rl.max_prompt_length:
+        raise ConfigError(f"rl_config.max_packing_token_size={rl.max_packing_token_size} (the reward model's "
+                          f"budget) is below max_prompt_length={rl.max_prompt_length}, but a prompt is never cut "
+                          f"between micro-batches; raise it to at least {rl.max_prompt_length}.")
+    longest = rl.max_prompt_length + max_response_length(rl, cfg.generate_config)
+    return [f"rl_config.{key}={getattr(rl, key)} is below the longest sample this run can make ({longest} tokens: "
+            f"max_prompt_length + the response's limit); such a sample is alone in its micro-batch, whose activations "
+            f"then follow the sample, not the budget; raise it to {longest} to bound every micro-batch."
+            for key in rl.budgets_below(longest)]
 
 
 def check_multi_turn(cfg: TrainerConfig) -> list[str]:

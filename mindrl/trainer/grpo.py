@@ -154,6 +154,7 @@ class GRPOTrainer:
             initial_weights=self.start.initial_weights, with_reference=rl.uses_reference and self.ref_weights is None,
             ref_micro_batch_size=rl.ref_forward_micro_batch_size or actor.micro_batch_size,
             actor_micro_batch_size=rl.actor_forward_micro_batch_size or actor.micro_batch_size,
+            ref_batching=rl.batching("ref"), actor_batching=rl.batching("actor"),
             resume=self.start.resume, resume_iteration=self.start.iteration if self.start.resume else None,
             resume_bf16=self.start.bf16, load_optim=not actor.no_load_optim, load_rng=not actor.no_load_rng,
             reward=reward_spec(cfg) if self.reward_colocated else None, share_backbone=rl.share_backbone,
@@ -277,7 +278,7 @@ class GRPOTrainer:
         host, port = group.rendezvous(COLLECTIVE_TIMEOUT_S)
         spec = ReferenceSpec(ref.arch, ref.parallel, ref.bf16, self.ref_weights,
                              self.sampling.temperature, rl.ref_forward_micro_batch_size or ref.micro_batch_size,
-                             ref.seed, rl.packing_mode)
+                             ref.seed, rl.packing_mode, rl.batching("ref"))
         setup = group.call("setup", host, port, spec, COLLECTIVE_TIMEOUT_S)[0]
         self.ref_dp_size = setup["dp_size"]
         say(f"reference on its own {group.world_size} ranks, weights from {self.ref_weights}; "

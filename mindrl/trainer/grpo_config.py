@@ -111,7 +111,7 @@ class TrainerConfig:
         return self.actor_config.actor_config(rl.mini_batch_size * rl.n_samples_per_prompt, steps, epochs=rl.epochs,
                                               shuffle_mini_batch=rl.shuffle_mini_batch, loss=self.loss,
                                               temperature=self.generate_config.sampling_config.temperature,
-                                              prompt_packing=rl.packing_mode)
+                                              prompt_packing=rl.packing_mode, batching=rl.batching("update"))
 
     def critic_update_config(self) -> ActorConfig:
         """The critic worker's settings: its own optimizer keys (critic_config), mini-batches and epochs
@@ -121,7 +121,7 @@ class TrainerConfig:
         steps = epochs * (self.train_batch_size // mini)
         return self.critic_config.actor_config(mini * rl.n_samples_per_prompt, steps, epochs=epochs,
                                                shuffle_mini_batch=rl.shuffle_mini_batch,
-                                               prompt_packing=rl.packing_mode)
+                                               prompt_packing=rl.packing_mode, batching=rl.batching("critic"))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], notes: list[KeyNote] | None = None) -> TrainerConfig:

@@ -113,6 +113,12 @@ class MegatronConfig:
     lora_ckpt_filter: bool = False
     #: MindSpeed's fused LoRA kernels: not built (refused when true)
     lora_fusion: bool = False
+    #: Megatron's attention reset at sample boundaries; packed micro-batches (rl_config.use_remove_padding) always
+    #: do so, so only false with them is refused; null and true mean the same
+    reset_attention_mask: bool | None = None
+    #: MindSpeed-RL's key for not padding rows to seq_length: mindrl never does (rows are padded to the batch's
+    #: longest, packed micro-batches not at all), so either value is accepted
+    no_pad_to_seq_lengths: bool | None = None
     #: the resolved architecture (model yaml entry + this section's architecture keys); not a key
     arch: ModelArch | None = dataclasses.field(default=None, compare=False)
 

@@ -81,7 +81,8 @@ def reward_spec(cfg: Any) -> Any:
     from mindrl.workers.ray_ranks import RewardSpec
 
     reward = cfg.reward_config
-    return RewardSpec(reward.arch, reward.parallel, reward.bf16, reward.load, reward.micro_batch_size, reward.seed)
+    return RewardSpec(reward.arch, reward.parallel, reward.bf16, reward.load, reward.micro_batch_size, reward.seed,
+                      cfg.rl_config.batching("reward"))
 
 
 class RewardModelGroup:

@@ -21,6 +21,7 @@ from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.algorithms.rollout_is import DEFAULT_THRESHOLD, RolloutISConfig
 from mindrl.algorithms.value_loss import ValueLossConfig
 from mindrl.config import ConfigError
+from mindrl.config.batching import Batching
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.resources import RoleResource
 from mindrl.config.reward import RewardConfig
@@ -36,6 +37,10 @@ ROLLOUT_MODES = ("sync", "one_step_off_policy", "streaming")
 KL_CONTROLLERS = ("fixed", "adaptive")
 # MindSpeed-RL's token_level_loss is a coarser name for two loss_agg_modes.
 _AGG_OF_TOKEN_LEVEL = {True: "token-mean", False: "seq-mean-token-mean"}
+#: the token budgets (the generic one last) and row caps of use_dynamic_bsz
+_BUDGET_KEYS = ("ref_max_packing_token_size", "actor_max_packing_token_size", "update_max_packing_token_size",
+                "max_packing_token_size", "dynamic_max_batch_size", "ref_dynamic_max_batch_size",
+                "actor_dynamic_max_batch_size", "update_dynamic_max_batch_size")
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,22 @@ class RLConfig:
     #: auto | true | false: the actor and reference see a prompt's samples packed behind one copy of it
     #: (auto: where that costs fewer FLOPs; mindrl/models/prompt_packing.py)
     prompt_packing: bool | str = "auto"
+    #: every Megatron pass packs each micro-batch's rows into one sequence without padding, each sample attending only
+    #: to itself (mindrl/models/micro_batches.py, docs/long_responses.md)
+    use_remove_padding: bool = False
+    #: with use_remove_padding: micro-batches are cut by a token budget (the keys below) instead of a row count
+    use_dynamic_bsz: bool = False
+    #: the token budget of a micro-batch in every pass whose own key below is unset (the critic's and the reward
+    #: model's always)
+    max_packing_token_size: int = 4096
+    ref_max_packing_token_size: int | None = None
+    actor_max_packing_token_size: int | None = None
+    update_max_packing_token_size: int | None = None
+    #: at most this many rows in a budgeted micro-batch, in every pass whose own key below is unset; null: no cap
+    dynamic_max_batch_size: int | None = None
+    ref_dynamic_max_batch_size: int | None = None
+    actor_dynamic_max_batch_size: int | None = None
+    update_dynamic_max_batch_size: int | None = None
     rule_reward: bool = True
     #: weight of the reward model's (normalised) score in each response's reward
     reward_model_weight: float = 1.0
@@ -221,7 +242,14 @@ class RLConfig:
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ConfigError(f"rl_config.rollout_mode must be one of {', '.join(ROLLOUT_MODES)}, got "
                               f"{self.rollout_mode!r}.")
-        positive("rl_config", self, "partial_rollout_max_split")
+        positive("rl_config", self, "partial_rollout_max_split", *_BUDGET_KEYS)
+        if self.use_dynamic_bsz and not self.use_remove_padding:
+            raise ConfigError("rl_config.use_dynamic_bsz cuts padding-free micro-batches by a token budget, but "
+                              "use_remove_padding is false; set use_remove_padding: true as well.")
+        for key in self.budgets_below(self.max_prompt_length):
+            raise ConfigError(f"rl_config.{key}={getattr(self, key)} is below max_prompt_length="
+                              f"{self.max_prompt_length}, but a prompt is never cut between micro-batches; raise it "
+                              f"to at least {self.max_prompt_length}.")
         positive("rl_config", self, "max_staleness", allow_zero=True)
         try:
             check_cap(self.behav_imp_weight_cap)
@@ -285,6 +313,27 @@ class RLConfig:
     @property
     def trains_critic(self) -> bool:
         return self.adv_estimator in CRITIC_ESTIMATORS
+
+    def batching(self, role: str) -> Batching:
+        """How the `role` pass (ref, actor, update, critic or reward) cuts its rows: padding-free packing, and its
+        token budget and row cap (its own keys, else max_packing_token_size and dynamic_max_batch_size)."""
+        if not self.use_remove_padding:
+            return Batching()
+        if not self.use_dynamic_bsz:
+            return Batching(remove_padding=True)
+        tokens = getattr(self, f"{role}_max_packing_token_size", None) or self.max_packing_token_size
+        rows = getattr(self, f"{role}_dynamic_max_batch_size", None) or self.dynamic_max_batch_size
+        return Batching(remove_padding=True, max_tokens=tokens, max_rows=rows)
+
+    def budgets_below(self, longest: int) -> list[str]:
+        """The budget keys whose passes get samples of up to `longest` tokens that do not fit them: such a sample
+        is alone in its micro-batch, whose peak memory is then the sample's, not the budget's."""
+        if not self.use_dynamic_bsz:
+            return []
+        roles = ("ref", "actor", "update") + (("critic",) if self.trains_critic else ())
+        keys = [f"{role}_max_packing_token_size" if getattr(self, f"{role}_max_packing_token_size", None)
+                else "max_packing_token_size" for role in roles if self.batching(role).max_tokens < longest]
+        return list(dict.fromkeys(keys))
 
     @property
     def packing_mode(self) -> str:

@@ -34,12 +34,13 @@ from mindrl.checkpoint import dist as dist_ckpt
 from mindrl.checkpoint import files, training
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.config.batching import Batching
 from mindrl.config.lora import LoraConfig
 from mindrl.distributed import init_model_parallel
 from mindrl.models import lora, sharding
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
-from mindrl.models.micro_batches import Batching, cut, pack_rows
+from mindrl.models.micro_batches import cut, pack_rows
 from mindrl.models.moe import ExpertLoad
 from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.models.prompt_packing import pack, packed_width, packing_pays, prompt_groups
@@ -318,8 +319,7 @@ class MegatronWorker:
             mb = {k: v[rows.start:rows.stop] for k, v in selected.items()}
             lengths = lengths[rows.start:rows.stop]
         groups = prompt_groups(mb["tokens"], mb["prompt_lengths"]) if share else None
-        packed = pack_rows(mb["tokens"], lengths, mb.get("prompt_lengths") if share else None, groups, width,
-                           multiple)
+        packed = pack_rows(mb["tokens"], lengths, mb.get("prompt_lengths"), groups, width, multiple)
         self.packed |= packed.shared
         mb["labels"] = shifted_labels(mb["tokens"])
         if "routes" in mb:  # each packed token replays the routes of the plain token it is; padding 0 … k − 1
@@ -449,10 +449,13 @@ def start_weights(contents: dict, root: str) -> dict[str, torch.Tensor]:
 
 def real_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Each right-padded row's tokens before its padding: its prompt and response where their lengths are
-    given, else up to the token after its last scored position (an SFT row's EOS), else the whole row."""
+    given, else up to the token after its last scored position (an SFT row's EOS) or up to its scored position (a
+    reward model's), else the whole row."""
     rows, width = batch["tokens"].shape
     if "prompt_lengths" in batch and "response_lengths" in batch:
         return (batch["prompt_lengths"] + batch["response_lengths"]).long()
+    if "score_positions" in batch:
+        return batch["score_positions"].long() + 1
     if "loss_mask" in batch:
         scored = batch["loss_mask"] != 0
         last = torch.where(scored, torch.arange(width), -1).max(dim=1).values

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from mindrl.algorithms.dpo_loss import DPOLossConfig, sequence_log_probs
 from mindrl.algorithms.value_loss import ValueLossConfig
 from mindrl.config import ModelArch, ParallelConfig
+from mindrl.config.batching import Batching
 from mindrl.data.images import PromptImages
 from mindrl.distributed import agreed_precision, destroy, init_distributed
 from mindrl.launch import rendezvous_store
@@ -51,6 +52,7 @@ class RewardSpec:
     weights: str
     micro_batch_size: int
     seed: int
+    batching: Batching = field(default_factory=Batching)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,9 @@ class PolicySpec:
     with_reference: bool
     ref_micro_batch_size: int
     actor_micro_batch_size: int
+    #: how the reference's and the actor's log-prob passes cut their rows (the update's: actor.batching)
+    ref_batching: Batching = field(default_factory=Batching)
+    actor_batching: Batching = field(default_factory=Batching)
     #: training checkpoint root to resume the actor from (None: a fresh start)
     resume: str | None = None
     resume_iteration: int | None = None
@@ -220,13 +225,15 @@ class PolicyRank(ActorRank, CriticHost):
         precision = agreed_precision(spec.bf16, "actor_config", spec.resume_bf16)
         dtype = self.dtype(precision)
         self.actor = ActorWorker(spec.arch, spec.par, spec.actor, spec.initial_weights, dtype)
-        self.actor.micro_batch_size = spec.actor_micro_batch_size  # its log-prob passes; updates use cfg's
+        # its log-prob passes; updates use cfg's
+        self.actor.micro_batch_size, self.actor.batching = spec.actor_micro_batch_size, spec.actor_batching
         self.reference = None
         if spec.with_reference and spec.share_backbone:
-            self.reference = BackboneReference(self.actor, spec.ref_micro_batch_size)
+            self.reference = BackboneReference(self.actor, spec.ref_micro_batch_size, spec.ref_batching)
         elif spec.with_reference:
             self.reference = MegatronWorker(spec.arch, spec.par, None, dtype, spec.actor.temperature,
-                                            spec.ref_micro_batch_size, spec.actor.seed, spec.actor.prompt_packing)
+                                            spec.ref_micro_batch_size, spec.actor.seed, spec.actor.prompt_packing,
+                                            spec.ref_batching)
             load_stage_weights(self.reference.model, dict(merged_parameters(self.actor.model)))
         self.reward = None
         if spec.reward is not None:
@@ -235,7 +242,7 @@ class PolicyRank(ActorRank, CriticHost):
             reward = spec.reward
             self.reward = RewardModelWorker(reward.arch, reward.par, reward.weights,
                                             self.dtype(agreed_precision(reward.bf16, "reward_config")),
-                                            reward.micro_batch_size, reward.seed)
+                                            reward.micro_batch_size, reward.seed, reward.batching)
         if spec.critic is not None:  # before the actor resumes: the actor's random generators are the ones restored
             self._build_critic(spec.critic)
         resumed = self._resume(spec)
@@ -300,6 +307,7 @@ class ReferenceSpec:
     micro_batch_size: int
     seed: int
     prompt_packing: str = "auto"
+    batching: Batching = field(default_factory=Batching)
 
 
 class CriticRank(RankProcess, CriticHost):
@@ -323,7 +331,7 @@ class RewardRank(RankProcess):
         self.join(host, port, timeout_s)
         precision = agreed_precision(spec.bf16, "reward_config")
         self.reward = RewardModelWorker(spec.arch, spec.par, spec.weights, self.dtype(precision),
-                                        spec.micro_batch_size, spec.seed)
+                                        spec.micro_batch_size, spec.seed, spec.batching)
         return {"dp_size": self.reward.dp_size, "precision": precision}
 
     def score(self, batch: dict) -> tuple[int, torch.Tensor] | None:
@@ -340,7 +348,8 @@ class ReferenceRank(RankProcess):
         self.join(host, port, timeout_s)
         precision = agreed_precision(spec.bf16, "ref_config")
         self.reference = MegatronWorker(spec.arch, spec.par, spec.weights, self.dtype(precision),
-                                        spec.temperature, spec.micro_batch_size, spec.seed, spec.prompt_packing)
+                                        spec.temperature, spec.micro_batch_size, spec.seed, spec.prompt_packing,
+                                        spec.batching)
         return {"dp_size": self.reference.dp_size, "precision": precision}
 
     def log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:

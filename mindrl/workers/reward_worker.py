@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.config.batching import Batching
 from mindrl.workers.megatron_worker import MegatronWorker, check_batch
 
 
@@ -19,12 +20,13 @@ class RewardModelWorker(MegatronWorker):
     """Weights come from a reward-model checkpoint and never change: no optimizer, no gradients."""
 
     def __init__(self, arch: ModelArch, par: ParallelConfig, weights: str | dict, params_dtype: torch.dtype,
-                 micro_batch_size: int, seed: int = 1234) -> None:
+                 micro_batch_size: int, seed: int = 1234, batching: Batching | None = None) -> None:
         if arch.num_labels != 1:
             has = "no score head" if arch.num_labels is None else f"a score head of {arch.num_labels} outputs"
             raise ConfigError(f"model {arch.name} has {has}; the reward worker takes a reward model with one output "
                               f"(HF *ForSequenceClassification, num_labels 1, converted with --orm).")
-        super().__init__(arch, par, weights, params_dtype, micro_batch_size=micro_batch_size, seed=seed)
+        super().__init__(arch, par, weights, params_dtype, micro_batch_size=micro_batch_size, seed=seed,
+                         batching=batching)
         self.model.requires_grad_(False)
 
     def score(self, batch: dict) -> torch.Tensor | None:
@@ -38,8 +40,10 @@ class RewardModelWorker(MegatronWorker):
                              f"{positions.min().item()}..{positions.max().item()}.")
 
         def pick(scores: torch.Tensor, mb: dict) -> dict[str, torch.Tensor]:
-            return {"scores": scores[torch.arange(scores.shape[0], device=scores.device), mb["score_positions"],
-                                     0].float()}
+            rows = torch.arange(mb["score_positions"].shape[0], device=scores.device)
+            if "source" in mb:  # a packed sequence: where each row's scored token is in it
+                return {"scores": scores[0, mb["source"][rows, mb["score_positions"]], 0].float()}
+            return {"scores": scores[rows, mb["score_positions"], 0].float()}
 
         out = self._forward_rows({"tokens": batch["tokens"], "score_positions": positions}, pick)
         return None if out is None else out["scores"]
