@@ -211,3 +211,45 @@ def test_a_budgets_cut_leaves_the_mini_batchs_gradient_as_it_is_for_every_aggreg
     runs = run_ranks(_passes, 2, "tiny_qwen", ParallelConfig(1, 1), 3, {"padded": Batching(), "budget": BUDGET},
                      "auto", {"loss_agg_mode": mode})
     _assert_same(runs, grouped_batch(10, prompts=PROMPTS, responses=RESPONSES)["loss_mask"])
+
+
+def _sft_and_dpo(rank: int, batchings: dict[str, Batching]) -> dict:
+    from mindrl.algorithms.dpo_loss import DPOLossConfig
+
+    arch = load_model_arch("tiny_qwen")
+    full = sharding.random_full_state_dict(arch, seed=4)
+    # four chosen/rejected pairs, each pair's rows sharing their prompt
+    batch = grouped_batch(arch.padded_vocab_size, 5, (5, 9, 7, 6), ((3, 30), (2, 45), (12, 1), (7, 8)))
+    rows = batch["tokens"].shape[0]
+    sft = {"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]}
+    noise = 0.3 * torch.randn(batch["tokens"].shape, generator=torch.Generator().manual_seed(2))
+    dpo = {**batch, "ref_log_probs": (noise - 6.9) * batch["loss_mask"]}
+    out = {}
+    for name, batching in batchings.items():
+        cfg = dataclasses.replace(BASE, mini_batch_size=rows, micro_batch_size=2, batching=batching,
+                                  prompt_packing="off" if name == "padded" else "auto")
+        grads = {}
+        for stage in ("sft", "dpo") if batching.max_tokens is None else ("sft",):
+            release_model_parallel()
+            worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=full)
+            if stage == "sft":
+                worker.sft_step(sft)
+            else:
+                worker.dpo_step(dpo, DPOLossConfig())
+            grads[stage] = reduced_grads(worker)
+        out[name] = grads
+    return out
+
+
+def test_sft_and_dpo_steps_packed_have_the_padded_rows_gradients():
+    """DP2; SFT also cut by a token budget (DPO keeps each pair whole in one micro-batch, so it takes none)."""
+    runs = run_ranks(_sft_and_dpo, 2, {"padded": Batching(), "packed": PACKED, "budget": BUDGET})
+    for result in runs:
+        for stage in ("sft", "dpo"):
+            expected = result["padded"][stage]
+            largest = max(g.abs().max().item() for g in expected.values())
+            assert largest > 1e-3
+            for name in ("packed", "budget") if stage == "sft" else ("packed",):
+                for key, grad in expected.items():
+                    diff = (result[name][stage][key] - grad).abs().max().item()
+                    assert diff <= 1e-6 * largest, f"{stage} {name}: gradient of {key} differs by {diff:.2e}"

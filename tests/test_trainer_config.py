@@ -228,6 +228,14 @@ MISTAKES = {
     "packed samples that see each other": (["+rl_config.use_remove_padding=true",
                                             "+megatron_training.reset_attention_mask=false"],
                                            ["actor_config.reset_attention_mask: false", "use_remove_padding"]),
+    "recompute keys that conflict": (["+actor_config.recompute_granularity=selective",
+                                      "+actor_config.recompute_num_layers=2"],
+                                     ["actor_config.recompute_granularity: selective", "conflict"]),
+    "recompute of more layers than a stage holds": (
+        ["+actor_config.recompute_granularity=full", "+actor_config.recompute_method=block",
+         "+actor_config.recompute_num_layers=8"], ["actor_config.recompute_num_layers=8", "4 layers"]),
+    "recompute of the activation alone": (["+megatron_training.recompute_activation_function=true"],
+                                          ["recompute_activation_function", "selective"]),
     "missing config": None,
 }
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from torch.utils.checkpoint import checkpoint
 
+from mindrl.models.recompute import recomputes_core
 from mindrl.platform import get_platform
 
 
@@ -89,6 +91,12 @@ class SDPAttention(DotProductAttention):
         if attention_bias is not None or packed_seq_params is not None:
             raise NotImplementedError("mindrl's attention core takes no attention bias or packed_seq_params; "
                                       "these models have none.")
+        if recomputes_core(self.config) and self.training and torch.is_grad_enabled():
+            return checkpoint(self._core, query, key, value, attention_mask, use_reentrant=False)
+        return self._core(query, key, value, attention_mask)
+
+    def _core(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: PackedLayout | Segments | None) -> torch.Tensor:
         # query-key layer scaling divides softmax_scale by the layer number and the softmax multiplies it back
         scale = self.softmax_scale * (self.scale_mask_softmax.scale or 1.0)
         seq, batch = query.shape[:2]

@@ -21,10 +21,12 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 
 from mindrl.config import ModelArch, ParallelConfig, validate_parallel
 from mindrl.config.parallel import validate_sequence_parallel
+from mindrl.config.recompute import Recompute
 from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
 from mindrl.models.attention import SDPAttention
 from mindrl.models.moe import mlp_submodules, moe_config_kwargs
+from mindrl.models.recompute import RecomputedBlock
 from mindrl.models.rmsnorm import RMSNorm
 from mindrl.models.swiglu import SwiGLU
 from mindrl.models.vision import VisionEncoder
@@ -168,9 +170,10 @@ class RewardGPTModel(PositionedGPTModel):
 
 
 def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dtype = torch.float32,
-                    platform: Platform | None = None, **config_overrides) -> GPTModel:
+                    platform: Platform | None = None, recompute: Recompute | None = None,
+                    **config_overrides) -> GPTModel:
     """This rank's pipeline stage and tensor slice of `arch` (a RewardGPTModel if it has a score
-    head), on this platform's device.
+    head), on this platform's device, recomputing activations in its backward as `recompute` says.
 
     Megatron's parallel state must already be initialised with `par` (see
     mindrl.distributed.init_model_parallel); the stage is taken from it.
@@ -178,7 +181,8 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     platform = platform or get_platform()
     # megatron-core builds the MLP's activation from the spec only under this flag (named for TE's modules)
     config = transformer_config(arch, par, params_dtype, platform,
-                                **{"use_te_activation_func": arch.swiglu, **config_overrides})
+                                **{"use_te_activation_func": arch.swiglu,
+                                   **(recompute or Recompute()).transformer_config_kwargs(), **config_overrides})
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Apex is not installed.*")
         spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
@@ -207,6 +211,9 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     else:
         model = PositionedGPTModel(config, block, share_embeddings_and_output_weights=arch.tied_embeddings,
                                    position_embedding_type="rope", **kwargs)
+    if config.recompute_granularity == "full":
+        # GPTModel builds megatron-core's block itself; mindrl's differs only in how it recomputes
+        model.decoder.__class__ = RecomputedBlock
     # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
     # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one.
     return model.to(device=platform.device(), dtype=params_dtype)

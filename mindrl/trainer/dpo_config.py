@@ -41,6 +41,10 @@ class DPOSection(StageSection):
 
     def check(self, name: str) -> None:
         positive(name, self, "test_interval", allow_zero=True)
+        if self.use_dynamic_bsz:
+            raise ConfigError(f"{name}.use_dynamic_bsz would cut micro-batches by tokens, but DPO's loss takes each "
+                              f"chosen/rejected pair whole in one micro-batch; keep micro_batch_size pairs (with "
+                              f"use_remove_padding: true they are packed without padding).")
         try:
             _ = self.loss  # building it checks the loss settings
         except ConfigError as err:

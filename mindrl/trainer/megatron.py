@@ -20,6 +20,7 @@ from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.lora import LoraConfig
 from mindrl.config.parallel import parse_layer_list
+from mindrl.config.recompute import Recompute
 from mindrl.config.values import check_types, positive
 
 if TYPE_CHECKING:
@@ -113,6 +114,15 @@ class MegatronConfig:
     lora_ckpt_filter: bool = False
     #: MindSpeed's fused LoRA kernels: not built (refused when true)
     lora_fusion: bool = False
+    #: activation recompute in the trained roles' backward (actor, critic, SFT, DPO): full (whole layers) or
+    #: selective (the attention core); forward-only passes keep nothing to recompute (docs/long_responses.md)
+    recompute_granularity: str | None = None
+    #: full recompute: uniform (groups of recompute_num_layers layers) or block (the first recompute_num_layers
+    #: layers of each pipeline stage)
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    #: MindSpeed's recompute of the MLP activation alone: not built (refused when true)
+    recompute_activation_function: bool = False
     #: Megatron's attention reset at sample boundaries; packed micro-batches (rl_config.use_remove_padding) always
     #: do so, so only false with them is refused; null and true mean the same
     reset_attention_mask: bool | None = None
@@ -164,6 +174,12 @@ class MegatronConfig:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
         self.lora.check(section)
         files.check_ckpt_format(self.ckpt_format, self.async_save, section)
+        full = self.recompute_granularity == "full" and self.arch is not None
+        self.recompute.check(section, max(self.parallel.layers_per_stage(self.arch)) if full else None)
+        if self.recompute_activation_function:
+            raise ConfigError(f"{section}.recompute_activation_function: true asks for MindSpeed's recompute of the "
+                              f"MLP activation alone, which mindrl does not build; use recompute_granularity: "
+                              f"selective (the attention core) or full (whole layers), or remove the key.")
         if self.lora_fusion:
             raise ConfigError(f"{section}.lora_fusion: true asks for MindSpeed's fused LoRA kernels, which mindrl does "
                               f"not build (its adapters run as two small matmuls beside each layer); remove the key.")
@@ -174,6 +190,10 @@ class MegatronConfig:
     @property
     def lora(self) -> LoraConfig:
         return LoraConfig(tuple(self.lora_target_modules or ()), self.lora_r, self.lora_alpha, self.lora_ckpt_filter)
+
+    @property
+    def recompute(self) -> Recompute:
+        return Recompute(self.recompute_granularity, self.recompute_method, self.recompute_num_layers)
 
     @property
     def parallel(self) -> ParallelConfig:
@@ -198,7 +218,8 @@ class MegatronConfig:
                            seed=self.seed, freeze_vision_tower=self.freeze_vision_tower,
                            override_opt_param_scheduler=self.override_opt_param_scheduler,
                            use_checkpoint_opt_param_scheduler=self.use_checkpoint_opt_param_scheduler,
-                           lora=self.lora, ckpt_format=self.ckpt_format, async_save=self.async_save, **update)
+                           lora=self.lora, ckpt_format=self.ckpt_format, async_save=self.async_save,
+                           recompute=self.recompute, **update)
 
     def check_full_checkpoints(self, section: str) -> None:
         """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""

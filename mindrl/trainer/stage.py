@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mindrl.config import ConfigError, resources
+from mindrl.config.batching import Batching
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.parallel import validate_parallel, validate_sequence_parallel
 from mindrl.config.resources import Cluster, RoleResource
@@ -42,6 +43,11 @@ class StageSection:
     resource_wait_timeout: float = 600.0
     #: a private cluster (no RAY_ADDRESS) serves Ray's dashboard (needs `pip install "ray[default]"`)
     include_dashboard: bool = False
+    #: each micro-batch's rows as one sequence without padding (docs/long_responses.md)
+    use_remove_padding: bool = False
+    #: with use_remove_padding: micro-batches cut by max_packing_token_size tokens instead of micro_batch_size rows
+    use_dynamic_bsz: bool = False
+    max_packing_token_size: int = 4096
 
     @classmethod
     def from_dict(cls, name: str, values: Mapping[str, Any], keys: Keys) -> StageSection:
@@ -52,6 +58,10 @@ class StageSection:
         section = cls(**values)
         check_types(name, section)
         positive(name, section, "resource_wait_timeout", allow_zero=True)
+        positive(name, section, "max_packing_token_size")
+        if section.use_dynamic_bsz and not section.use_remove_padding:
+            raise ConfigError(f"{name}.use_dynamic_bsz cuts padding-free micro-batches by a token budget, but "
+                              f"use_remove_padding is false; set use_remove_padding: true as well.")
         if section.use_tensorboard and not section.tensorboard_dir:
             raise ConfigError(f"{name}.use_tensorboard needs tensorboard_dir, where the event files go.")
         section.check(name)
@@ -59,6 +69,10 @@ class StageSection:
 
     def check(self, name: str) -> None:
         """The stage's own rules for its section."""
+
+    @property
+    def batching(self) -> Batching:
+        return Batching(self.use_remove_padding, self.max_packing_token_size if self.use_dynamic_bsz else None)
 
 
 @dataclass(frozen=True)
@@ -161,7 +175,9 @@ class StageTrainer(ABC):
         """`spec_class` (SFTSpec or a subclass) with what every stage's ranks are given: the layout, the actor's
         settings (`rows_per_example` rows per example of the batch), the precision and where to start or resume."""
         t = self.cfg.training
-        return spec_class(t.arch, t.parallel, t.actor_config(t.global_batch_size, rows_per_example=rows_per_example),
+        actor = t.actor_config(t.global_batch_size, rows_per_example=rows_per_example,
+                               batching=self.cfg.section.batching)
+        return spec_class(t.arch, t.parallel, actor,
                           t.bf16, self.start.initial_weights, self.start.resume,
                           self.start.iteration if self.start.resume else None, self.start.bf16, not t.no_load_optim,
                           not t.no_load_rng, **extra)

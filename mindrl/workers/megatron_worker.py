@@ -7,6 +7,9 @@ hosts them is a thin shell. A batch is a dict of host tensors over the *whole* b
   old_log_probs, advantages, ref_log_probs [B, S]   (for updates)
   prompt_lengths, response_lengths [B]   (optional: rows that share a prompt are then packed behind
                         one copy of it where that costs fewer FLOPs, mindrl/models/prompt_packing.py)
+Each pass cuts its rows into micro-batches of right-padded rows, or (`Batching.remove_padding`) of padding-free
+packed sequences cut by a row count or a token budget (mindrl/models/micro_batches.py); the loss reads the plain
+rows either way.
   pixel_values [B, P, D], image_grid_thw [B, I, 3]   (a vision-language model's: each row's images, zero-padded
                         (mindrl.models.vision.rows_of_images); each micro-batch takes its rows' images and the
                         multimodal positions they make)
@@ -36,6 +39,7 @@ from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.batching import Batching
 from mindrl.config.lora import LoraConfig
+from mindrl.config.recompute import Recompute
 from mindrl.distributed import init_model_parallel
 from mindrl.models import lora, sharding
 from mindrl.models.forward import run_microbatches
@@ -83,6 +87,8 @@ class ActorConfig:
     #: how updates cut their rows: padding-free packing and a token budget (the worker's log-prob passes start with
     #: it too; a trainer gives them their own)
     batching: Batching = field(default_factory=Batching)
+    #: what the backward recomputes instead of keeping from the forward (mindrl/models/recompute.py)
+    recompute: Recompute = field(default_factory=Recompute)
     #: a vision-language model's tower (merger included) takes no gradient and no optimizer state
     freeze_vision_tower: bool = False
     #: on resume, this config's LR / weight-decay schedule replaces the checkpoint's from the checkpoint's step on
@@ -187,7 +193,7 @@ class MegatronWorker:
     def __init__(self, arch: ModelArch, par: ParallelConfig, weights: str | dict | None = None,
                  params_dtype: torch.dtype = torch.float32, temperature: float = 1.0,
                  micro_batch_size: int = 2, seed: int = 1234, prompt_packing: str = "auto",
-                 batching: Batching | None = None) -> None:
+                 batching: Batching | None = None, recompute: Recompute | None = None) -> None:
         check_prompt_packing(prompt_packing)
         self.arch, self.par, self.temperature, self.micro_batch_size = arch, par, temperature, micro_batch_size
         self.prompt_packing = prompt_packing
@@ -197,7 +203,7 @@ class MegatronWorker:
         self.vocab_size = arch.padded_vocab_size  # the model's own vocabulary; TP padding beyond it is masked
         self.platform = get_platform()
         init_model_parallel(par, seed=seed, arch=arch)
-        self.model = build_gpt_model(arch, par, params_dtype)
+        self.model = build_gpt_model(arch, par, params_dtype, recompute=recompute)
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.ep_rank = parallel_state.get_expert_model_parallel_rank() if par.ep > 1 else 0
@@ -270,6 +276,9 @@ class MegatronWorker:
         per-token tensor the loss reads stays in the plain rows' [rows, S] layout."""
         batching = self.batching if batching is None else batching
         selected = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
+        if "pixel_values" in selected and self.arch.vision is None:
+            raise ConfigError(f"the batch holds images but model {self.arch.name} has no vision tower to see them; "
+                              f"give this role a vision-language model or use text-only data.")
         self.packed = False
         out = self._packed(selected, size, batching) if batching.remove_padding else \
             self._padded(selected, size, (int(batch["prompt_lengths"].max()), int(batch["response_lengths"].max()))
@@ -354,9 +363,6 @@ class MegatronWorker:
             out.append(mb)
         if self.arch.vision is not None:
             out = [self._with_images(mb) for mb in out]
-        elif "pixel_values" in out[0]:
-            raise ConfigError(f"the batch holds images but model {self.arch.name} has no vision tower to see them; "
-                              f"give this role a vision-language model or use text-only data.")
         # replayed routes are per plain row (a packed row would need them re-laid as its tokens are), a
         # sequence-parallel model's rows are padded to a multiple of TP, which the packed index would not follow,
         # and multimodal positions are per plain row too
@@ -514,7 +520,7 @@ class ActorWorker(MegatronWorker):
                 f"rank a whole number of micro-batches of micro_batch_size={cfg.micro_batch_size}; make "
                 f"mini_batch_size a multiple of {dp_size * cfg.micro_batch_size}.")
         super().__init__(arch, par, weights, params_dtype, cfg.temperature, cfg.micro_batch_size, cfg.seed,
-                         cfg.prompt_packing, cfg.batching)
+                         cfg.prompt_packing, cfg.batching, cfg.recompute)
         self.cfg = cfg
         self._base_digest: str | None = None
         if cfg.lora.enabled:  # before the wrap: DDP and the optimizer see only what trains
@@ -682,6 +688,9 @@ class ActorWorker(MegatronWorker):
         if self.cfg.temperature != 1.0:
             raise ConfigError(f"DPO scores tokens at temperature 1, but this actor's is {self.cfg.temperature}; "
                               f"build it with temperature=1.0.")
+        if self.cfg.batching.max_tokens is not None:
+            raise ConfigError("a token budget would cut DPO's micro-batches by tokens, but its loss takes each "
+                              "chosen/rejected pair whole in one micro-batch; build the actor without one.")
         rows = self.local_rows(rows_total)
         self.model.train()
         chosen_tokens = batch["loss_mask"][0::2].sum().item()  # the whole batch's: every rank holds it

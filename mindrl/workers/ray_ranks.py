@@ -418,7 +418,8 @@ class DPORank(SFTRank):
             self.reference = BackboneReference(self.actor, spec.actor.micro_batch_size)
         else:
             self.reference = MegatronWorker(spec.arch, spec.par, spec.reference, dtype, 1.0,
-                                            spec.actor.micro_batch_size, spec.actor.seed, spec.actor.prompt_packing)
+                                            spec.actor.micro_batch_size, spec.actor.seed, spec.actor.prompt_packing,
+                                            spec.actor.batching)
             if spec.reference is None:  # the weights the run started from, copied before a resume loads others
                 load_stage_weights(self.reference.model, dict(merged_parameters(self.actor.model)))
         return {"dp_size": self.actor.dp_size, **self._resume(spec), "precision": precision}
