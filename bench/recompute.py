@@ -1,6 +1,11 @@
-"""What activation recompute saves and costs: one update on a single 4096-token sequence (a 64-token prompt and its
-response), without recompute, with full recompute (every layer, and the first half of the layers) and with
-selective recompute (the attention core), each in a fresh one-rank process.
+"""What activation recompute saves and costs: one update on 4096 tokens, packed without padding, as one sample (a
+64-token prompt and its response) and as 8 samples of 512 tokens (one prompt's 8 responses), without recompute,
+with full recompute (every layer, and the first half of the layers) and with selective recompute (the attention
+core), each in a fresh one-rank process.
+
+On CPU a long sample's attention runs torch's fused kernel, which keeps no score matrix, so selective recompute has
+nothing to drop there; samples up to ~700 tokens (small_qwen's 8 heads) are computed as matmuls whose score
+matrices the backward keeps (mindrl/models/attention.py), and those are what selective recompute drops.
 
 Peak memory is the process's peak RSS above its RSS once the model is built, the update's own: activations,
 logits, gradients and Adam's moments (allocated at the first step, the same in every mode); the seconds are the
@@ -39,7 +44,7 @@ def modes(layers: int) -> dict[str, Recompute]:
             "full_block_half": Recompute("full", "block", layers // 2), "selective": Recompute("selective")}
 
 
-def _rank(rank: int, model: str, tokens: int, mode: str) -> dict:
+def _rank(rank: int, model: str, tokens: int, samples: int, mode: str) -> dict:
     from mindrl.workers.megatron_worker import ActorConfig, ActorWorker
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -47,7 +52,9 @@ def _rank(rank: int, model: str, tokens: int, mode: str) -> dict:
     cfg = ActorConfig(lr=1e-5, mini_batch_size=1, micro_batch_size=1, batching=Batching(remove_padding=True),
                       recompute=modes(arch.num_layers)[mode])
     actor = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=sharding.random_full_state_dict(arch, seed=1))
-    batch = grpo_batch(arch.padded_vocab_size, [tokens - PROMPT], 1)
+    cfg = dataclasses.replace(cfg, mini_batch_size=samples, micro_batch_size=samples)
+    response = (tokens - PROMPT) // samples
+    batch = grpo_batch(arch.padded_vocab_size, [response] * samples, samples)
     baseline = _rss()
     start = time.perf_counter()
     actor.update(batch)
@@ -62,7 +69,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096)
     args = parser.parse_args()
     layers = load_model_arch(args.model).num_layers
-    results = {mode: run_ranks(_rank, 1, args.model, args.tokens, mode)[0] for mode in modes(layers)}
+    results = {f"{samples}_samples": {mode: run_ranks(_rank, 1, args.model, args.tokens, samples, mode)[0]
+                                      for mode in modes(layers)} for samples in (1, 8)}
     print(json.dumps({"bench": "recompute", "model": args.model, "tokens": args.tokens, "layers": layers,
                       "cpu": platform.processor() or platform.machine(),
                       "omp_threads": os.environ.get("OMP_NUM_THREADS"), **results}))
