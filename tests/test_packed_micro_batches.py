@@ -16,7 +16,7 @@ from mindrl.config.batching import Batching
 from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import sharding
-from mindrl.models.micro_batches import cut, pack_rows
+from mindrl.models.micro_batches import balanced_shares, cut, pack_rows
 from mindrl.models.prompt_packing import prompt_groups
 from mindrl.workers.megatron_worker import ActorWorker
 from tests.grads import reduced_grads
@@ -28,6 +28,7 @@ PROMPTS, RESPONSES = (5, 9, 7), ((3, 30, 1, 6), (2, 4, 45, 8), (12, 1, 3, 5))
 PACKED = Batching(remove_padding=True)
 #: cuts the batch into 5 micro-batches on one rank, into 2 and 3 on two data-parallel ranks
 BUDGET = Batching(remove_padding=True, max_tokens=40)
+BALANCED = Batching(remove_padding=True, max_tokens=40, balance=True)
 
 
 def long_tailed_batch(vocab: int, seed: int = 3) -> dict:
@@ -105,23 +106,30 @@ def _passes(rank: int, arch_name: str, par: ParallelConfig, micro: int, batching
         worker = ActorWorker(arch, par, cfg, weights=full)
         scores = worker.compute_log_prob(batch, with_entropy=True)
         metrics = worker.update(batch)
-        rows = worker.local_rows(batch["tokens"].shape[0])
+        rows = worker.rows_for(batch, worker.batching)
         out[name] = {"scores": scores, "metrics": metrics, "grads": reduced_grads(worker), "rows": rows,
                      "packed": worker.packed}
     return out
 
 
 def _assert_same(runs: list[dict], mask: torch.Tensor, scores_only: tuple[str, ...] = ()) -> None:
-    """Each run's passes equal its padded one's; those named in `scores_only` in their log-probs and entropies."""
+    """Each run's passes equal its padded one's (the scores put together over the ranks in the batch's order: a
+    balanced pass gives each rank rows from anywhere); those named in `scores_only` in their log-probs and
+    entropies."""
+    scores: dict[str, dict[str, torch.Tensor]] = {}
+    for result in runs:
+        for name, got in result.items():
+            if got["scores"] is not None:
+                for key, value in got["scores"].items():
+                    scores.setdefault(name, {}).setdefault(key, torch.zeros(mask.shape))[got["rows"]] = value
+    for name, got in scores.items():
+        for key in ("log_probs", "entropy"):
+            diff = (got[key] - scores["padded"][key])[mask.bool()].abs().max().item()
+            assert diff <= 1e-6, f"{name}: {key} differs by {diff:.2e}"
     for result in runs:
         expected = result.pop("padded")
         assert max(g.abs().max().item() for g in expected["grads"].values()) > 1e-3
         for name, got in result.items():
-            if expected["scores"] is not None:
-                rows = mask[expected["rows"]].bool()
-                for key in ("log_probs", "entropy"):
-                    diff = (got["scores"][key] - expected["scores"][key])[rows].abs().max().item()
-                    assert diff <= 1e-6, f"{name}: {key} differs by {diff:.2e}"
             if name in scores_only:
                 continue
             largest = max(g.abs().max().item() for g in expected["grads"].values())
@@ -143,11 +151,14 @@ DENSE_LAYOUTS = {"one rank": (ParallelConfig(1, 1), 1), "tp2 with sequence paral
 @pytest.mark.parametrize("layout", DENSE_LAYOUTS)
 def test_packed_and_budgeted_passes_equal_the_padded_rows(layout):
     """Log-probs and entropies ≤ 1e-6 (fp32), gradients ≤ 1e-6 × the largest, the update's metrics: packed with the
-    prompts shared, packed without, and cut by a token budget (different micro-batch counts per DP rank)."""
+    prompts shared, packed without, cut by a token budget (different micro-batch counts per DP rank), and that with
+    the data-parallel shares balanced."""
     par, world = DENSE_LAYOUTS[layout]
-    batchings = {"padded": Batching(), "packed": PACKED, "budget": BUDGET}
+    batchings = {"padded": Batching(), "packed": PACKED, "budget": BUDGET, "balanced budget": BALANCED}
     runs = run_ranks(_passes, world, "tiny_qwen", par, 3, batchings)
     assert any(r["packed"]["packed"] for r in runs)
+    if layout == "dp2":  # the balanced ranks hold rows of both halves of the batch
+        assert not torch.equal(runs[0]["balanced budget"]["rows"], torch.arange(6))
     batch = grouped_batch(10, prompts=PROMPTS, responses=RESPONSES)
     _assert_same(runs, batch["loss_mask"])
     unshared = run_ranks(_passes, world, "tiny_qwen", par, 3, {"padded": Batching(), "packed": PACKED}, "off")
@@ -253,3 +264,22 @@ def test_sft_and_dpo_steps_packed_have_the_padded_rows_gradients():
                 for key, grad in expected.items():
                     diff = (result[name][stage][key] - grad).abs().max().item()
                     assert diff <= 1e-6 * largest, f"{stage} {name}: gradient of {key} differs by {diff:.2e}"
+
+
+def test_balanced_shares_even_out_a_long_tail_and_keep_prompts_together_where_that_costs_little():
+    """As many rows per rank, every row once; the heaviest rank within 10 % of the larger of the mean and the
+    heaviest row, and below the contiguous split's; over 2 ranks whole prompt groups stay together."""
+    gen = torch.Generator().manual_seed(0)
+    costs = (128 * torch.exp(1.19 * torch.randn(64, generator=gen))).tolist()
+    groups = [range(start, start + 4) for start in range(0, 64, 4)]
+    for ranks in (2, 4, 8):
+        shares = balanced_shares(costs, groups, ranks)
+        assert sorted(row for share in shares for row in share) == list(range(64))
+        assert all(len(share) == 64 // ranks for share in shares)
+        heaviest = max(sum(costs[row] for row in share) for share in shares)
+        contiguous = max(sum(costs[r * 64 // ranks:(r + 1) * 64 // ranks]) for r in range(ranks))
+        assert heaviest < contiguous and heaviest <= 1.1 * max(sum(costs) / ranks, max(costs))
+        if ranks == 2:
+            assert all(set(groups[row // 4]) <= set(share) for share in shares for row in share)
+    single = balanced_shares(costs[:6], [range(0, 4), range(4, 6)], 2)  # unequal groups: rows are balanced
+    assert [len(share) for share in single] == [3, 3]

@@ -39,3 +39,21 @@ def test_a_packed_budgeted_run_killed_mid_checkpoint_resumes_to_its_uninterrupte
     got = jobs.metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3, 4]
     assert jobs.run_values(got) == jobs.run_values(expected)
+
+
+def test_the_shrunk_mindspeed_20k_dapo_recipe_trains_three_steps(tiny_math_data, tmp_path):
+    """configs/rlxf/dapo_long_tiny_cpu.yaml (MindSpeed-RL's dapo_qwen25_32b_A2_20k with its packing, budget and
+    balance keys) on DP2, with shorter responses: three steps, the engine and the balanced packed actor agreeing."""
+    tokenizer, root = tiny_math_data
+    save = tmp_path / "run"
+    values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": root / "eight",
+              "megatron_training.bf16": "false", "megatron_training.save": save, "megatron_training.train_iters": 3,
+              "megatron_training.save_interval": 0, "rl_config.tensorboard_dir": save / "tb",
+              "generate_config.sampling_config.max_tokens": 64, "rl_config.rollout_max_tokens": 64,
+              "rl_config.overlong_buffer": 16}
+    jobs.run("train_grpo.py", "dapo_long_tiny_cpu", [f"{key}={value}" for key, value in values.items()],
+             tmp_path / "log")
+    lines = jobs.metrics(save / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert all(line["rollout_is/abs_log_prob_diff_mean"] < 1e-4 for line in lines)
+    assert max(line["grad_norm"] for line in lines) > 0

@@ -225,6 +225,8 @@ MISTAKES = {
     "token budget below the longest prompt": (
         [*PACKING, "+rl_config.update_max_packing_token_size=500"],
         ["rl_config.update_max_packing_token_size=500", "max_prompt_length=512", "never cut"]),
+    "balance without packing": (["+rl_config.use_dp_batch_balance=true"], ["use_dp_batch_balance",
+                                                                           "use_remove_padding: true"]),
     "packed samples that see each other": (["+rl_config.use_remove_padding=true",
                                             "+megatron_training.reset_attention_mask=false"],
                                            ["actor_config.reset_attention_mask: false", "use_remove_padding"]),
@@ -486,12 +488,13 @@ def test_packing_keys_reach_each_pass_and_a_budget_below_the_longest_sample_is_s
     a budget the longest sample (512 + 256 tokens) exceeds leaves that sample alone in its micro-batch, said once."""
     cfg = load_trainer_config("grpo_tiny_cpu", [*PACKING, "+rl_config.max_packing_token_size=1024",
                                                 "+rl_config.update_max_packing_token_size=600",
-                                                "+rl_config.ref_dynamic_max_batch_size=4"])
+                                                "+rl_config.ref_dynamic_max_batch_size=4",
+                                                "+rl_config.use_dp_batch_balance=true"])
     rl = cfg.rl_config
-    assert rl.batching("ref") == Batching(True, 1024, 4)
-    assert rl.batching("actor") == Batching(True, 1024, None)
-    assert cfg.actor_update_config().batching == rl.batching("update") == Batching(True, 600, None)
-    assert rl.batching("reward") == rl.batching("critic") == Batching(True, 1024, None)
+    assert rl.batching("ref") == Batching(True, 1024, 4, balance=True)
+    assert rl.batching("actor") == Batching(True, 1024, None, balance=True)
+    assert cfg.actor_update_config().batching == rl.batching("update") == Batching(True, 600, None, balance=True)
+    assert rl.batching("reward") == rl.batching("critic") == Batching(True, 1024, None, balance=True)
     said = [notice for notice in cfg.notices if "max_packing_token_size" in notice]
     assert said == ["rl_config.update_max_packing_token_size=600 is below the longest sample this run can make (768 "
                     "tokens: max_prompt_length + the response's limit); such a sample is alone in its micro-batch, "

@@ -18,6 +18,8 @@ class Batching:
     max_tokens: int | None = None
     #: at most this many rows in a budgeted micro-batch (MindSpeed-RL's *_dynamic_max_batch_size); None: no cap
     max_rows: int | None = None
+    #: each data-parallel rank gets rows of about the same cost instead of a contiguous share (use_dp_batch_balance)
+    balance: bool = False
 
     def __post_init__(self) -> None:
         for key in ("max_tokens", "max_rows"):
@@ -27,6 +29,9 @@ class Batching:
         if self.max_tokens is not None and not self.remove_padding:
             raise ConfigError("a token budget per micro-batch (use_dynamic_bsz) cuts padding-free micro-batches; set "
                               "use_remove_padding: true as well.")
+        if self.balance and not self.remove_padding:
+            raise ConfigError("use_dp_batch_balance gives the data-parallel ranks shares of equal cost, but padded "
+                              "rows all cost the batch's width; set use_remove_padding: true as well.")
         if self.max_rows is not None and self.max_tokens is None:
             raise ConfigError("a row cap per micro-batch (dynamic_max_batch_size) applies to token-budget "
                               "micro-batches; set use_dynamic_bsz: true or remove it.")

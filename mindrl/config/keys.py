@@ -38,8 +38,6 @@ MINDSPEED_REASONS: dict[str, str] = {
     "share_backbone": _ELSEWHERE.format("rl_config or dpo_config (docs/lora.md)"),
     "use_remove_padding": _ELSEWHERE.format("rl_config (docs/long_responses.md)"),
     "use_dynamic_bsz": _ELSEWHERE.format("rl_config (docs/long_responses.md)"),
-    "use_dp_batch_balance": _NOT_BUILT.format("token-balanced data-parallel shares (rows are split in contiguous "
-                                              "shares)"),
     "attention_dropout": _FIXED.format("no dropout in RL training"),
     "hidden_dropout": _FIXED.format("no dropout in RL training"),
     "init_method_std": _FIXED.format("weights always come from a checkpoint or a seeded init"),

@@ -114,6 +114,9 @@ class RLConfig:
     ref_dynamic_max_batch_size: int | None = None
     actor_dynamic_max_batch_size: int | None = None
     update_dynamic_max_batch_size: int | None = None
+    #: with use_remove_padding: each data-parallel rank gets rows of about the same forward FLOPs (its tokens and
+    #: their attention pairs) instead of a contiguous share; results come back in the batch's order
+    use_dp_batch_balance: bool = False
     rule_reward: bool = True
     #: weight of the reward model's (normalised) score in each response's reward
     reward_model_weight: float = 1.0
@@ -243,6 +246,9 @@ class RLConfig:
             raise ConfigError(f"rl_config.rollout_mode must be one of {', '.join(ROLLOUT_MODES)}, got "
                               f"{self.rollout_mode!r}.")
         positive("rl_config", self, "partial_rollout_max_split", *_BUDGET_KEYS)
+        if self.use_dp_batch_balance and not self.use_remove_padding:
+            raise ConfigError("rl_config.use_dp_batch_balance gives the data-parallel ranks shares of equal cost, but "
+                              "padded rows all cost the batch's width; set use_remove_padding: true as well.")
         if self.use_dynamic_bsz and not self.use_remove_padding:
             raise ConfigError("rl_config.use_dynamic_bsz cuts padding-free micro-batches by a token budget, but "
                               "use_remove_padding is false; set use_remove_padding: true as well.")
@@ -320,10 +326,10 @@ class RLConfig:
         if not self.use_remove_padding:
             return Batching()
         if not self.use_dynamic_bsz:
-            return Batching(remove_padding=True)
+            return Batching(remove_padding=True, balance=self.use_dp_batch_balance)
         tokens = getattr(self, f"{role}_max_packing_token_size", None) or self.max_packing_token_size
         rows = getattr(self, f"{role}_dynamic_max_batch_size", None) or self.dynamic_max_batch_size
-        return Batching(remove_padding=True, max_tokens=tokens, max_rows=rows)
+        return Batching(remove_padding=True, max_tokens=tokens, max_rows=rows, balance=self.use_dp_batch_balance)
 
     def budgets_below(self, longest: int) -> list[str]:
         """The budget keys whose passes get samples of up to `longest` tokens that do not fit them: such a sample

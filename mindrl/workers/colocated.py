@@ -153,12 +153,12 @@ class ColocatedRollout:
         everyone: list[dict[str, str] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, stats.digests)
         differing = sorted({name for other in everyone for name in stats.digests if other[name] != stats.digests[name]})
-        probe = probe_tokens(self.actor.arch.padded_vocab_size, max(self.actor.dp_size, 1))
-        actor = self.actor.compute_log_prob({"tokens": probe}, temperature=1.0)
-        engine = torch.tensor(self.engine.prompt_log_probs(probe.tolist()))
+        probe = {"tokens": probe_tokens(self.actor.arch.padded_vocab_size, max(self.actor.dp_size, 1))}
+        actor = self.actor.compute_log_prob(probe, temperature=1.0)
+        engine = torch.tensor(self.engine.prompt_log_probs(probe["tokens"].tolist()))
         worst = torch.zeros(1, device=self.actor.platform.device())  # NCCL / HCCL reduce device tensors only
         if actor is not None:
-            rows = self.actor.local_rows(probe.shape[0])
+            rows = self.actor.rows_for(probe, self.actor.batching)
             worst[0] = (actor["log_probs"][:, :-1] - engine[rows]).abs().max()
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         metrics = {"sync/checked_tensors": float(len(stats.digests)), "sync/differing_tensors": float(len(differing)),

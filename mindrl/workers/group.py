@@ -363,16 +363,19 @@ def ranks_by_node(bundles_to_node: Mapping[int, str]) -> list[int]:
     return sorted(bundles_to_node, key=lambda index: (first[bundles_to_node[index]], index))
 
 
-def gather_rows(results: list[tuple[int, torch.Tensor] | None], dp_size: int) -> torch.Tensor:
-    """The whole batch's rows from the (data-parallel rank, rows) parts the result-holding ranks returned."""
+def gather_rows(results: list[tuple[int, torch.Tensor, torch.Tensor] | None], dp_size: int) -> torch.Tensor:
+    """The whole batch's rows, in its order, from the (data-parallel rank, rows, their places in the batch) parts
+    the result-holding ranks returned (a balanced pass gives each rank rows from anywhere in the batch)."""
     parts = {}
     for item in results:
         if item is not None:
-            parts.setdefault(item[0], item[1])
+            parts.setdefault(item[0], item[1:])
     if sorted(parts) != list(range(dp_size)):
         raise RuntimeError(f"results came from data-parallel ranks {sorted(parts)} of {dp_size}; every "
                            f"data-parallel rank's last pipeline stage must return its rows.")
-    return torch.cat([parts[rank] for rank in range(dp_size)])
+    values = torch.cat([parts[rank][0] for rank in range(dp_size)])
+    places = torch.cat([parts[rank][1] for rank in range(dp_size)])
+    return torch.empty_like(values).index_copy_(0, places, values)
 
 
 def _describe(resources: dict[str, float]) -> str:

@@ -42,9 +42,10 @@ from mindrl.config.lora import LoraConfig
 from mindrl.config.recompute import Recompute
 from mindrl.distributed import init_model_parallel
 from mindrl.models import lora, sharding
+from mindrl.models.flops import forward_flops
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
-from mindrl.models.micro_batches import cut, pack_rows
+from mindrl.models.micro_batches import balanced_shares, cut, pack_rows
 from mindrl.models.moe import ExpertLoad
 from mindrl.models.optimizer import wrap_for_training, zero_grads
 from mindrl.models.prompt_packing import pack, packed_width, packing_pays, prompt_groups
@@ -269,6 +270,24 @@ class MegatronWorker:
         share = batch_size // self.dp_size
         return slice(self.dp_rank * share, (self.dp_rank + 1) * share)
 
+    def rows_for(self, batch: dict, batching: Batching) -> torch.Tensor:
+        """The rows of the batch this data-parallel rank works on in a pass cut as `batching` says: its contiguous
+        share, or (`balance`) a share of about the same cost as every other rank's."""
+        share = self.local_rows(batch["tokens"].shape[0])
+        if not batching.balance or self.dp_size == 1:
+            return torch.arange(share.start, share.stop)
+        return self.balanced(batch, torch.arange(batch["tokens"].shape[0]))
+
+    def balanced(self, batch: dict, rows: torch.Tensor) -> torch.Tensor:
+        """This data-parallel rank's part of `rows`, every rank's of about the same forward FLOPs (its tokens through
+        the weights and its causal attention pairs), a prompt's samples kept together where the groups allow."""
+        lengths = real_lengths({k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}).tolist()
+        costs = [forward_flops(self.arch, n, n * (n + 1) / 2) for n in lengths]
+        units = [range(row, row + 1) for row in range(len(lengths))]
+        if {"prompt_lengths", "response_lengths"} <= batch.keys():
+            units = prompt_groups(batch["tokens"][rows], batch["prompt_lengths"][rows])
+        return rows[balanced_shares(costs, units, self.dp_size)[self.dp_rank]]
+
     def _micro_batches(self, batch: dict, rows: torch.Tensor | slice, size: int,
                        batching: Batching | None = None) -> list[dict]:
         """This pass's micro-batches of `rows`, cut as `batching` says (the worker's forward batching by default):
@@ -430,14 +449,14 @@ class MegatronWorker:
         """A forward-only pass over this rank's rows in micro-batches; `keep(output, micro-batch)` picks each
         micro-batch's per-row results. Those of the rank's rows (padding rows dropped), on the host, on the last
         pipeline stage; None elsewhere."""
-        rows = self.local_rows(batch["tokens"].shape[0])
+        rows = self.rows_for(batch, self.batching)
         self.model.eval()
         micro = self._micro_batches(batch, rows, self.micro_batch_size)
         outputs = run_microbatches(self.model, micro, lambda out, mb: (out.new_zeros(()), keep(out, mb)),
                                    forward_only=True)
         if not self.is_last_stage:
             return None
-        count, width = rows.stop - rows.start, batch["tokens"].shape[1]
+        count, width = len(rows), batch["tokens"].shape[1]
         # [rows, width] results lose the columns a sequence-parallel pass padded
         return {key: _cut(torch.cat([o[key] for o in outputs])[:count], width).cpu() for key in outputs[0]}
 
@@ -585,22 +604,33 @@ class ActorWorker(MegatronWorker):
         over the steps."""
         cfg = self.cfg
         self._mini_batches_of(batch)
-        rows = self.local_rows(batch["tokens"].shape[0])
-        n_local = rows.stop - rows.start
-        mini = cfg.mini_batch_size // self.dp_size
         self.model.train()
         history: dict[str, list[float]] = {}
         for epoch in range(cfg.epochs):
-            order = torch.arange(rows.start, rows.stop)
-            if cfg.shuffle_mini_batch:
-                gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
-                order = rows.start + torch.randperm(n_local, generator=gen)
-            for start in range(0, n_local, mini):
-                metrics = self._step(batch, order[start:start + mini], loss_of, entropy=entropy)
+            for rows in self._mini_batch_rows(batch, epoch):
+                metrics = self._step(batch, rows, loss_of, entropy=entropy)
                 for key, value in metrics.items():
                     history.setdefault(key, []).append(value)
         self.updates += 1
         return {key: sum(values) / len(values) for key, values in history.items()}
+
+    def _mini_batch_rows(self, batch: dict, epoch: int) -> list[torch.Tensor]:
+        """This rank's rows of each mini-batch of the epoch: mini-batches of its contiguous share (shuffled with
+        `shuffle_mini_batch`); with `balance`, each mini-batch of the whole batch's rows (shuffled alike) split over
+        the data-parallel ranks by cost."""
+        cfg = self.cfg
+        total = batch["tokens"].shape[0]
+        generator = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
+        if cfg.batching.balance and self.dp_size > 1:
+            order = torch.randperm(total, generator=generator) if cfg.shuffle_mini_batch else torch.arange(total)
+            return [self.balanced(batch, order[start:start + cfg.mini_batch_size].sort().values)
+                    for start in range(0, total, cfg.mini_batch_size)]
+        rows = self.local_rows(total)
+        n_local, mini = rows.stop - rows.start, cfg.mini_batch_size // self.dp_size
+        order = torch.arange(rows.start, rows.stop)
+        if cfg.shuffle_mini_batch:
+            order = rows.start + torch.randperm(n_local, generator=generator)
+        return [order[start:start + mini] for start in range(0, n_local, mini)]
 
     def _backward(self, batch: dict, rows: torch.Tensor, loss_of: LossOf, entropy: bool) -> tuple[list[dict], int]:
         """Forward and backward of one mini-batch (this rank's `rows`); gradients end reduced

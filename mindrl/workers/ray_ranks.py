@@ -41,6 +41,10 @@ from mindrl.workers.engine_share import engine_config, probe_tokens
 from mindrl.workers.group import COLLECTIVE_TIMEOUT_S
 from mindrl.workers.megatron_worker import ActorConfig, BackboneReference, MegatronWorker
 
+#: (data-parallel rank, its rows' results, which rows of the batch they are; mindrl.workers.group.gather_rows puts
+#: them back in the batch's order) on the ranks that hold results, None on the others
+Held = tuple[int, torch.Tensor, torch.Tensor] | None
+
 
 @dataclass(frozen=True)
 class RewardSpec:
@@ -89,8 +93,8 @@ class CriticHost:
             self.critic.load_checkpoint(spec.resume, spec.resume_iteration, spec.load_optim, spec.load_rng)
         return precision
 
-    def values(self, batch: dict) -> tuple[int, torch.Tensor] | None:
-        return _held(self.critic, self.critic.compute_values(batch))
+    def values(self, batch: dict) -> Held:
+        return _held(self.critic, self.critic.compute_values(batch), batch)
 
     def update_critic(self, batch: dict) -> dict[str, float]:
         return self.critic.update(batch)
@@ -271,21 +275,21 @@ class PolicyRank(ActorRank, CriticHost):
                              cfg.weight_sync_bucket_mb << 20, version)
         return stats.metrics()
 
-    def probe_log_probs(self, rows: int) -> tuple[int, torch.Tensor] | None:
+    def probe_log_probs(self, rows: int) -> Held:
         """The actor's log-probs of the probe sequence (engine_share.probe_tokens, `rows` of them: one per
         data-parallel rank) at temperature 1, on the ranks that hold results: what a pushed engine must match."""
-        out = self.actor.compute_log_prob({"tokens": probe_tokens(self.actor.arch.padded_vocab_size, rows)},
-                                          temperature=1.0)
-        return _held(self.actor, None if out is None else out["log_probs"])
+        probe = {"tokens": probe_tokens(self.actor.arch.padded_vocab_size, rows)}
+        out = self.actor.compute_log_prob(probe, temperature=1.0)
+        return _held(self.actor, None if out is None else out["log_probs"], probe)
 
-    def log_probs(self, batch: dict, role: str) -> tuple[int, torch.Tensor] | None:
+    def log_probs(self, batch: dict, role: str) -> Held:
         return _rows_of(self.actor if role == "actor" else self.reference, batch)
 
     def update(self, batch: dict) -> dict[str, float]:
         return self.actor.update(batch)
 
-    def score(self, batch: dict) -> tuple[int, torch.Tensor] | None:
-        return _held(self.reward, self.reward.score(batch))
+    def score(self, batch: dict) -> Held:
+        return _held(self.reward, self.reward.score(batch), batch)
 
     def close(self) -> None:
         try:
@@ -334,8 +338,8 @@ class RewardRank(RankProcess):
                                         spec.micro_batch_size, spec.seed, spec.batching)
         return {"dp_size": self.reward.dp_size, "precision": precision}
 
-    def score(self, batch: dict) -> tuple[int, torch.Tensor] | None:
-        return _held(self.reward, self.reward.score(batch))
+    def score(self, batch: dict) -> Held:
+        return _held(self.reward, self.reward.score(batch), batch)
 
     def close(self) -> None:
         destroy()
@@ -352,7 +356,7 @@ class ReferenceRank(RankProcess):
                                         spec.batching)
         return {"dp_size": self.reference.dp_size, "precision": precision}
 
-    def log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:
+    def log_probs(self, batch: dict) -> Held:
         return _rows_of(self.reference, batch)
 
     def close(self) -> None:
@@ -433,7 +437,7 @@ class DPORank(SFTRank):
             full[rows] = ref["log_probs"]
         return self.actor.dpo_step({**batch, "ref_log_probs": full}, self.loss)
 
-    def sequence_log_probs(self, batch: dict) -> tuple[int, torch.Tensor] | None:
+    def sequence_log_probs(self, batch: dict) -> Held:
         """(data-parallel rank, [its rows, 2]: the policy's and the reference's response log-probs) on the ranks
         that hold results: what held-out pairs are judged by."""
         actor, reference = self.actor.compute_log_prob(batch), self.reference.compute_log_prob(batch)
@@ -442,7 +446,7 @@ class DPORank(SFTRank):
         mask = batch["loss_mask"][self.actor.local_rows(batch["tokens"].shape[0])]
         both = torch.stack([sequence_log_probs(self.loss, actor["log_probs"], mask),
                             sequence_log_probs(self.loss, reference["log_probs"], mask)], -1)
-        return _held(self.actor, both)
+        return _held(self.actor, both, batch)
 
 
 def _store_host(loopback: bool) -> str:
@@ -452,16 +456,15 @@ def _store_host(loopback: bool) -> str:
     return "127.0.0.1" if loopback else ray.util.get_node_ip_address()
 
 
-def _rows_of(worker: MegatronWorker | BackboneReference, batch: dict) -> tuple[int, torch.Tensor] | None:
+def _rows_of(worker: MegatronWorker | BackboneReference, batch: dict) -> Held:
     """(data-parallel rank, log-probs of its rows) on the ranks that hold results."""
     out = worker.compute_log_prob(batch)
-    return _held(worker, None if out is None else out["log_probs"])
+    return _held(worker, None if out is None else out["log_probs"], batch)
 
 
-def _held(worker: MegatronWorker | BackboneReference,
-          rows: torch.Tensor | None) -> tuple[int, torch.Tensor] | None:
-    """(data-parallel rank, its rows' results) on the one rank per data-parallel rank that returns them
-    (last stage, TP rank 0); None elsewhere."""
+def _held(worker: MegatronWorker | BackboneReference, rows: torch.Tensor | None, batch: dict) -> Held:
+    """(data-parallel rank, its rows' results, which rows of `batch` they are) on the one rank per data-parallel
+    rank that returns them (last stage, TP rank 0); None elsewhere."""
     if rows is None or worker.tp_rank != 0:
         return None
-    return worker.dp_rank, rows
+    return worker.dp_rank, rows, worker.rows_for(batch, worker.batching)
