@@ -1,5 +1,6 @@
 """The segmented attention core's CPU matmul path against torch's fused kernel: outputs and the gradients
-of queries, keys and values, with grouped-query heads and padded segments."""
+of queries, keys and values, with grouped-query heads and padded segments; a padding-free packed sequence
+against one dense masked attention."""
 
 import pytest
 import torch
@@ -59,3 +60,29 @@ def test_the_cpu_matmul_path_has_the_fused_kernels_outputs_and_gradients(monkeyp
     for name, mine, oracle in zip(("output", "query grad", "key grad", "value grad"), matmuls, fused, strict=True):
         assert torch.isfinite(mine).all(), name
         assert (mine.float() - oracle.float()).abs().max().item() <= tolerance * oracle.float().abs().max().item(), name
+
+
+@pytest.mark.parametrize("response", [40, 1100], ids=["matmuls", "fused kernel"])
+def test_a_padding_free_sequence_attends_each_sample_to_its_prompt_and_itself(response):
+    """Segments: a shared prompt of 300 tokens, two responses behind it and an unrelated sample, then padding;
+    against one dense masked attention over the whole sequence. Long responses take the fused kernel with a causal
+    mask aligned to the last key (no dense mask built), short ones the CPU matmul path."""
+    prompt, other, pad = 300, 50, 6
+    starts = (0, prompt, prompt + response, prompt + 2 * response)
+    lengths = (prompt, response, response, other)
+    prefixes = ((0, 0), (0, prompt), (0, prompt), (starts[3], 0))
+    total = starts[3] + other + pad
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randn(total, HEADS, DIM, generator=gen)
+    key, value = (torch.randn(total, GROUPS, DIM, generator=gen) for _ in range(2))
+    out = attention.packed_attention(query, key, value, attention.Segments(starts, lengths, prefixes), 0.3, True)
+    allowed = torch.zeros(total, total, dtype=torch.bool)
+    for start, length, (first, prefix) in zip(starts, lengths, prefixes, strict=True):
+        own = slice(start, start + length)
+        allowed[own, first:first + prefix] = True
+        allowed[own, own] = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed[total - pad:, 0] = True  # padding queries: any key (their outputs are zeroed below)
+    heads_first = [x.repeat_interleave(HEADS // x.shape[1], 1).transpose(0, 1) for x in (query, key, value)]
+    dense = torch.nn.functional.scaled_dot_product_attention(*heads_first, attn_mask=allowed, scale=0.3).transpose(0, 1)
+    dense[total - pad:] = 0
+    assert (out - dense).abs().max().item() < 1e-5

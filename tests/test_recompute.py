@@ -100,3 +100,27 @@ def test_recompute_keys_that_conflict_are_one_sentence(recompute, words):
     assert "\n" not in message and all(word in message for word in words), message
     with pytest.raises(ConfigError, match="exceeds the 2 layers"):
         Recompute("full", "block", 3).check("actor_config", layers_per_stage=2)
+
+
+def _moe_updates(rank: int) -> dict:
+    arch = load_model_arch("tiny_qwen3_moe")
+    full = sharding.random_full_state_dict(arch, seed=4)
+    batch = long_tailed_batch(arch.padded_vocab_size)
+    out = {}
+    for name in ("none", "full uniform 2"):
+        release_model_parallel()
+        cfg = dataclasses.replace(BASE, mini_batch_size=batch["tokens"].shape[0], micro_batch_size=3,
+                                  batching=ROWS["padding-free"][1], recompute=RECOMPUTES[name])
+        worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=full)
+        out[name] = {"metrics": worker.update(batch), "grads": reduced_grads(worker)}
+    return out
+
+
+def test_a_recomputed_mixture_of_experts_logs_its_routers_once():
+    """The recomputed layers run their routers again in the backward: the load-balancing loss megatron-core tracks
+    and the experts' load mindrl counts are each micro-batch's once, as without recompute."""
+    result = run_ranks(_moe_updates, 1)[0]
+    plain, full = result["none"], result["full uniform 2"]
+    assert plain["metrics"]["moe/load_balancing_loss"] > 0
+    assert full["metrics"] == plain["metrics"]
+    assert all(torch.equal(full["grads"][key], grad) for key, grad in plain["grads"].items())

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mindrl.ckpt_convert import hf_to_mcore
+from mindrl.config.batching import Batching
 from mindrl.launch import run_ranks
 from mindrl.rollout.config import SamplingConfig
 from mindrl.trainer.experience import rollout_batch
@@ -51,6 +52,10 @@ def _replay(rank: int, checkpoint: str) -> dict:
                                            % actor.arch.num_experts, shuffled[..., 1])
             other = actor.compute_log_prob({"tokens": batch["tokens"], "routes": shuffled})
             entry["other"] = _gap(other, batch, rows)
+            actor.batching = Batching(remove_padding=True, max_tokens=48)  # each packed token replays its own route
+            packed = actor.compute_log_prob({"tokens": batch["tokens"], "routes": shuffled})
+            actor.batching = Batching()
+            entry["packed_other"] = ((packed["log_probs"] - other["log_probs"]) * batch["loss_mask"][rows]).abs().max()
             entry["same"] = ((plain["log_probs"] - replayed["log_probs"]) * batch["loss_mask"][rows]).abs().max().item()
             mask = batch["loss_mask"]
             update = actor.update({**batch, "advantages": torch.randn(mask.shape[0], 1).expand_as(mask) * mask,
@@ -76,6 +81,7 @@ def test_the_engine_records_every_fed_tokens_route_and_fp32_replay_changes_nothi
         assert fp32["same"] <= 1e-6  # the engine's routes are the actor's own in fp32
         assert fp32["replayed"]["max"] <= 1e-5
         assert fp32["other"]["mean"] > 1e-2  # the replayed routes decide the experts
+        assert fp32["packed_other"] <= 1e-5  # and packed without padding, the same routes for the same tokens
         assert fp32["updated"]
 
 

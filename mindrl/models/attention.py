@@ -6,7 +6,8 @@ model's update with packed rows. scaled_dot_product_attention fuses the three (a
 the diagonal of a causal row). A row that packs k responses behind one copy of their prompt
 (mindrl/models/prompt_packing.py) is attended segment by segment: the prompt causally over itself, each
 response over the prompt and its own earlier tokens — P² + k·R·(P + R) query-key pairs (segments padded
-to the batch's longest) where the row as one masked matrix costs (P + k·R)².
+to the batch's longest) where the row as one masked matrix costs (P + k·R)². A padding-free packed sequence
+(mindrl/models/micro_batches.py) is attended sample by sample, each in its own shape (`Segments`).
 
 On CPU a segment whose score matrix is small is computed as Megatron's unfused core does it: two batched
 matmuls with a softmax between them. torch's CPU flash kernel runs these head_dim-64 segments far below the
@@ -22,6 +23,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 from mindrl.models.recompute import recomputes_core
@@ -63,10 +65,6 @@ class Segments:
 
     def to(self, device: torch.device | str) -> Segments:
         return self  # plain offsets: the attention slices by them
-
-    def attention_pairs(self) -> int:
-        """(query, key) pairs the attention computes."""
-        return sum(n * (n + 1) // 2 + n * prefix for n, (_, prefix) in zip(self.lengths, self.prefixes, strict=True))
 
 
 class SDPAttention(DotProductAttention):
@@ -170,8 +168,12 @@ def _causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix:
             enable_gqa: bool) -> torch.Tensor:
     """[1, heads, L, dim] queries over [1, groups, prefix + L, dim] keys: every prefix key, then causally."""
     length = query.shape[2]
-    if not prefix and not _materialised(query, key.shape[2]):
-        return _sdpa(query, key, value, enable_gqa, is_causal=True, scale=scale)
+    if not _materialised(query, key.shape[2]):
+        if not prefix:
+            return _sdpa(query, key, value, enable_gqa, is_causal=True, scale=scale)
+        # causal aligned to the last key: the fused kernels take it without a dense [L, prefix + L] mask
+        return _sdpa(query, key, value, enable_gqa, attn_mask=causal_lower_right(length, prefix + length),
+                     scale=scale)
     allowed = torch.ones(length, prefix + length, dtype=torch.bool, device=query.device).tril(prefix)
     return _attend(query, key, value, allowed[None, None], scale, enable_gqa)
 

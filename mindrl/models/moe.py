@@ -20,6 +20,7 @@ from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
 from mindrl.config import ParallelConfig
+from mindrl.models.recompute import recomputing
 
 # megatron-core 0.16 tests `te_general_gemm is not None` in the router's linear but binds the name only when
 # Transformer Engine imports; without it every router forward raises NameError. None is its own "absent".
@@ -62,7 +63,7 @@ class ExpertLoad:
                 module.register_forward_hook(self._count)
 
     def _count(self, router: TopKRouter, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not recomputing():
             self.counts[router.layer_number - 1] += output[1].sum(dim=0)
 
     def step_metrics(self, num_microbatches: int) -> dict[str, float]:

@@ -89,8 +89,9 @@ def check_layouts(cfg: TrainerConfig) -> None:
             validate_sequence_parallel(role.arch, role.parallel)
         except ConfigError as err:
             raise ConfigError(f"{section}: {err}") from None
-    if cfg.rl_config.prompt_packing is True:
+    if cfg.rl_config.prompt_packing is True and not cfg.rl_config.use_remove_padding:
         # the reward model scores plain rows; the critic in the actor's processes packs as the actor does
+        # (padding-free micro-batches share prompts under sequence parallelism too)
         packing = [(section, role) for section, role, _ in cfg.roles() if section != "reward_config"]
         if critic is not None and not cfg.critic_on_own_devices:
             packing.append(("critic_config", critic))
@@ -374,4 +375,13 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
     if cfg.reward_config is None:
         off(("reward_model_normalize", "reward_model_weight"), "without a reward model (rl_config.reward_resource "
                                                                "or colocate_all_models with reward_config)")
+    if not rl.use_dynamic_bsz:
+        off(("max_packing_token_size", "ref_max_packing_token_size", "actor_max_packing_token_size",
+             "update_max_packing_token_size", "dynamic_max_batch_size", "ref_dynamic_max_batch_size",
+             "actor_dynamic_max_batch_size", "update_dynamic_max_batch_size"),
+            "without use_dynamic_bsz: true (token-budget micro-batches, with use_remove_padding; "
+            "docs/long_responses.md)")
+    notices += [f"{section}.recompute_granularity={role.recompute_granularity} has no effect: the {section[:-7]} "
+                f"runs forward only, which keeps no activations to recompute." for section, role in others.items()
+                if section in ("ref_config", "reward_config") and role.recompute_granularity is not None]
     return notices

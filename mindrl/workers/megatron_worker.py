@@ -318,7 +318,9 @@ class MegatronWorker:
                               f"model whose multimodal positions are per padded row; set use_remove_padding: false.")
         tokens = selected["tokens"]
         lengths = real_lengths(selected)
-        share = self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= selected.keys()
+        # replayed routes are each sample's own, its prompt's included
+        share = self.prompt_packing != "off" and {"prompt_lengths", "response_lengths"} <= selected.keys() \
+            and "routes" not in selected
         groups = prompt_groups(tokens, selected["prompt_lengths"]) if share else \
             [range(row, row + 1) for row in range(tokens.shape[0])]
         cuts = cut(lengths.tolist(), selected["prompt_lengths"].tolist() if share else None, groups, size, batching)
@@ -335,7 +337,9 @@ class MegatronWorker:
                     width: int, multiple: int) -> dict[str, torch.Tensor]:
         """One packed micro-batch of `rows`; None: a stand-in that keeps this data-parallel rank's micro-batch count
         equal to the others' (expert parallelism exchanges tokens in every one), the rank's shortest row with every
-        per-token value zero, so it adds nothing to the loss, the gradients or the results kept."""
+        per-token value zero, so it adds nothing to the loss or the results kept. A mixture of experts' routers do
+        count its tokens in their load-balancing and z-losses (megatron-core cannot average them over no tokens: all
+        padding gives NaN), as one more micro-batch of those per-micro-batch losses."""
         if rows is None:
             shortest = int(lengths.argmin())
             mb = {k: v[shortest:shortest + 1].clone() for k, v in selected.items()}
