@@ -26,12 +26,13 @@ class Batching:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
+        # the sentences start with the key, so a config section can put its name in front
         if self.max_tokens is not None and not self.remove_padding:
-            raise ConfigError("a token budget per micro-batch (use_dynamic_bsz) cuts padding-free micro-batches; set "
-                              "use_remove_padding: true as well.")
+            raise ConfigError("use_dynamic_bsz cuts padding-free micro-batches by a token budget, but "
+                              "use_remove_padding is false; set use_remove_padding: true as well.")
         if self.balance and not self.remove_padding:
             raise ConfigError("use_dp_batch_balance gives the data-parallel ranks shares of equal cost, but padded "
                               "rows all cost the batch's width; set use_remove_padding: true as well.")
         if self.max_rows is not None and self.max_tokens is None:
-            raise ConfigError("a row cap per micro-batch (dynamic_max_batch_size) applies to token-budget "
-                              "micro-batches; set use_dynamic_bsz: true or remove it.")
+            raise ConfigError("dynamic_max_batch_size caps the rows of token-budget micro-batches; set "
+                              "use_dynamic_bsz: true or remove it.")

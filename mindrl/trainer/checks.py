@@ -19,7 +19,7 @@ from mindrl.rollout.config import VLLM_ROUTES, GenerateConfig, check_megatron_ro
 from mindrl.trainer.grpo_config import TrainerConfig, max_response_length
 from mindrl.trainer.megatron import SEQUENCE_PARALLEL_AT_TP1
 from mindrl.trainer.reward_model import REWARD_MODEL
-from mindrl.trainer.rl import RLConfig
+from mindrl.trainer.rl import BUDGET_KEYS, RLConfig
 
 
 def uses_vllm(gen: GenerateConfig) -> bool:
@@ -227,16 +227,16 @@ def check_packing(cfg: TrainerConfig) -> list[str]:
             raise ConfigError(f"{section}.reset_attention_mask: false would let packed samples attend to each "
                               f"other, which mindrl does not build (use_remove_padding always restarts attention and "
                               f"positions at each sample); set it to true or remove it.")
-    if cfg.reward_config is not None and rl.batching("reward").max_tokens is not None \
-            and rl.batching("reward").max_tokens < rl.max_prompt_length:
-        raise ConfigError(f"rl_config.max_packing_token_size={rl.max_packing_token_size} (the reward model's "
-                          f"budget) is below max_prompt_length={rl.max_prompt_length}, but a prompt is never cut "
-                          f"between micro-batches; raise it to at least {rl.max_prompt_length}.")
+    reward = cfg.reward_config is not None
+    for key in rl.budgets_below(rl.max_prompt_length, reward):
+        raise ConfigError(f"rl_config.{key}={getattr(rl, key)} is below max_prompt_length={rl.max_prompt_length}, "
+                          f"but a prompt is never cut between micro-batches; raise it to at least "
+                          f"{rl.max_prompt_length}.")
     longest = rl.max_prompt_length + max_response_length(rl, cfg.generate_config)
     return [f"rl_config.{key}={getattr(rl, key)} is below the longest sample this run can make ({longest} tokens: "
             f"max_prompt_length + the response's limit); such a sample is alone in its micro-batch, whose activations "
             f"then follow the sample, not the budget; raise it to {longest} to bound every micro-batch."
-            for key in rl.budgets_below(longest)]
+            for key in rl.budgets_below(longest, reward)]
 
 
 def check_multi_turn(cfg: TrainerConfig) -> list[str]:
@@ -376,10 +376,7 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
         off(("reward_model_normalize", "reward_model_weight"), "without a reward model (rl_config.reward_resource "
                                                                "or colocate_all_models with reward_config)")
     if not rl.use_dynamic_bsz:
-        off(("max_packing_token_size", "ref_max_packing_token_size", "actor_max_packing_token_size",
-             "update_max_packing_token_size", "dynamic_max_batch_size", "ref_dynamic_max_batch_size",
-             "actor_dynamic_max_batch_size", "update_dynamic_max_batch_size"),
-            "without use_dynamic_bsz: true (token-budget micro-batches, with use_remove_padding; "
+        off(BUDGET_KEYS, "without use_dynamic_bsz: true (token-budget micro-batches, with use_remove_padding; "
             "docs/long_responses.md)")
     notices += [f"{section}.recompute_granularity={role.recompute_granularity} has no effect: the {section[:-7]} "
                 f"runs forward only, which keeps no activations to recompute." for section, role in others.items()

@@ -37,8 +37,8 @@ ROLLOUT_MODES = ("sync", "one_step_off_policy", "streaming")
 KL_CONTROLLERS = ("fixed", "adaptive")
 # MindSpeed-RL's token_level_loss is a coarser name for two loss_agg_modes.
 _AGG_OF_TOKEN_LEVEL = {True: "token-mean", False: "seq-mean-token-mean"}
-#: the token budgets (the generic one last) and row caps of use_dynamic_bsz
-_BUDGET_KEYS = ("ref_max_packing_token_size", "actor_max_packing_token_size", "update_max_packing_token_size",
+#: the token budgets and row caps of use_dynamic_bsz
+BUDGET_KEYS = ("ref_max_packing_token_size", "actor_max_packing_token_size", "update_max_packing_token_size",
                 "max_packing_token_size", "dynamic_max_batch_size", "ref_dynamic_max_batch_size",
                 "actor_dynamic_max_batch_size", "update_dynamic_max_batch_size")
 
@@ -245,17 +245,11 @@ class RLConfig:
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ConfigError(f"rl_config.rollout_mode must be one of {', '.join(ROLLOUT_MODES)}, got "
                               f"{self.rollout_mode!r}.")
-        positive("rl_config", self, "partial_rollout_max_split", *_BUDGET_KEYS)
-        if self.use_dp_batch_balance and not self.use_remove_padding:
-            raise ConfigError("rl_config.use_dp_batch_balance gives the data-parallel ranks shares of equal cost, but "
-                              "padded rows all cost the batch's width; set use_remove_padding: true as well.")
-        if self.use_dynamic_bsz and not self.use_remove_padding:
-            raise ConfigError("rl_config.use_dynamic_bsz cuts padding-free micro-batches by a token budget, but "
-                              "use_remove_padding is false; set use_remove_padding: true as well.")
-        for key in self.budgets_below(self.max_prompt_length):
-            raise ConfigError(f"rl_config.{key}={getattr(self, key)} is below max_prompt_length="
-                              f"{self.max_prompt_length}, but a prompt is never cut between micro-batches; raise it "
-                              f"to at least {self.max_prompt_length}.")
+        positive("rl_config", self, "partial_rollout_max_split", *BUDGET_KEYS)
+        try:
+            self.batching("update")
+        except ConfigError as err:
+            raise ConfigError(f"rl_config.{err}") from None
         positive("rl_config", self, "max_staleness", allow_zero=True)
         try:
             check_cap(self.behav_imp_weight_cap)
@@ -322,21 +316,21 @@ class RLConfig:
 
     def batching(self, role: str) -> Batching:
         """How the `role` pass (ref, actor, update, critic or reward) cuts its rows: padding-free packing, and its
-        token budget and row cap (its own keys, else max_packing_token_size and dynamic_max_batch_size)."""
-        if not self.use_remove_padding:
-            return Batching()
-        if not self.use_dynamic_bsz:
-            return Batching(remove_padding=True, balance=self.use_dp_batch_balance)
-        tokens = getattr(self, f"{role}_max_packing_token_size", None) or self.max_packing_token_size
-        rows = getattr(self, f"{role}_dynamic_max_batch_size", None) or self.dynamic_max_batch_size
-        return Batching(remove_padding=True, max_tokens=tokens, max_rows=rows, balance=self.use_dp_batch_balance)
+        token budget and row cap (its own keys, else max_packing_token_size and dynamic_max_batch_size); Batching
+        refuses what the keys cannot mean together."""
+        tokens = rows = None
+        if self.use_dynamic_bsz:
+            tokens = getattr(self, f"{role}_max_packing_token_size", None) or self.max_packing_token_size
+            rows = getattr(self, f"{role}_dynamic_max_batch_size", None) or self.dynamic_max_batch_size
+        return Batching(self.use_remove_padding, tokens, rows, self.use_dp_batch_balance)
 
-    def budgets_below(self, longest: int) -> list[str]:
-        """The budget keys whose passes get samples of up to `longest` tokens that do not fit them: such a sample
-        is alone in its micro-batch, whose peak memory is then the sample's, not the budget's."""
+    def budgets_below(self, longest: int, reward_model: bool = False) -> list[str]:
+        """The budget keys of the passes that run (the reward model's where there is one) whose budget `longest`
+        tokens do not fit."""
         if not self.use_dynamic_bsz:
             return []
-        roles = ("ref", "actor", "update") + (("critic",) if self.trains_critic else ())
+        roles = ("ref", "actor", "update") + (("critic",) if self.trains_critic else ()) + \
+            (("reward",) if reward_model else ())
         keys = [f"{role}_max_packing_token_size" if getattr(self, f"{role}_max_packing_token_size", None)
                 else "max_packing_token_size" for role in roles if self.batching(role).max_tokens < longest]
         return list(dict.fromkeys(keys))

@@ -59,9 +59,10 @@ class StageSection:
         check_types(name, section)
         positive(name, section, "resource_wait_timeout", allow_zero=True)
         positive(name, section, "max_packing_token_size")
-        if section.use_dynamic_bsz and not section.use_remove_padding:
-            raise ConfigError(f"{name}.use_dynamic_bsz cuts padding-free micro-batches by a token budget, but "
-                              f"use_remove_padding is false; set use_remove_padding: true as well.")
+        try:
+            _ = section.batching  # Batching refuses what the packing keys cannot mean together
+        except ConfigError as err:
+            raise ConfigError(f"{name}.{err}") from None
         if section.use_tensorboard and not section.tensorboard_dir:
             raise ConfigError(f"{name}.use_tensorboard needs tensorboard_dir, where the event files go.")
         section.check(name)

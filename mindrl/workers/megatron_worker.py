@@ -7,14 +7,14 @@ hosts them is a thin shell. A batch is a dict of host tensors over the *whole* b
   old_log_probs, advantages, ref_log_probs [B, S]   (for updates)
   prompt_lengths, response_lengths [B]   (optional: rows that share a prompt are then packed behind
                         one copy of it where that costs fewer FLOPs, mindrl/models/prompt_packing.py)
-Each pass cuts its rows into micro-batches of right-padded rows, or (`Batching.remove_padding`) of padding-free
-packed sequences cut by a row count or a token budget (mindrl/models/micro_batches.py); the loss reads the plain
-rows either way.
   pixel_values [B, P, D], image_grid_thw [B, I, 3]   (a vision-language model's: each row's images, zero-padded
                         (mindrl.models.vision.rows_of_images); each micro-batch takes its rows' images and the
                         multimodal positions they make)
-Each data-parallel rank takes its contiguous share of the rows. Results (log-probs,
-entropy) come back on the last pipeline stage for that rank's rows; other stages get None.
+Each data-parallel rank takes its contiguous share of the rows, or with `Batching.balance` a share of equal
+cost. Each pass cuts them into micro-batches of right-padded rows, or (`Batching.remove_padding`) of padding-free
+packed sequences cut by a row count or a token budget (mindrl/models/micro_batches.py); the loss reads the plain
+rows either way. Results (log-probs, entropy) come back on the last pipeline stage for that rank's rows; other
+stages get None.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ class MegatronWorker:
     def balanced(self, batch: dict, rows: torch.Tensor) -> torch.Tensor:
         """This data-parallel rank's part of `rows`, every rank's of about the same forward FLOPs (its tokens through
         the weights and its causal attention pairs), a prompt's samples kept together where the groups allow."""
-        lengths = real_lengths({k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}).tolist()
+        lengths = real_lengths(batch)[rows].tolist()
         costs = [forward_flops(self.arch, n, n * (n + 1) / 2) for n in lengths]
         units = [range(row, row + 1) for row in range(len(lengths))]
         if {"prompt_lengths", "response_lengths"} <= batch.keys():
