@@ -145,7 +145,8 @@ def _assert_same(runs: list[dict], mask: torch.Tensor, scores_only: tuple[str, .
 
 DENSE_LAYOUTS = {"one rank": (ParallelConfig(1, 1), 1), "tp2 with sequence parallelism":
                  (ParallelConfig(2, 1, sequence_parallel=True), 2), "pp2": (ParallelConfig(1, 2), 2),
-                 "dp2": (ParallelConfig(1, 1), 2)}
+                 "dp2": (ParallelConfig(1, 1), 2),
+                 "tp2 pp2 with sequence parallelism": (ParallelConfig(2, 2, sequence_parallel=True), 4)}
 
 
 @pytest.mark.parametrize("layout", DENSE_LAYOUTS)
