@@ -25,6 +25,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -189,12 +190,29 @@ def _exit_as_a_spawned_process(results: mp.Queue) -> None:
     ctypes.PyDLL(None).exit(0)  # holding the GIL: no Python thread runs while the C++ libraries tear down
 
 
+def _failures(rank: int, value: str, world_size: int, results: mp.Queue, grace_s: float = 2.0) -> str:
+    """Every rank's failure that arrives within `grace_s` of the first, in order of arrival: a rank's report can
+    reach the queue after a peer's report of what it caused (a link closed under a collective), so the first one
+    alone may name a consequence rather than the cause."""
+    failures = [(rank, value)]
+    deadline = time.monotonic() + grace_s
+    while len(failures) < world_size and (left := deadline - time.monotonic()) > 0:
+        try:
+            other, ok, value = results.get(timeout=left)
+        except queue.Empty:
+            break
+        if not ok:
+            failures.append((other, value))
+    return "\n".join(f"rank {r} of {world_size} failed:\n{v}" for r, v in failures)
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str | None = None,
               timeout_s: float = 600.0) -> list[Any]:
     """`fn(rank, *args)` on `world_size` processes; returns their results by rank.
 
     `fn` must be importable by name (a module-level function). If any rank fails, the
-    others are stopped and a RuntimeError carries the failing rank's traceback.
+    others are stopped and a RuntimeError carries the traceback of each rank that failed
+    within 2 s of the first, first come first.
     """
     name = requested(device)
     forked = (detect() if name == "auto" else name) == "cpu"
@@ -218,7 +236,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str |
                 raise RuntimeError(f"ranks {sorted(set(range(world_size)) - set(outputs))} gave no "
                                    f"result within {timeout_s:.0f} s") from None
             if not ok:
-                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
+                raise RuntimeError(_failures(rank, value, world_size, results))
             outputs[rank] = torch.load(io.BytesIO(value), weights_only=False)
     finally:
         if len(outputs) < world_size:  # a rank failed: the others may wait in a collective forever

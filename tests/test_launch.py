@@ -29,6 +29,22 @@ def test_failure_carries_the_rank_and_traceback():
         run_ranks(_fail_on_one, 2, timeout_s=60)
 
 
+def _fail_after_the_other(rank: int) -> None:
+    import time
+
+    if rank == 0:
+        time.sleep(0.5)
+        raise ConnectionError("rank one went away")
+    raise ValueError("rank one is broken")
+
+
+def test_a_failure_that_arrives_soon_after_the_first_is_reported_too():
+    """The first report may be a consequence of another rank's failure; both tracebacks reach the caller."""
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed:.*rank one is broken.*"
+                                           r"rank 0 of 2 failed:.*ConnectionError: rank one went away"):
+        run_ranks(_fail_after_the_other, 2, timeout_s=60)
+
+
 def test_the_rendezvous_port_stays_bound_until_the_store_is_dropped():
     """Choosing a free port and binding it later lets a parallel launch take it in between."""
     store = rendezvous_store(2, timeout_s=10)
