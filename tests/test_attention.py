@@ -86,3 +86,27 @@ def test_a_padding_free_sequence_attends_each_sample_to_its_prompt_and_itself(re
     dense = torch.nn.functional.scaled_dot_product_attention(*heads_first, attn_mask=allowed, scale=0.3).transpose(0, 1)
     dense[total - pad:] = 0
     assert (out - dense).abs().max().item() < 1e-5
+
+
+def test_a_long_sample_behind_a_shared_prompt_keeps_nothing_quadratic_for_the_backward():
+    """torch's CPU kernels build a causal mask aligned to the last key as dense fp32 [L, prompt + L] tensors that
+    the backward keeps (two a layer); the prompt's queries in front make it the plain causal case. Gradients
+    against the dense masked attention too."""
+    prompt, response = 64, 1500
+    starts, lengths, prefixes = (0, prompt), (prompt, response), ((0, 0), (0, prompt))
+    gen = torch.Generator().manual_seed(2)
+    total = prompt + response
+    query = torch.randn(total, HEADS, DIM, generator=gen, requires_grad=True)
+    key, value = (torch.randn(total, GROUPS, DIM, generator=gen, requires_grad=True) for _ in range(2))
+    weights = torch.randn(total, HEADS, DIM, generator=gen)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+        out = attention.packed_attention(query, key, value, attention.Segments(starts, lengths, prefixes), 0.3, True)
+    assert max(kept) < response * (prompt + response) / 4
+    mine = torch.autograd.grad((out * weights).sum(), (query, key, value))
+    allowed = torch.ones(total, total, dtype=torch.bool).tril()
+    heads_first = [x.repeat_interleave(HEADS // x.shape[1], 1).transpose(0, 1) for x in (query, key, value)]
+    dense = torch.nn.functional.scaled_dot_product_attention(*heads_first, attn_mask=allowed, scale=0.3).transpose(0, 1)
+    oracle = torch.autograd.grad((dense * weights).sum(), (query, key, value))
+    for name, a, b in zip(("output", "query", "key", "value"), (out, *mine), (dense, *oracle), strict=True):
+        assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item(), name

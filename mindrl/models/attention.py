@@ -157,7 +157,8 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         if prefix:
             keys = torch.cat([key[first:first + prefix], keys])
             values = torch.cat([value[first:first + prefix], values])
-        out = _causal(heads_first(query[own]), heads_first(keys), heads_first(values), prefix, scale, enable_gqa)
+        out = _causal(heads_first(query[own]), heads_first(keys), heads_first(values), prefix, scale, enable_gqa,
+                      heads_first(query[first:first + prefix]))
         pieces.append(out.squeeze(0).transpose(0, 1))
     end = segments.starts[-1] + segments.lengths[-1] if segments.starts else 0
     pieces.append(query.new_zeros((query.shape[0] - end, *query.shape[1:])))
@@ -165,13 +166,20 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 
 def _causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix: int, scale: float,
-            enable_gqa: bool) -> torch.Tensor:
-    """[1, heads, L, dim] queries over [1, groups, prefix + L, dim] keys: every prefix key, then causally."""
+            enable_gqa: bool, prefix_query: torch.Tensor | None = None) -> torch.Tensor:
+    """[1, heads, L, dim] queries over [1, groups, prefix + L, dim] keys: every prefix key, then causally
+    (`prefix_query`: the prefix's own [1, heads, prefix, dim] queries)."""
     length = query.shape[2]
     if not _materialised(query, key.shape[2]):
         if not prefix:
             return _sdpa(query, key, value, enable_gqa, is_causal=True, scale=scale)
-        # causal aligned to the last key: the fused kernels take it without a dense [L, prefix + L] mask
+        if query.device.type == "cpu" and prefix_query is not None:
+            # torch's CPU kernels turn a causal mask aligned to the last key into dense fp32 [L, prefix + L] masks
+            # that the backward keeps, two a layer (quadratic in the length); with the prefix's own queries in
+            # front it is the plain causal case, for prefix more query rows
+            whole = torch.cat([prefix_query, query], dim=2)
+            return _sdpa(whole, key, value, enable_gqa, is_causal=True, scale=scale)[:, :, prefix:]
+        # causal aligned to the last key: the accelerators' fused kernels take it without a dense mask
         return _sdpa(query, key, value, enable_gqa, attn_mask=causal_lower_right(length, prefix + length),
                      scale=scale)
     allowed = torch.ones(length, prefix + length, dtype=torch.bool, device=query.device).tril(prefix)
