@@ -110,3 +110,19 @@ def test_a_long_sample_behind_a_shared_prompt_keeps_nothing_quadratic_for_the_ba
     oracle = torch.autograd.grad((dense * weights).sum(), (query, key, value))
     for name, a, b in zip(("output", "query", "key", "value"), (out, *mine), (dense, *oracle), strict=True):
         assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item(), name
+
+
+def test_the_backward_keeps_nothing_of_the_qkv_projections_output():
+    """Values are a view of the fused QKV projection's output (the rotated queries and keys are tensors of their
+    own); a segment's slice that the backward kept would keep that whole output alive, every other segment's rows
+    and the queries' and keys' columns included."""
+    length = 1200
+    mixed = torch.randn(2 * length, HEADS + 2 * GROUPS, DIM, requires_grad=True)
+    query, key, value = mixed.split([HEADS, GROUPS, GROUPS], dim=1)
+    query, key = query * 1.0, key * 1.0  # as rotary embedding gives them
+    segments = attention.Segments((0, length), (length, length), ((0, 0), (length, 0)))
+    kept = set()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.add(t.untyped_storage().data_ptr()) or t,
+                                                  lambda t: t):
+        attention.packed_attention(query, key, value, segments, 0.3, True)
+    assert kept and mixed.untyped_storage().data_ptr() not in kept

@@ -89,6 +89,10 @@ class SDPAttention(DotProductAttention):
         if attention_bias is not None or packed_seq_params is not None:
             raise NotImplementedError("mindrl's attention core takes no attention bias or packed_seq_params; "
                                       "these models have none.")
+        if torch.is_grad_enabled():
+            # the values are a view of the fused QKV projection's output: what the backward keeps of them would
+            # hold all of it alive, the queries' and keys' columns included
+            value = own_storage(value)
         if recomputes_core(self.config) and self.training and torch.is_grad_enabled():
             return checkpoint(self._core, query, key, value, attention_mask, use_reentrant=False)
         return self._core(query, key, value, attention_mask)
@@ -157,12 +161,21 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         if prefix:
             keys = torch.cat([key[first:first + prefix], keys])
             values = torch.cat([value[first:first + prefix], values])
+        else:  # a slice the backward kept would keep the whole sequence's keys and values
+            keys, values = own_storage(keys), own_storage(values)
         out = _causal(heads_first(query[own]), heads_first(keys), heads_first(values), prefix, scale, enable_gqa,
                       heads_first(query[first:first + prefix]))
         pieces.append(out.squeeze(0).transpose(0, 1))
     end = segments.starts[-1] + segments.lengths[-1] if segments.starts else 0
     pieces.append(query.new_zeros((query.shape[0] - end, *query.shape[1:])))
     return torch.cat(pieces)
+
+
+def own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, copied where it is a view into a larger storage (the backward keeps storages, not views)."""
+    if tensor.requires_grad and tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+        return tensor.clone()
+    return tensor
 
 
 def _causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix: int, scale: float,
