@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mindrl.console import exit_now
 from mindrl.trainer.config import TRAINER_CONFIGS_DIR, check_resources, trainer_loader
 from mindrl.trainer.entry import run_trainer
+from mindrl.trainer.memory_plan import report
 
 
 def _fit(cfg) -> None:
@@ -26,7 +27,8 @@ def _fit(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, trainer_loader(True), check_resources, _fit)
+    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, trainer_loader(True), check_resources, _fit,
+                       report)
 
 
 if __name__ == "__main__":

@@ -30,23 +30,42 @@ TAIL_LINES = 8
 
 def run_trainer(argv: Sequence[str] | None, description: str, config_dir: Path,
                 load: Callable[[str, Sequence[str], str], Any], check_resources: Callable[[Any], None],
-                fit: Callable[[Any], Any]) -> int:
-    """Parse, load, check, then `fit(cfg)` (which imports the heavy parts); returns the exit status."""
+                fit: Callable[[Any], Any], memory_plan: Callable[[Any], tuple[str, str | None]] | None = None) -> int:
+    """Parse, load, check, then `fit(cfg)` (which imports the heavy parts); returns the exit status.
+
+    `memory_plan(cfg)` gives the plan's text and its refusal (None where the config fits): the text is shown before
+    anything starts, a refusal ends the run there, and `--plan` ends it after the text without asking for devices.
+    """
     from mindrl.console import error, run_log, say
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config-name", "-cn", required=True, help=f"config name in {config_dir.name}/")
     parser.add_argument("--config-dir", "-cd", default=str(config_dir), help="where the configs live")
+    if memory_plan is not None:
+        parser.add_argument("--plan", action="store_true",
+                            help="print what each device would hold (docs/memory_plan.md) and exit; needs no devices")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     args = parser.parse_args(argv)
+    only_plan = getattr(args, "plan", False)
+    plan = refusal = None
     try:
         cfg = load(args.config_name, args.overrides, args.config_dir)
-        if not os.environ.get("RAY_ADDRESS"):
+        if memory_plan is not None:
+            plan, refusal = memory_plan(cfg)
+        if not os.environ.get("RAY_ADDRESS") and not only_plan:
             check_resources(cfg)
     except ConfigError as err:
         error(str(err))
         return 2
+    if only_plan or refusal:
+        for line in plan.splitlines():
+            say(line)
+        if refusal:
+            error(refusal)
+        return 2 if refusal else 0
     with run_log(Path(cfg.save_dir or Path("runs") / args.config_name) / RUN_LOG) as log:
+        for line in (plan or "").splitlines():
+            say(line)
         for notice in cfg.notices:
             say(f"warning: {notice}")
         try:

@@ -138,6 +138,9 @@ class RLConfig:
     #: seconds one phase of a step (rollout with its weight sync, scoring, a log-prob pass, an update, a save) may
     #: take before the driver names the ranks that have not answered and stops the run; 0: no limit
     phase_timeout: float = 3600.0
+    #: one device's memory (GiB) for the memory plan (mindrl/trainer/memory_plan.py); null: its kind's in
+    #: DEVICE_MEMORY_GIB (NPU 64, GPU 80), a CPU rank's share of this machine's
+    device_memory_gib: float | None = None
     #: rollouts are trajectories: the model calls tools between turns (docs/multi_turn.md)
     multi_turn_enable: bool = False
     tool_config_path: str | None = None
@@ -199,6 +202,9 @@ class RLConfig:
         positive("rl_config", self, "test_interval", "resource_wait_timeout", "critic_warmup", "max_nonfinite_steps",
                  "phase_timeout",
                  allow_zero=True)
+        if self.device_memory_gib is not None and self.device_memory_gib <= 0:
+            raise ConfigError(f"rl_config.device_memory_gib must be a positive number of GiB or null (the device "
+                              f"kind's), got {self.device_memory_gib}.")
         check_estimator(self.adv_estimator)
         KL_ESTIMATORS.get(self.kl_penalty)
         if self.kl_ctrl_type not in KL_CONTROLLERS:
