@@ -190,20 +190,20 @@ def _exit_as_a_spawned_process(results: mp.Queue) -> None:
     ctypes.PyDLL(None).exit(0)  # holding the GIL: no Python thread runs while the C++ libraries tear down
 
 
-def _failures(rank: int, value: str, world_size: int, results: mp.Queue, grace_s: float = 2.0) -> str:
+def _failures(rank: int, trace: str, world_size: int, results: mp.Queue, grace_s: float = 2.0) -> str:
     """Every rank's failure that arrives within `grace_s` of the first, in order of arrival: a rank's report can
     reach the queue after a peer's report of what it caused (a link closed under a collective), so the first one
     alone may name a consequence rather than the cause."""
-    failures = [(rank, value)]
+    failures = [(rank, trace)]
     deadline = time.monotonic() + grace_s
     while len(failures) < world_size and (left := deadline - time.monotonic()) > 0:
         try:
-            other, ok, value = results.get(timeout=left)
+            other, ok, payload = results.get(timeout=left)
         except queue.Empty:
             break
         if not ok:
-            failures.append((other, value))
-    return "\n".join(f"rank {r} of {world_size} failed:\n{v}" for r, v in failures)
+            failures.append((other, payload))
+    return "\n".join(f"rank {r} of {world_size} failed:\n{text}" for r, text in failures)
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str | None = None,

@@ -112,7 +112,8 @@ def test_a_long_sample_behind_a_shared_prompt_keeps_nothing_quadratic_for_the_ba
         assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item(), name
 
 
-def test_the_backward_keeps_nothing_of_the_qkv_projections_output():
+@pytest.mark.parametrize("enable_gqa", [True, False], ids=["groups", "repeated"])
+def test_the_backward_keeps_nothing_of_the_qkv_projections_output(enable_gqa):
     """Values are a view of the fused QKV projection's output (the rotated queries and keys are tensors of their
     own); a segment's slice that the backward kept would keep that whole output alive, every other segment's rows
     and the queries' and keys' columns included."""
@@ -124,5 +125,5 @@ def test_the_backward_keeps_nothing_of_the_qkv_projections_output():
     kept = set()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.add(t.untyped_storage().data_ptr()) or t,
                                                   lambda t: t):
-        attention.packed_attention(query, key, value, segments, 0.3, True)
+        attention.packed_attention(query, key, value, segments, 0.3, enable_gqa)
     assert kept and mixed.untyped_storage().data_ptr() not in kept

@@ -179,14 +179,14 @@ def own_storage(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix: int, scale: float,
-            enable_gqa: bool, prefix_query: torch.Tensor | None = None) -> torch.Tensor:
+            enable_gqa: bool, prefix_query: torch.Tensor) -> torch.Tensor:
     """[1, heads, L, dim] queries over [1, groups, prefix + L, dim] keys: every prefix key, then causally
     (`prefix_query`: the prefix's own [1, heads, prefix, dim] queries)."""
     length = query.shape[2]
     if not _materialised(query, key.shape[2]):
         if not prefix:
             return _sdpa(query, key, value, enable_gqa, is_causal=True, scale=scale)
-        if query.device.type == "cpu" and prefix_query is not None:
+        if query.device.type == "cpu":
             # torch's CPU kernels turn a causal mask aligned to the last key into dense fp32 [L, prefix + L] masks
             # that the backward keeps, two a layer (quadratic in the length); with the prefix's own queries in
             # front it is the plain causal case, for prefix more query rows
