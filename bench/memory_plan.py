@@ -61,10 +61,10 @@ def planned(size: str, tokens: int, samples: int, recompute: str, what: str = "u
     packed = PROMPT + samples * (tokens - PROMPT)
     if what == "log_probs":
         return {"weights": params * 4, "gradients": params * 4,
-                "forward": memory_plan.forward_bytes(arch, par, packed, 4, True)}
+                "forward": memory_plan.forward_bytes(arch, par, packed, 4, memory_plan.kernels("CPU"))}
     return {"weights": params * 4, "gradients": params * 4, "optimizer": params * 8,
-            "activations": memory_plan.activation_bytes(arch, par, 0, packed, 1, recompute_of(recompute), 4, True,
-                                                        (samples - 1) * PROMPT),
+            "activations": memory_plan.activation_bytes(arch, par, 0, packed, 1, recompute_of(recompute), 4,
+                                                        memory_plan.kernels("CPU"), samples * PROMPT),
             "logits": memory_plan.logits_bytes(arch, 1, packed, True)}
 
 

@@ -2,14 +2,14 @@
 
 A long-response run that does not fit fails an hour in, at the first 20k-token micro-batch, on every rank at once;
 the arithmetic that predicts it needs no device. Per device group (the actor with the roles colocated with it, and
-each role on devices of its own) and per phase (generation, log-prob passes, update), the plan sums:
+each role on devices of its own) and per phase (the updates, the forward passes, the generation), the plan sums:
 
 - weights, gradients (Megatron's fp32 grad buffer) and optimizer state (Adam's moments, and fp32 master weights
   under bf16; the distributed optimizer's data-parallel share), of the pipeline stage that holds the most;
 - activations the backward keeps, at the pass's largest micro-batch (the token budget, else micro_batch_size rows
   of the longest prompt and response), times the micro-batches 1F1B keeps in flight on that stage, with the
-  configured recompute, counted tensor by tensor as mindrl's layers save them (tests/test_memory_plan.py checks
-  the count against the tensors autograd saves);
+  configured recompute, counted tensor by tensor as mindrl's layers keep them on that kind of device
+  (tests/test_memory_plan.py checks the count against the tensors autograd saves);
 - the logits a pass materialises (fp32, vocabulary cut over TP);
 - between phases, what `offload_train_*` moves to host memory, and the rollout engine: under
   `gpu_memory_utilization` of each device (weights over infer TP x PP, the rest KV cache).
@@ -18,12 +18,13 @@ A device holds what its busiest phase needs; a config whose peak exceeds the dev
 sentence naming the largest term and the key that shrinks it. Device memory comes from `DEVICE_MEMORY_GIB` by
 resource kind, `rl_config.device_memory_gib` overriding it; a CPU rank gets its share of this machine's memory.
 What the plan cannot see: allocator fragmentation and caching, communication buffers (NCCL / HCCL), fused kernels'
-workspaces, a vision tower's weights and activations, and a mixture of experts' routing imbalance (it assumes
-every expert gets its share of tokens).
+workspaces, a vision tower's weights and activations, a mixture of experts' routing imbalance (it assumes every
+expert gets its share of tokens), and on CPU the score matrices of samples short enough for the matmul path
+(docs/memory_plan.md).
 """
-
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -39,9 +40,26 @@ GIB = 2 ** 30
 #: one device's memory (GiB) by Ray resource kind: the common parts (Ascend 910B / A3 dies 64 GiB, H100 / A100 80
 #: GiB); `rl_config.device_memory_gib` sets another. A CPU rank's is its share of this machine's memory.
 DEVICE_MEMORY_GIB = {"NPU": 64.0, "GPU": 80.0}
-#: a transformer layer's hidden-state tensors the backward keeps, per token: the inputs of the two norms, of the
-#: QKV and FC1 projections and of the output projection (tests/test_memory_plan.py counts them)
-_LAYER_INPUTS = 5
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What the attention core keeps on a kind of device."""
+
+    #: each key/value group repeated for its query heads (the platform gives scaled_dot_product_attention no groups)
+    expanded_kv: bool
+    #: a sample behind a shared prompt copy runs the prompt's queries again (CPU: the plain causal case)
+    prefix_queries: bool
+
+
+def kernels(kind: str) -> Kernels:
+    """The attention core's behaviour on devices of Ray resource `kind`, as the platform's class sets it."""
+    from mindrl.platform.cpu import CpuPlatform
+    from mindrl.platform.cuda import CudaPlatform
+    from mindrl.platform.npu import NpuPlatform
+
+    platform = {"GPU": CudaPlatform, "NPU": NpuPlatform}.get(kind, CpuPlatform)
+    return Kernels(expanded_kv=not platform.sdpa_enable_gqa, prefix_queries=platform is CpuPlatform)
 
 
 @dataclass(frozen=True)
@@ -62,12 +80,15 @@ class Phase:
     def total(self) -> float:
         return sum(term.bytes for term in self.terms)
 
-    def culprit(self, capacity: float) -> Term:
-        """The term to shrink first: the largest of the state that stays whatever the micro-batch (weights,
-        gradients, optimizer state) where that alone exceeds `capacity`, else the largest of all."""
+    def culprit(self, capacity: float) -> tuple[Term, float | None]:
+        """The term to shrink first, and the state's total where that decided it: the largest of the weights,
+        gradients and optimizer state, which stay whatever the micro-batch, where they alone exceed `capacity`;
+        else the largest of all (and None)."""
         state = [t for t in self.terms if t.name.split()[-1] in ("weights", "gradients", "optimizer")]
-        pool = state if sum(t.bytes for t in state) > capacity else self.terms
-        return max(pool, key=lambda term: term.bytes)
+        total = sum(t.bytes for t in state)
+        if total > capacity:
+            return max(state, key=lambda term: term.bytes), total
+        return max(self.terms, key=lambda term: term.bytes), None
 
 
 @dataclass(frozen=True)
@@ -137,23 +158,25 @@ def model_state(arch: ModelArch, par: ParallelConfig, stage: int, ranks: int, bf
     if not trains:
         return {"weights": weights}
     if lora is not None and lora.enabled:
-        dense = lora_params(arch, lora.target_modules, lora.r, par.tp, par.layers_per_stage(arch)[stage])
+        dense = lora_params(arch, lora.target_modules, lora.r, par.tp, par.ep, par.layers_per_stage(arch)[stage])
         expert = 0.0
-        weights += dense * 4
+        weights += dense * (2 if bf16 else 4)  # adapters take their weight's dtype
     dp = max(ranks // (par.tp * par.pp), 1)
     expert_dp = max(ranks // (par.pp * par.ep * par.tp), 1)
     share = dense / dp + expert / expert_dp if distributed_optimizer else dense + expert
     return {"weights": weights, "gradients": (dense + expert) * 4, "optimizer": share * (12 if bf16 else 8)}
 
 
-def lora_params(arch: ModelArch, targets: tuple[str, ...], r: int, tp: int, layers: int) -> float:
-    """Adapter parameters (A and B of every targeted projection) of `layers` layers on one rank."""
+def lora_params(arch: ModelArch, targets: tuple[str, ...], r: int, tp: int, ep: int, layers: int) -> float:
+    """Adapter parameters (A and B of every targeted projection) of `layers` layers on one rank; a mixture of
+    experts' MLP projections are its local experts'."""
     h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.query_groups * arch.head_dim
-    f = arch.ffn_hidden_size * (2 if arch.swiglu else 1)
-    column = {"linear_qkv": (h, q + 2 * kv), "linear_fc1": (h, f)}
-    row = {"linear_proj": (q, h), "linear_fc2": (arch.ffn_hidden_size, h)}
-    per_layer = sum(r * (i + o / tp) for name, (i, o) in column.items() if name in targets) + \
-        sum(r * (i / tp + o) for name, (i, o) in row.items() if name in targets)
+    ffn = arch.expert_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size
+    copies = {"linear_fc1": arch.num_experts // ep, "linear_fc2": arch.num_experts // ep} if arch.is_moe else {}
+    column = {"linear_qkv": (h, q + 2 * kv), "linear_fc1": (h, ffn * (2 if arch.swiglu else 1))}
+    row = {"linear_proj": (q, h), "linear_fc2": (ffn, h)}
+    per_layer = sum(r * (i + o / tp) * copies.get(name, 1) for name, (i, o) in column.items() if name in targets) + \
+        sum(r * (i / tp + o) * copies.get(name, 1) for name, (i, o) in row.items() if name in targets)
     return per_layer * layers
 
 
@@ -177,7 +200,7 @@ def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool,
     """Elements one layer keeps for its backward, per token of a micro-batch, on one rank.
 
     The norms' inputs (cut over TP under sequence parallelism), the projections' inputs, the rotary tables, the
-    attention core's (attention_core_elements; under selective recompute its inputs), the SwiGLU's halves and
+    attention core's (attention_core_elements; under selective recompute its inputs), the SwiGLU's input and
     product; an expert layer's router tables and, per routed token, its expert's input and
     SwiGLU. (The QK norms' inputs are views of the QKV projection's output, which they keep whole.)
     """
@@ -189,24 +212,27 @@ def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool,
     if arch.qk_layernorm:
         kept += (3 * (heads + groups) * d + heads + groups) / tp
     if not arch.is_moe:
-        return kept + (4 if arch.swiglu else 2) * arch.ffn_hidden_size / tp
+        return kept + (3 if arch.swiglu else 2) * arch.ffn_hidden_size / tp
     shared = arch.moe_shared_expert_intermediate_size or 0
-    routed = arch.moe_router_topk * (h + 5 * arch.expert_ffn_hidden_size / tp + 1)
-    return kept + 3 * arch.num_experts + routed + 2 * arch.moe_router_topk + (4 * shared / tp + h) * bool(shared)
+    routed = arch.moe_router_topk * (h + 4 * arch.expert_ffn_hidden_size / tp + 1)
+    return kept + 3 * arch.num_experts + routed + 2 * arch.moe_router_topk + (3 * shared / tp + h) * bool(shared)
 
 
 def activation_bytes(arch: ModelArch, par: ParallelConfig, stage: int, tokens: float, in_flight: int,
-                     recompute: Recompute, act_bytes: int, expanded_kv: bool, prefix_rows: float = 0.0) -> float:
+                     recompute: Recompute, act_bytes: int, kernels: Kernels, prefix_rows: float = 0.0) -> float:
     """What one rank of `stage` keeps for the backward while `in_flight` micro-batches of `tokens` tokens wait for
     theirs (1F1B keeps PP - stage of them on a stage), plus the one layer (group) a recompute rebuilds at a time.
     `prefix_rows`: the attention rows a micro-batch adds for the samples behind a prompt copy they share (each
     attends over the prompt's keys and values, and on CPU runs the prompt's queries again)."""
     layers = par.layers_per_stage(arch)[stage]
-    sp = par.sequence_parallel_for(arch)
+    sp, expanded = par.sequence_parallel_for(arch), kernels.expanded_kv
+    kv_heads = arch.num_attention_heads if expanded else arch.query_groups
+    per_prefix_row = attention_core_elements(arch, par.tp, expanded) if kernels.prefix_queries else \
+        2 * kv_heads * arch.head_dim / par.tp
 
     def per_layer(selective: bool) -> float:
-        return (layer_activation_elements(arch, par.tp, sp, expanded_kv, selective) * tokens
-                + attention_core_elements(arch, par.tp, expanded_kv, selective) * prefix_rows) * act_bytes
+        return (layer_activation_elements(arch, par.tp, sp, expanded, selective) * tokens
+                + per_prefix_row * prefix_rows * (not selective)) * act_bytes
 
     full = per_layer(False)
     layer_input = arch.hidden_size / (par.tp if sp else 1) * act_bytes * tokens
@@ -214,8 +240,8 @@ def activation_bytes(arch: ModelArch, par: ParallelConfig, stage: int, tokens: f
         return layers * per_layer(True) * in_flight + full - per_layer(True)
     if recompute.granularity == "full":
         n = min(recompute.num_layers or 1, layers)
-        if recompute.method == "block":
-            return (n * layer_input + (layers - n) * full) * in_flight + full * bool(n)
+        if recompute.method == "block":  # the first n layers keep their input, one of them is rebuilt at a time
+            return (n * layer_input + (layers - n) * full) * in_flight + (full if n else 0.0)
         return math.ceil(layers / n) * layer_input * in_flight + n * full
     return layers * full * in_flight
 
@@ -227,9 +253,10 @@ def logits_bytes(arch: ModelArch, tp: int, tokens: float, backward: bool) -> flo
     return tokens * outputs * 4 * (4 if backward else 2)
 
 
-def forward_bytes(arch: ModelArch, par: ParallelConfig, tokens: float, act_bytes: int, expanded_kv: bool) -> float:
+def forward_bytes(arch: ModelArch, par: ParallelConfig, tokens: float, act_bytes: int, kernels: Kernels) -> float:
     """A pass without backward over a micro-batch of `tokens`: one layer's tensors at a time, and the logits."""
-    layer = layer_activation_elements(arch, par.tp, par.sequence_parallel_for(arch), expanded_kv) * act_bytes
+    sp = par.sequence_parallel_for(arch)
+    layer = layer_activation_elements(arch, par.tp, sp, kernels.expanded_kv) * act_bytes
     return tokens * layer + logits_bytes(arch, par.tp, tokens, False)
 
 
@@ -307,7 +334,7 @@ def plan(cfg: TrainerConfig) -> list[GroupPlan]:
     """Every device group's plan; `check(plan(cfg))` refuses what does not fit."""
     rl, gen = cfg.rl_config, cfg.generate_config
     prompt, response = rl.max_prompt_length, max_response_length(rl, gen)
-    shares_prompt = rl.packing_mode != "off" and rl.n_samples_per_prompt > 1
+    shares_prompt = _shares_prompt(cfg)
     ranks_here = cfg.devices_held()
     out = []
     for group, resource in cfg.device_groups():
@@ -321,24 +348,49 @@ def plan(cfg: TrainerConfig) -> list[GroupPlan]:
     return out
 
 
-def _micro_batch(rows: int, budget: int | None, prompt: int, response: int, shares_prompt: bool,
-                 n_samples: int) -> tuple[int, int]:
-    """A pass's largest micro-batch: its tokens, and the attention rows its samples behind a shared prompt copy
-    add (activation_bytes). The budget's tokens (a longer sample goes alone), else `rows` rows of the longest
-    prompt and response, with one prompt copy per prompt among them where a prompt's samples share it."""
-    if budget:
-        rows = max((budget - prompt) // response, 1) if shares_prompt else max(budget // (prompt + response), 1)
-    if not shares_prompt:
-        return max(budget or 0, rows * (prompt + response)), 0
-    copies = -(-rows // n_samples)
-    return max(budget or 0, copies * prompt + rows * response), (rows - copies) * prompt
+def _shares_prompt(cfg: TrainerConfig) -> bool:
+    """Whether a prompt's samples sit behind one copy of it in a micro-batch: always in the padding-free passes
+    (unless prompt_packing is off, or rows carry replayed routes); in padded rows only where prompt_packing is on
+    and the model has neither sequence parallelism nor a vision tower (under `auto` a pass decides by its FLOPs,
+    which the plan cannot know: counted unshared)."""
+    rl, actor = cfg.rl_config, cfg.actor_config
+    if rl.n_samples_per_prompt < 2 or rl.packing_mode == "off" or cfg.generate_config.rollout_routing_replay:
+        return False
+    if rl.use_remove_padding:
+        return True
+    return rl.packing_mode == "on" and not actor.parallel.sequence_parallel_for(actor.arch) and \
+        actor.arch.vision is None
+
+
+def _micro_batch(rows: int, budget: int | None, max_rows: int | None, prompt: int, response: int,
+                 shares_prompt: bool, n_samples: int) -> tuple[int, int]:
+    """A pass's largest micro-batch of the longest prompt and response: its tokens, and the attention rows its
+    samples behind a shared prompt copy add (activation_bytes). `rows` rows, a prompt's samples behind one copy of
+    it where `shares_prompt` (a micro-batch that does not line up with the prompts' groups holds a part of one more);
+    under a token budget, the budget (a longer sample goes alone) or `max_rows` rows, whichever is less."""
+    def tokens(r: int, copies: int) -> int:
+        return copies * prompt + r * response if shares_prompt else r * (prompt + response)
+
+    def worst(r: int) -> int:  # micro-batches start every r rows; the prompts' groups every n_samples
+        return tokens(r, max((k * r + r - 1) // n_samples - k * r // n_samples + 1 for k in range(n_samples)))
+
+    if not budget:
+        total = worst(rows)
+    else:
+        rows = 1  # the most rows the budget holds: a prompt's samples together, one copy among them
+        while (max_rows is None or rows < max_rows) and tokens(rows + 1, -(-(rows + 1) // n_samples)) <= budget:
+            rows += 1
+        total = max(budget, prompt + response) if max_rows is None else min(max(budget, prompt + response),
+                                                                             worst(max_rows))
+    sharing = rows if shares_prompt and -(-rows // n_samples) < rows else 0
+    return total, sharing * prompt
 
 
 def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capacity: float, prompt: int,
                     response: int, shares_prompt: bool) -> GroupPlan:
     rl, gen = cfg.rl_config, cfg.generate_config
     names = group.split("+")
-    expanded = kind == "CPU"  # torch's CPU kernels take no groups: each group's K/V is repeated for its heads
+    core = kernels(kind)
     models: list[_Model] = []
     for name in names:
         if name == "actor":
@@ -364,22 +416,25 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
     phases = []
     for model in (m for m in models if m.trains):
         role = "update" if model.label == "actor" else "critic"
-        rows, budget = model.cfg.micro_batch_size, rl.batching(role).max_tokens
-        tokens, extra = _micro_batch(rows, budget, prompt, response, shares_prompt, rl.n_samples_per_prompt)
+        batching = rl.batching(role)
+        tokens, extra = _micro_batch(model.cfg.micro_batch_size, batching.max_tokens, batching.max_rows, prompt,
+                                     response, shares_prompt, rl.n_samples_per_prompt)
         dp = max(ranks // (model.par.tp * model.par.pp), 1)
-        micro_batches = max(rl.mini_batch_size * rl.n_samples_per_prompt // dp // (1 if budget else rows), 1)
-        worst = max(range(model.par.pp), key=lambda s: _stage_peak(model, s, tokens, micro_batches, expanded, extra))
+        mini = (rl.mini_batch_size if role == "update" else rl.critic_mini_batch_size or rl.mini_batch_size)
+        rows_per_micro = 1 if batching.max_tokens else model.cfg.micro_batch_size
+        micro_batches = max(mini * rl.n_samples_per_prompt // dp // rows_per_micro, 1)
+        worst = max(range(model.par.pp), key=lambda s: _stage_peak(model, s, tokens, micro_batches, core, extra))
         state = {f"{model.label} {k}": v for k, v in model.state(worst).items()}
         terms = [Term(t.name, state.get(t.name, t.bytes), t.fix) for t in resident]
         act = activation_bytes(model.arch, model.par, worst, tokens, min(model.par.pp - worst, micro_batches),
-                               model.cfg.recompute, 2 if model.bf16 else 4, expanded, extra)
+                               model.cfg.recompute, 2 if model.bf16 else 4, core, extra)
         fix = _batch_fix(rl, role, f"{model.section}.micro_batch_size")
         terms.append(Term(f"{model.label} activations ({tokens} tokens a micro-batch)", act,
                           fix if model.cfg.recompute_granularity else f"{model.section}.recompute_granularity: full"))
         if worst == model.par.pp - 1:
             terms.append(Term(f"{model.label} logits", logits_bytes(model.arch, model.par.tp, tokens, True), fix))
         phases.append(Phase(f"{model.label} update", tuple(terms)))
-    forward = _forward_phase(cfg, models, resident, prompt, response, shares_prompt, expanded)
+    forward = _forward_phase(cfg, models, resident, prompt, response, shares_prompt, core)
     if forward is not None:
         phases.append(forward)
     engine_kv = None
@@ -393,15 +448,15 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
     return GroupPlan(group, kind, ranks, capacity, tuple(phases), offloaded, engine_kv)
 
 
-def _stage_peak(model: _Model, stage: int, tokens: int, micro_batches: int, expanded: bool, extra: int) -> float:
+def _stage_peak(model: _Model, stage: int, tokens: int, micro_batches: int, core: Kernels, extra: int) -> float:
     act = activation_bytes(model.arch, model.par, stage, tokens, min(model.par.pp - stage, micro_batches),
-                           model.cfg.recompute, 2 if model.bf16 else 4, expanded, extra)
+                           model.cfg.recompute, 2 if model.bf16 else 4, core, extra)
     logits = logits_bytes(model.arch, model.par.tp, tokens, True) if stage == model.par.pp - 1 else 0.0
     return sum(model.state(stage).values()) + act + logits
 
 
 def _forward_phase(cfg: TrainerConfig, models: list[_Model], resident: list[Term], prompt: int, response: int,
-                   shares_prompt: bool, expanded: bool) -> Phase | None:
+                   shares_prompt: bool, core: Kernels) -> Phase | None:
     """The log-prob, value and reward passes: no backward, so one layer's tensors at a time and the logits."""
     rl = cfg.rl_config
     worst: Term | None = None
@@ -411,9 +466,10 @@ def _forward_phase(cfg: TrainerConfig, models: list[_Model], resident: list[Term
             f"{model.section}.micro_batch_size"
         rows = {"actor": rl.actor_forward_micro_batch_size, "ref": rl.ref_forward_micro_batch_size}.get(role) or \
             model.cfg.micro_batch_size
-        tokens, _ = _micro_batch(rows, rl.batching(role).max_tokens, prompt, response, shares_prompt,
+        batching = rl.batching(role)
+        tokens, _ = _micro_batch(rows, batching.max_tokens, batching.max_rows, prompt, response, shares_prompt,
                                  rl.n_samples_per_prompt)
-        need = forward_bytes(model.arch, model.par, tokens, 2 if model.bf16 else 4, expanded)
+        need = forward_bytes(model.arch, model.par, tokens, 2 if model.bf16 else 4, core)
         if worst is None or need > worst.bytes:
             worst = Term(f"{model.label} forward ({tokens} tokens a micro-batch)", need, _batch_fix(rl, role, rows_key))
     if worst is None:
@@ -421,55 +477,68 @@ def _forward_phase(cfg: TrainerConfig, models: list[_Model], resident: list[Term
     return Phase("forward passes", (*resident, worst))
 
 
+def _kv_bytes_per_token(arch: ModelArch, tp: int, pp: int, bytes_per: int) -> float:
+    """One token's keys and values on one rank: its stage's layers, its share of the KV heads (a whole head where
+    TP outnumbers them: each rank holds a copy)."""
+    return 2 * math.ceil(arch.num_layers / pp) * max(arch.query_groups // tp, 1) * arch.head_dim * bytes_per
+
+
 def _engine(cfg: TrainerConfig, capacity: float, kind: str) -> tuple[tuple[Term, ...], tuple[float, int]]:
-    """The rollout engine on one device: under gpu_memory_utilization its weights (over infer TP x PP), vLLM's
-    profiling pass over max_num_batched_tokens, and the rest KV cache; on CPU its weights and cpu_kv_cache_mb."""
-    gen, arch = cfg.generate_config, cfg.actor_config.arch
-    actor = cfg.actor_config
+    """The rollout engine on one device, and its KV cache (bytes, tokens). vLLM: under gpu_memory_utilization its
+    weights (over infer TP x PP), its profiling forward over max_num_batched_tokens and the rest KV cache; on CPU
+    its weights and cpu_kv_cache_mb. The Megatron-native engine generates with the actor's own weights: its KV
+    cache for max_num_seqs rows of max_model_len."""
+    gen, actor = cfg.generate_config, cfg.actor_config
+    arch = actor.arch
     bytes_per = 4 if gen.dtype == "float32" or (gen.dtype == "auto" and not _bf16(actor, kind)) else 2
-    whole = ParallelConfig(1, 1)
-    params = sum(stage_params(arch, whole, 0))
-    cut = gen.infer_tensor_parallel_size * gen.infer_pipeline_parallel_size
-    weights = params * bytes_per / cut
-    kv_per_token = 2 * arch.num_layers * arch.query_groups * arch.head_dim * bytes_per / cut
-    key = "generate_config.gpu_memory_utilization"
-    if kind == "CPU" or gen.backend == "megatron":
-        kv = gen.cpu_kv_cache_mb * 2 ** 20 if kind == "CPU" else gen.max_num_seqs * gen.max_model_len * kv_per_token
-        return (Term("engine weights", weights, "generate_config.infer_tensor_parallel_size"),
-                Term("engine KV cache", kv, "generate_config.cpu_kv_cache_mb")), (kv, int(kv // kv_per_token))
-    budget = gen.gpu_memory_utilization * capacity
+    backend = gen.backend if gen.backend != "auto" else \
+        ("vllm" if importlib.util.find_spec("vllm") is not None else "megatron")
+    if backend == "megatron":
+        par = actor.parallel
+        kv = gen.max_num_seqs * gen.max_model_len * _kv_bytes_per_token(arch, par.tp, par.pp, bytes_per)
+        key = "generate_config.max_num_seqs / max_model_len"
+        return (Term("engine KV cache", kv, key),), (kv, gen.max_num_seqs * gen.max_model_len)
+    tp, pp = gen.infer_tensor_parallel_size, gen.infer_pipeline_parallel_size
+    weights = sum(stage_params(arch, ParallelConfig(1, 1), 0)) * bytes_per / (tp * pp)
+    per_token = _kv_bytes_per_token(arch, tp, pp, bytes_per)
+    weights_term = Term("engine weights", weights, "generate_config.infer_tensor_parallel_size")
+    if kind == "CPU":
+        kv = gen.cpu_kv_cache_mb * 2 ** 20
+        kv_term = Term("engine KV cache", kv, "generate_config.cpu_kv_cache_mb")
+        return (weights_term, kv_term), (kv, int(kv // per_token))
     # vLLM's profiling forward over max_num_batched_tokens: hidden states and one layer's MLP at a time; the
     # sampler's fp32 logits (and their softmax) for max_num_seqs rows
     inner = arch.expert_ffn_hidden_size * arch.moe_router_topk if arch.is_moe else arch.ffn_hidden_size
-    profile = gen.max_num_batched_tokens * (2 * arch.hidden_size + 3 * inner / gen.infer_tensor_parallel_size) * \
-        bytes_per + gen.max_num_seqs * arch.vocab_size_for(1) * 4 * 2
-    kv = max(budget - weights - profile, 0.0)
-    return (Term("engine weights", weights, "generate_config.infer_tensor_parallel_size"),
-            Term("engine profiling pass", profile, "generate_config.max_num_batched_tokens"),
-            Term("engine KV cache", kv, key)), (kv, int(kv // kv_per_token))
+    profile = gen.max_num_batched_tokens * (2 * arch.hidden_size + 3 * inner / tp) * bytes_per + \
+        gen.max_num_seqs * arch.vocab_size_for(1) * 4 * 2
+    kv = max(gen.gpu_memory_utilization * capacity - weights - profile, 0.0)
+    return (weights_term, Term("engine profiling pass", profile, "generate_config.max_num_batched_tokens"),
+            Term("engine KV cache", kv, "generate_config.gpu_memory_utilization")), (kv, int(kv // per_token))
 
 
 # --- refusing and printing -----------------------------------------------------------------------------------------
 
 
 def check(plans: list[GroupPlan], cfg: TrainerConfig) -> None:
-    """Refuse, in one sentence, a group whose busiest phase exceeds its devices, or an engine with no room for one
-    sequence's KV cache."""
+    """Refuse, in one sentence, a group whose busiest phase exceeds its devices, or a vLLM engine with no room for
+    one sequence's KV cache."""
+    gen = cfg.generate_config
     for p in plans:
         if not p.fits:
             phase = p.peak
-            big = phase.culprit(p.capacity)
-            raise ConfigError(
-                f"the {p.group} devices ({p.kind}, {gib(p.capacity)} GiB each; rl_config.device_memory_gib sets "
-                f"another) would need {gib(phase.total)} GiB in the {phase.name}, of which the largest term is "
-                f"{big.name} at {gib(big.bytes)} GiB: shrink it with {big.fix}.")
-        if p.kv_cache is not None and p.kind != "CPU" and cfg.generate_config.backend != "megatron" and \
-                p.kv_cache[1] < cfg.generate_config.max_model_len:
+            big, state = phase.culprit(p.capacity)
+            where = f"the {p.group} devices ({p.kind}, {gib(p.capacity)} GiB each; rl_config.device_memory_gib " \
+                    f"sets another) would need {gib(phase.total)} GiB in the {phase.name}"
+            largest = f"{big.name} at {gib(big.bytes)} GiB: shrink it with {big.fix}."
+            if state is None:
+                raise ConfigError(f"{where}, of which the largest term is {largest}")
+            raise ConfigError(f"{where}; its weights, gradients and optimizer state alone need {gib(state)} GiB, "
+                              f"the largest {largest}")
+        if p.kv_cache is not None and p.kind != "CPU" and p.kv_cache[1] < gen.max_model_len:
             raise ConfigError(
                 f"the rollout engine on the {p.group} devices would have {gib(p.kv_cache[0])} GiB of KV cache, "
-                f"{p.kv_cache[1]} tokens, fewer than one sequence of max_model_len="
-                f"{cfg.generate_config.max_model_len}: raise generate_config.gpu_memory_utilization or "
-                f"infer_tensor_parallel_size.")
+                f"{p.kv_cache[1]} tokens, fewer than one sequence of max_model_len={gen.max_model_len}: raise "
+                f"generate_config.gpu_memory_utilization or generate_config.infer_tensor_parallel_size.")
 
 
 def report(cfg: TrainerConfig) -> tuple[str, str | None]:
