@@ -5,8 +5,8 @@ Each size runs in a fresh one-rank process: its RSS is read before the model is 
 first update allocates Adam's moments), the peak is reset (/proc/self/clear_refs) and the second pass's peak RSS
 above that first reading is the measured figure; the plan's is weights + gradients + optimizer state + activations
 + logits of the same micro-batch for an update, weights + gradient buffer + one layer's tensors + logits for a
-log-prob pass (mindrl/trainer/memory_plan.py). glibc is told to return every block above 64 KiB
-to the system when freed (MALLOC_MMAP_THRESHOLD_), so RSS follows what is live rather than what glibc keeps.
+log-prob pass (mindrl/trainer/memory_plan.py). glibc returns every freed block above 64 KiB to the system
+(bench/allocator.py), so RSS follows what is live rather than what glibc keeps.
 fp32 on CPU: the plan's bf16 terms and its engine, offload and communication terms are not measured here.
 
     python bench/memory_plan.py [--tokens 2048] [--samples 2] [--recompute none|selective|full]
@@ -96,7 +96,9 @@ def _rank(rank: int, size: str, tokens: int, samples: int, recompute: str, what:
 def measure(size: str, tokens: int, samples: int, recompute: str, what: str = "update") -> float:
     """Bytes above the pre-model RSS at the second pass's peak, in a process of its own (the launcher's rank
     server must start under the allocator setting)."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    from allocator import ALLOCATOR_ENV
+
+    env = {**os.environ, **ALLOCATOR_ENV}
     code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'bench')!r}]\n"
             f"from mindrl.launch import run_ranks\nimport memory_plan\n"
             f"print(run_ranks(memory_plan._rank, 1, {size!r}, {tokens}, {samples}, {recompute!r}, {what!r})[0])")

@@ -7,9 +7,9 @@ On CPU a long sample's attention runs torch's fused kernel, which keeps no score
 nothing to drop there; samples up to ~700 tokens (small_qwen's 8 heads) are computed as matmuls whose score
 matrices the backward keeps (mindrl/models/attention.py), and those are what selective recompute drops.
 
-Peak memory is the process's peak RSS above its RSS once the model is built, the update's own: activations,
-logits, gradients and Adam's moments (allocated at the first step, the same in every mode); the seconds are the
-update's. Prints one JSON line.
+Peak memory is the process's peak RSS above its RSS once the model is built (glibc returning freed blocks,
+bench/allocator.py, which also slows every mode), the update's own: activations, logits, gradients and Adam's
+moments (allocated at the first step, the same in every mode); the seconds are the update's. Prints one JSON line.
 
     python bench/recompute.py [--model small_qwen] [--tokens 4096]
 """
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from allocator import ALLOCATOR_ENV
 from long_responses import PROMPT, _rss, grpo_batch
 
 from mindrl.config import ParallelConfig, load_model_arch
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--model", default="small_qwen")
     parser.add_argument("--tokens", type=int, default=4096)
     args = parser.parse_args()
+    os.environ.update(ALLOCATOR_ENV)  # before the launcher's rank server starts: its ranks inherit it
     layers = load_model_arch(args.model).num_layers
     results = {f"{samples}_samples": {mode: run_ranks(_rank, 1, args.model, args.tokens, samples, mode)[0]
                                       for mode in modes(layers)} for samples in (1, 8)}
