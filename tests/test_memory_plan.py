@@ -150,13 +150,14 @@ def test_what_a_layer_keeps_for_the_backward_is_the_planned_count(name, tp, sp, 
 
 
 def test_the_plan_is_within_15_percent_of_a_ranks_measured_peak():
-    """bench/memory_plan.py: an update at its three sizes, and at the smallest an update with full recompute and a
-    log-prob pass; the second pass's peak RSS above the RSS before the model was built. Samples of 2048 tokens: the
-    fused attention kernel's lengths (shorter ones keep score matrices the plan leaves out, docs/memory_plan.md)."""
+    """bench/memory_plan.py: an update at its three sizes, an update with full recompute at the smallest and a
+    log-prob pass at the middle one (the smallest's 230 MiB moved by 27 MiB under the suite's load); the second
+    pass's peak RSS above the RSS before the model was built. Samples of 2048 tokens: the fused attention kernel's
+    lengths (shorter ones keep score matrices the plan leaves out, docs/memory_plan.md)."""
     import memory_plan as bench
 
     cases = [(size, "none", "update") for size in bench.SIZES] + [("h256", "full", "update"),
-                                                                   ("h256", "none", "log_probs")]
+                                                                   ("h512", "none", "log_probs")]
     for size, recompute, what in cases:
         planned = sum(bench.planned(size, 2048, 2, recompute, what).values())
         measured = bench.measure(size, 2048, 2, recompute, what)
