@@ -36,7 +36,8 @@ _JOB_PROGRAMS = ("gcs_server", "unshare")
 
 def pytest_addoption(parser):
     parser.addoption("--quick", action="store_true",
-                     help="run only the tests that start no Ray job and no vLLM engine (not marked `job`)")
+                     help="run only the tests that start no Ray job and no vLLM engine and measure no benchmark "
+                          "(not marked `job` or `measures`)")
 
 
 def _refuse_ray(event: str, args: tuple) -> None:
@@ -59,13 +60,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "npu" in item.keywords and not _has_npu():
             item.add_marker(skip_npu)
-    # modules that start jobs first: with two workers, the long modules start early and the short ones fill the end
-    heavy = {item.module.__name__ for item in items if "job" in item.keywords}
+    # modules that start jobs or measure first: with two workers, the long modules start early and the short ones
+    # fill the end
+    def slow(item: pytest.Item) -> bool:
+        return "job" in item.keywords or "measures" in item.keywords
+
+    heavy = {item.module.__name__ for item in items if slow(item)}
     items.sort(key=lambda item: item.module.__name__ not in heavy)
     if config.getoption("--quick"):
-        jobs = [item for item in items if "job" in item.keywords]
-        items[:] = [item for item in items if "job" not in item.keywords]
-        config.hook.pytest_deselected(items=jobs)
+        left_out = [item for item in items if slow(item)]
+        items[:] = [item for item in items if not slow(item)]
+        config.hook.pytest_deselected(items=left_out)
         from tests import jobs as job_helpers
 
         job_helpers.refuse("the quick tier runs no job")

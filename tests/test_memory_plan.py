@@ -149,6 +149,7 @@ def test_what_a_layer_keeps_for_the_backward_is_the_planned_count(name, tp, sp, 
     assert abs((saved2 - saved1) - (planned2 - planned1)) <= tolerance * (planned2 - planned1)
 
 
+@pytest.mark.measures
 def test_the_plan_is_within_15_percent_of_a_ranks_measured_peak():
     """bench/memory_plan.py: an update at its three sizes, an update with full recompute at the smallest and a
     log-prob pass at the middle one (the smallest's 230 MiB moved by 27 MiB under the suite's load); the second
