@@ -152,7 +152,7 @@ def model_state(arch: ModelArch, par: ParallelConfig, stage: int, ranks: int, bf
                 distributed_optimizer: bool = True, lora: LoraConfig | None = None) -> dict[str, float]:
     """Bytes one rank of `stage` holds for its weights and, if it trains, the fp32 grad buffer and Adam's two
     moments (with fp32 master weights under bf16), the distributed optimizer's data-parallel share of them (the
-    experts' over their own data-parallel ranks). Under LoRA only the adapters (fp32) train."""
+    experts' over their own data-parallel ranks). Under LoRA only the adapters train, in their weights' dtype."""
     dense, expert = stage_params(arch, par, stage)
     weights = (dense + expert) * (2 if bf16 else 4)
     if not trains:
