@@ -67,22 +67,25 @@ def init_model_parallel(par: ParallelConfig, seed: int = 1234, arch: ModelArch |
     world_size = dist.get_world_size()
     if arch is not None:
         validate_parallel(arch, par, world_size)
-    elif world_size % par.ranks_per_replica:
-        raise ConfigError(f"world size {world_size} is not divisible by TP×PP×EP = {par.tp}×{par.pp}×{par.ep}.")
+    elif world_size % par.ranks_per_replica or world_size % par.model_ranks:
+        raise ConfigError(f"world size {world_size} is not divisible by TP×PP×EP = {par.tp}×{par.pp}×{par.ep} and "
+                          f"TP×PP×CP = {par.tp}×{par.pp}×{par.cp}.")
     torch.manual_seed(seed)
     if parallel_state.model_parallel_is_initialized():
         current = (parallel_state.get_tensor_model_parallel_world_size(),
                    parallel_state.get_pipeline_model_parallel_world_size(),
-                   parallel_state.get_expert_model_parallel_world_size())
-        if current != (par.tp, par.pp, par.ep):
+                   parallel_state.get_expert_model_parallel_world_size(),
+                   parallel_state.get_context_parallel_world_size())
+        if current != (par.tp, par.pp, par.ep, par.cp):
             raise ConfigError(
-                f"this process already hosts a model at TP={current[0]} PP={current[1]} EP={current[2]}; a role "
-                f"colocated with it must use the same tensor, pipeline and expert parallel sizes "
-                f"(asked for TP={par.tp} PP={par.pp} EP={par.ep}), or run on its own devices.")
+                f"this process already hosts a model at TP={current[0]} PP={current[1]} EP={current[2]} "
+                f"CP={current[3]}; a role colocated with it must use the same tensor, pipeline, expert and context "
+                f"parallel sizes (asked for TP={par.tp} PP={par.pp} EP={par.ep} CP={par.cp}), or run on its own "
+                f"devices.")
         return
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
-        expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp)
+        context_parallel_size=par.cp, expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp)
     model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
 
 

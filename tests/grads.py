@@ -13,11 +13,13 @@ def reduced_grads(worker: ActorWorker) -> dict[str, torch.Tensor]:
     The distributed optimizer reduce-scatters the grad buffers: each data-parallel rank ends
     with the reduced values of its own equal shard only, so gather the shards back.
     """
-    group = parallel_state.get_data_parallel_group()
+    # the optimizer shards over the data- and context-parallel ranks together (those hold the same weights)
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
     for buffer in worker.ddp.buffers:
         for bucket in buffer.buckets:
-            shards = list(bucket.grad_data.chunk(worker.dp_size))
-            dist.all_gather(shards, shards[worker.dp_rank].clone(), group=group)
+            shards = list(bucket.grad_data.chunk(size))
+            dist.all_gather(shards, shards[rank].clone(), group=group)
     return {name: p.main_grad.detach().clone() for name, p in worker.model.named_parameters() if p.requires_grad}
 
 

@@ -152,5 +152,6 @@ def test_a_colocated_role_with_another_layout_is_refused():
     """Megatron's collectives read one global layout: a TP=1 reference built beside a TP=2 actor
     would make the actor's loss and gradients silently wrong."""
     for message in run_ranks(_other_layout_beside, 2):
-        assert message.startswith("this process already hosts a model at TP=2 PP=1 EP=1; a role colocated with "
-                                  "it must use the same tensor, pipeline and expert parallel sizes"), message
+        assert message.startswith("this process already hosts a model at TP=2 PP=1 EP=1 CP=1; a role colocated "
+                                  "with it must use the same tensor, pipeline, expert and context parallel "
+                                  "sizes"), message

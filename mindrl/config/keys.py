@@ -28,8 +28,6 @@ MINDSPEED_REASONS: dict[str, str] = {
         "use_ascend_coc", "coc_mode", "coc_parallel_num", "coc_fused_kernel", "shape_order", "reuse_fp32_param",
         "swap_attention", "swap_optimizer", "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
         "moe_alltoall_overlap_comm", "transformer_impl"), _KERNEL),
-    "context_parallel_size": _NOT_BUILT.format("context parallelism"),
-    "context_parallel_algo": _NOT_BUILT.format("context parallelism"),
     "moe_tp_extend_ep": _NOT_BUILT.format("experts spread over the tensor-parallel group (moe_tp_extend_ep)"),
     "num_layers_per_virtual_pipeline_stage": _NOT_BUILT.format("virtual pipeline stages"),
     "noop_layers": _NOT_BUILT.format("no-op padding layers"),

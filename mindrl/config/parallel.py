@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from mindrl.config.errors import ConfigError
 from mindrl.config.model import ModelArch
 
+#: MindSpeed-RL's context-parallel algorithm names → mindrl's
+CP_ALGORITHMS = {"ulysses_cp_algo": "ulysses", "megatron_cp_algo": "ring"}
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -29,14 +32,23 @@ class ParallelConfig:
     #: TP > 1 (megatron-core trains MoE layers under TP only so); at TP = 1 it is off whatever it says, as in
     #: Megatron. See `sequence_parallel_for`.
     sequence_parallel: bool | None = None
+    #: ranks each sequence is cut over (mindrl/models/context_parallel.py); they hold the same weights
+    context_parallel_size: int = 1
+    #: how the context-parallel ranks attend to each other's tokens: ulysses_cp_algo (all-to-all to head shards) or
+    #: megatron_cp_algo (keys and values round a ring)
+    context_parallel_algo: str = "ulysses_cp_algo"
 
     def __post_init__(self) -> None:
-        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                    "context_parallel_size"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}.")
         if self.sequence_parallel is not None and not isinstance(self.sequence_parallel, bool):
             raise ConfigError(f"sequence_parallel must be true or false, got {self.sequence_parallel!r}.")
+        if self.context_parallel_algo not in CP_ALGORITHMS:
+            raise ConfigError(f"context_parallel_algo must be one of {', '.join(CP_ALGORITHMS)}, got "
+                              f"{self.context_parallel_algo!r}.")
         if isinstance(self.num_layer_list, str):
             object.__setattr__(self, "num_layer_list", parse_layer_list(self.num_layer_list))
 
@@ -53,9 +65,23 @@ class ParallelConfig:
         return self.expert_model_parallel_size
 
     @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def cp_algo(self) -> str:
+        """ulysses or ring."""
+        return CP_ALGORITHMS[self.context_parallel_algo]
+
+    @property
+    def model_ranks(self) -> int:
+        """Ranks of one data-parallel replica: TP × PP × CP (each holds its rows; experts spread over replicas)."""
+        return self.tp * self.pp * self.cp
+
+    @property
     def ranks_per_replica(self) -> int:
-        """Ranks that hold one whole copy of the model: TP×PP, times EP (experts are cut across the data-
-        parallel ranks of a TP×PP model, so a model of EP=e needs e of those)."""
+        """Ranks that hold one whole copy of the model: TP×PP, times EP (experts are cut across the data- and
+        context-parallel ranks of a TP×PP model, so a model of EP=e needs e of those)."""
         return self.tp * self.pp * self.ep
 
     def sequence_parallel_for(self, arch: ModelArch) -> bool:
@@ -117,11 +143,33 @@ def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | No
         raise ConfigError(
             f"num_layers={arch.num_layers} of model {arch.name} is not divisible by "
             f"pipeline_model_parallel_size={pp}; choose a PP that divides it or set num_layer_list.")
-    if world_size is not None and world_size % (tp * pp):
-        raise ConfigError(
-            f"world size {world_size} is not divisible by tensor_model_parallel_size × "
-            f"pipeline_model_parallel_size = {tp}×{pp}; use a device count that is a multiple of {tp * pp}.")
+    if world_size is not None and world_size % par.model_ranks:
+        sizes = f"{tp}×{pp}" + (f"×{par.cp}" if par.cp > 1 else "")
+        names = "tensor_model_parallel_size × pipeline_model_parallel_size" + \
+            (" × context_parallel_size" if par.cp > 1 else "")
+        raise ConfigError(f"world size {world_size} is not divisible by {names} = {sizes}; use a device count that "
+                          f"is a multiple of {par.model_ranks}.")
+    validate_context_parallel(arch, par)
     validate_expert_parallel(arch, par, world_size)
+
+
+def validate_context_parallel(arch: ModelArch, par: ParallelConfig) -> None:
+    """What a context-parallel split needs of the model: Ulysses gives each CP rank whole heads and key-value
+    groups of its TP rank's share."""
+    if par.cp == 1:
+        return
+    if arch.vision is not None:
+        raise ConfigError(f"context_parallel_size={par.cp} cuts padding-free packed text sequences, but model "
+                          f"{arch.name} is a vision-language model (its multimodal positions are per padded row); "
+                          f"set context_parallel_size 1.")
+    if par.cp_algo == "ulysses":
+        for what, count in (("num_attention_heads", arch.num_attention_heads),
+                            ("num_query_groups", arch.query_groups)):
+            if count % (par.tp * par.cp):
+                raise ConfigError(f"context_parallel_algo ulysses_cp_algo gives each of the TP × CP = {par.tp}×"
+                                  f"{par.cp} ranks whole heads, but model {arch.name} has {what}={count}; use "
+                                  f"megatron_cp_algo (ring attention, no head condition) or a TP × CP that divides "
+                                  f"{count}.")
 
 
 def validate_sequence_parallel(arch: ModelArch, par: ParallelConfig) -> None:

@@ -18,6 +18,7 @@ fused kernel, which never holds the score matrix.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 
 import torch
@@ -67,11 +68,22 @@ class Segments:
         return self  # plain offsets: the attention slices by them
 
 
+class SplitSequence(ABC):
+    """A padding-free packed sequence cut over ranks (mindrl/models/context_parallel.py): its own attention joins
+    the ranks' shares."""
+
+    @abstractmethod
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
+               enable_gqa: bool) -> torch.Tensor:
+        """This rank's attention output for its share of the queries [length, heads, dim]."""
+
+
 class SDPAttention(DotProductAttention):
     """DotProductAttention's interface and scale (the Megatron rollout engine reads them), computed by
     scaled_dot_product_attention (in bf16 it accumulates the softmax in fp32 itself; small packed segments on
     CPU by matmuls, see the module's docstring). `attention_mask` is None (causal rows), a PackedLayout (rows
-    packed behind shared prompts) or Segments (one padding-free packed sequence)."""
+    packed behind shared prompts), Segments (one padding-free packed sequence) or a SplitSequence (one cut over
+    context-parallel ranks)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -83,9 +95,9 @@ class SDPAttention(DotProductAttention):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: PackedLayout | None, attn_mask_type=None,
                 attention_bias: torch.Tensor | None = None, packed_seq_params=None) -> torch.Tensor:
-        if not (attention_mask is None or isinstance(attention_mask, (PackedLayout, Segments))):
-            raise TypeError(f"mindrl's attention core takes causal rows (no mask), a PackedLayout or Segments, not "
-                            f"{type(attention_mask).__name__}.")
+        if not (attention_mask is None or isinstance(attention_mask, (PackedLayout, Segments, SplitSequence))):
+            raise TypeError(f"mindrl's attention core takes causal rows (no mask), a PackedLayout, Segments or a "
+                            f"SplitSequence, not {type(attention_mask).__name__}.")
         if attention_bias is not None or packed_seq_params is not None:
             raise NotImplementedError("mindrl's attention core takes no attention bias or packed_seq_params; "
                                       "these models have none.")
@@ -98,17 +110,19 @@ class SDPAttention(DotProductAttention):
         return self._core(query, key, value, attention_mask)
 
     def _core(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attention_mask: PackedLayout | Segments | None) -> torch.Tensor:
+              attention_mask: PackedLayout | Segments | SplitSequence | None) -> torch.Tensor:
         # query-key layer scaling divides softmax_scale by the layer number and the softmax multiplies it back
         scale = self.softmax_scale * (self.scale_mask_softmax.scale or 1.0)
         seq, batch = query.shape[:2]
         if isinstance(attention_mask, PackedLayout):
             flat = [t.reshape(seq * batch, *t.shape[2:]) for t in (query, key, value)]
             return segmented_attention(*flat, attention_mask, scale, self.enable_gqa).view(seq, batch, -1)
-        if isinstance(attention_mask, Segments):
+        if isinstance(attention_mask, (Segments, SplitSequence)):
             if batch != 1:
                 raise ValueError(f"a padding-free packed micro-batch is one sequence, but this one has {batch} rows.")
             flat = [t.squeeze(1) for t in (query, key, value)]
+            if isinstance(attention_mask, SplitSequence):
+                return attention_mask.attend(*flat, scale, self.enable_gqa).view(seq, 1, -1)
             return packed_attention(*flat, attention_mask, scale, self.enable_gqa).view(seq, 1, -1)
         query, key, value = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         context = _sdpa(query, key, value, self.enable_gqa, is_causal=True, scale=scale)

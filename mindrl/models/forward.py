@@ -64,7 +64,8 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
         data_iterator=iter(batches),
         model=[model],
         num_microbatches=len(batches),
-        seq_length=seq_length,
+        # under context parallelism each micro-batch is this rank's share; the schedule divides by CP itself
+        seq_length=seq_length * parallel_state.get_context_parallel_world_size(),
         micro_batch_size=micro_batch_size,
         forward_only=forward_only,
     )

@@ -93,6 +93,9 @@ class PositionedGPTModel(GPTModel):
         rotary = out[1]
         if rotary is None or position_ids is None or inference_context is not None or position_ids.ndim == 3:
             return tuple(out)  # multimodal RoPE rotates each row by its own [3, b, s] positions already
+        needed = int(position_ids.max()) + 1
+        if rotary.shape[0] < needed:  # a context-parallel share's positions run past its length
+            rotary = self.rotary_pos_emb(needed)
         # [s, 1, 1, dim] for the positions 0…s−1 → [s, b, 1, dim] for each row's own positions
         out[1] = rotary[:, 0][position_ids.t()]
         return tuple(out)
@@ -211,6 +214,10 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     else:
         model = PositionedGPTModel(config, block, share_embeddings_and_output_weights=arch.tied_embeddings,
                                    position_embedding_type="rope", **kwargs)
+    if getattr(model, "rotary_pos_emb", None) is not None:
+        # megatron-core would cut the rotary table for its own context-parallel split; mindrl's shares carry each
+        # token's position and are rotated by it
+        model.rotary_pos_emb.cp_group = None
     if config.recompute_granularity == "full":
         # GPTModel builds megatron-core's block itself; mindrl's differs only in how it recomputes
         model.decoder.__class__ = RecomputedBlock

@@ -73,12 +73,15 @@ def check_layouts(cfg: TrainerConfig) -> None:
     """Every role's TP/PP against its model and device count, the rollout engine's TP, and a critic in the actor's
     processes in the actor's layout."""
     critic, actor = cfg.critic_config, cfg.actor_config
+    def layout(par: ParallelConfig) -> str:
+        return f"TP={par.tp} PP={par.pp}" + (f" CP={par.cp}" if par.cp > 1 else "")
+
     if critic is not None and not cfg.critic_on_own_devices and \
-            (critic.parallel.tp, critic.parallel.pp) != (actor.parallel.tp, actor.parallel.pp):
+            (critic.parallel.tp, critic.parallel.pp, critic.parallel.cp) != \
+            (actor.parallel.tp, actor.parallel.pp, actor.parallel.cp):
         raise ConfigError(f"the critic runs in the actor's processes (no rl_config.critic_resource) and so in its "
-                          f"layout, TP={actor.parallel.tp} PP={actor.parallel.pp}, but critic_config asks "
-                          f"TP={critic.parallel.tp} PP={critic.parallel.pp}; match them or give the critic its own "
-                          f"critic_resource.")
+                          f"layout, {layout(actor.parallel)}, but critic_config asks {layout(critic.parallel)}; match "
+                          f"them or give the critic its own critic_resource.")
     if critic is not None and critic.arch.padded_vocab_size < actor.arch.padded_vocab_size:
         raise ConfigError(f"critic_config's model {critic.arch.name} has {critic.arch.padded_vocab_size} token ids, "
                           f"fewer than the actor's {actor.arch.padded_vocab_size}; the critic reads the actor's "
@@ -167,7 +170,7 @@ def check_batches(cfg: TrainerConfig) -> None:
     if cfg.critic_config is not None and not cfg.critic_on_own_devices:
         roles.append(("critic_config", cfg.critic_config, rl.resources["actor_resource"]))
     for section, role, resource in roles:
-        dp = resource.count // (role.parallel.tp * role.parallel.pp)
+        dp = resource.count // role.parallel.model_ranks
         if section in trained:
             key, prompts = trained[section]
             samples = prompts * n
@@ -216,8 +219,18 @@ def check_packing(cfg: TrainerConfig) -> list[str]:
     """use_remove_padding against the models and megatron_training's packing keys; the notices of budgets that
     the longest sample exceeds (it is then alone in its micro-batch)."""
     rl = cfg.rl_config
+    split = [(section, role.parallel.cp) for section, role, _ in cfg.roles() if role.parallel.cp > 1]
     if not rl.use_remove_padding:
+        if split:
+            raise ConfigError(f"{split[0][0]}.context_parallel_size={split[0][1]} cuts padding-free packed sequences "
+                              f"over its ranks; set rl_config.use_remove_padding: true.")
         return []
+    if split and rl.use_dynamic_bsz:
+        least = 2 * max(cp for _, cp in split)
+        for key in rl.budgets_below(least, cfg.reward_config is not None):
+            raise ConfigError(f"rl_config.{key}={getattr(rl, key)} is below 2 × context_parallel_size = {least} "
+                              f"tokens, the least a sequence cut in 2 × CP chunks holds; raise it to at least "
+                              f"{least}.")
     for section, role, _ in cfg.roles():
         if role.arch.vision is not None:
             raise ConfigError(f"rl_config.use_remove_padding packs text rows, but {section}'s model {role.arch.name} "

@@ -19,7 +19,7 @@ from mindrl.checkpoint import files
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.lora import LoraConfig
-from mindrl.config.parallel import parse_layer_list
+from mindrl.config.parallel import CP_ALGORITHMS, parse_layer_list
 from mindrl.config.recompute import Recompute
 from mindrl.config.values import check_types, positive
 
@@ -35,6 +35,8 @@ STAGES = {"ray_grpo": "cli/train_grpo.py", "ray_ppo": "cli/train_ppo.py", "sft":
 LR_DECAY_STYLES = ("constant", "cosine", "linear")
 SEQUENCE_PARALLEL_AT_TP1 = ("sequence_parallel=true has no effect at tensor_model_parallel_size 1 (it cuts "
                             "activations over the TP ranks; Megatron turns it off there too).")
+#: MindSpeed-RL's attention_mask_type values: both are the causal per-sample attention mindrl computes
+ATTENTION_MASK_TYPES = ("causal", "general")
 _ARCH_KEYS = frozenset(f.name for f in dataclasses.fields(ModelArch)) - {"name"}
 
 
@@ -98,6 +100,15 @@ class MegatronConfig:
     #: Megatron's sequence parallelism under TP > 1 (norms and residual adds cut along the sequence over the TP
     #: ranks); null: on exactly for a mixture of experts, which megatron-core trains under TP only so
     sequence_parallel: bool | None = None
+    #: ranks each packed sequence is cut over (docs/context_parallel.md); needs rl_config.use_remove_padding
+    context_parallel_size: int = 1
+    #: ulysses_cp_algo (all-to-all to head shards; heads and key-value groups per TP rank divisible by CP) or
+    #: megatron_cp_algo (ring attention, no head condition)
+    context_parallel_algo: str = "ulysses_cp_algo"
+    #: MindSpeed-RL's mask kind for its attention kernels: causal (the kernel builds the mask) or general (a mask
+    #: tensor); mindrl always attends each sample causally to itself (and a response to its shared prompt), which
+    #: both name
+    attention_mask_type: str = "causal"
     #: a vision-language model: train the language model only, the vision tower (merger included) kept as loaded
     freeze_vision_tower: bool = False
     #: on resume, the config's LR / weight-decay schedule replaces the checkpoint's from its step on (Megatron's key)
@@ -136,7 +147,13 @@ class MegatronConfig:
         check_types(section, self)
         positive(section, self, "global_batch_size", "micro_batch_size", "seq_length", "train_iters",
                  "lr_decay_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                 "expert_model_parallel_size")
+                 "expert_model_parallel_size", "context_parallel_size")
+        if self.context_parallel_algo not in CP_ALGORITHMS:
+            raise ConfigError(f"{section}.context_parallel_algo must be one of {', '.join(CP_ALGORITHMS)} "
+                              f"(all-to-all or ring attention), got {self.context_parallel_algo!r}.")
+        if self.attention_mask_type not in ATTENTION_MASK_TYPES:
+            raise ConfigError(f"{section}.attention_mask_type must be causal or general (both mean each sample attends "
+                              f"causally to itself, as mindrl always does), got {self.attention_mask_type!r}.")
         positive(section, self, "save_interval", allow_zero=True)
         if {self.stage, stage} == {"ray_grpo", "ray_ppo"}:
             raise ConfigError(f"{section}.stage={self.stage!r} but rl_config.adv_estimator is "
@@ -199,7 +216,7 @@ class MegatronConfig:
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
                               self.num_layer_list, self.expert_model_parallel_size, self.expert_tensor_parallel_size,
-                              self.sequence_parallel)
+                              self.sequence_parallel, self.context_parallel_size, self.context_parallel_algo)
 
     def actor_config(self, mini_batch_size: int, steps_per_iteration: int = 1, rows_per_example: int = 1,
                      **update: Any) -> ActorConfig:

@@ -26,6 +26,7 @@ from mindrl.checkpoint import dist as dist_ckpt
 from mindrl.checkpoint import files
 from mindrl.checkpoint import megatron as mg
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.models import context_parallel
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, check_batch, start_weights
 
 #: the head a causal LM checkpoint has and a critic does not
@@ -74,8 +75,9 @@ class CriticWorker(ActorWorker):
             return values, None
         valid = mb["source"] >= 0
         picked = values.reshape(-1).index_select(0, mb["source"][valid])
-        return torch.zeros(mb["source"].shape, dtype=torch.float32, device=values.device).masked_scatter(valid,
-                                                                                                          picked), None
+        scattered = torch.zeros(mb["source"].shape, dtype=torch.float32, device=values.device).masked_scatter(valid,
+                                                                                                               picked)
+        return (context_parallel.merge(scattered) if self.par.cp > 1 else scattered), None
 
     def compute_values(self, batch: dict) -> torch.Tensor | None:
         """V at every position of this rank's rows ([rows, S], fp32) on the last stage; None elsewhere."""

@@ -41,7 +41,7 @@ from mindrl.config.batching import Batching
 from mindrl.config.lora import LoraConfig
 from mindrl.config.recompute import Recompute
 from mindrl.distributed import init_model_parallel
-from mindrl.models import lora, sharding
+from mindrl.models import context_parallel, lora, sharding
 from mindrl.models.flops import forward_flops
 from mindrl.models.forward import run_microbatches
 from mindrl.models.gpt import build_gpt_model, load_stage_weights
@@ -210,6 +210,7 @@ class MegatronWorker:
         self.ep_rank = parallel_state.get_expert_model_parallel_rank() if par.ep > 1 else 0
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         if isinstance(weights, str):
             weights = self._stage_weights(weights)
@@ -299,6 +300,9 @@ class MegatronWorker:
             raise ConfigError(f"the batch holds images but model {self.arch.name} has no vision tower to see them; "
                               f"give this role a vision-language model or use text-only data.")
         self.packed = False
+        if self.par.cp > 1 and not batching.remove_padding:
+            raise ConfigError(f"context_parallel_size={self.par.cp} cuts padding-free packed sequences over its "
+                              f"ranks; set rl_config.use_remove_padding: true.")
         out = self._packed(selected, size, batching) if batching.remove_padding else \
             self._padded(selected, size, (int(batch["prompt_lengths"].max()), int(batch["response_lengths"].max()))
                          if "prompt_lengths" in batch and "response_lengths" in batch else None)
@@ -328,7 +332,8 @@ class MegatronWorker:
             cuts += [None] * self._missing_micro_batches(len(cuts))
         multiple = self.par.tp if self.model.config.sequence_parallel else 1
         width = 1
-        for _ in range(2 if self.par.pp > 1 else 1):  # under PP: again, at the longest one's length
+        # under PP: again, at the longest one's length (under CP each rank's share of it)
+        for _ in range(2 if self.par.pp > 1 else 1):
             out = [self._packed_one(selected, lengths, share, rows, width, multiple) for rows in cuts]
             width = max(mb["tokens"].shape[1] for mb in out)
         return out
@@ -351,7 +356,9 @@ class MegatronWorker:
             mb = {k: v[rows.start:rows.stop] for k, v in selected.items()}
             lengths = lengths[rows.start:rows.stop]
         groups = prompt_groups(mb["tokens"], mb["prompt_lengths"]) if share else None
-        packed = pack_rows(mb["tokens"], lengths, mb.get("prompt_lengths"), groups, width, multiple)
+        split = self.par.cp > 1
+        packed = pack_rows(mb["tokens"], lengths, mb.get("prompt_lengths"), groups, 1 if split else width,
+                           1 if split else multiple)
         self.packed |= packed.shared
         mb["labels"] = shifted_labels(mb["tokens"])
         if "routes" in mb:  # each packed token replays the routes of the plain token it is; padding 0 … k − 1
@@ -360,6 +367,9 @@ class MegatronWorker:
             mb["routes"] = routes.unsqueeze(0)
         mb.update(tokens=packed.tokens, position_ids=packed.position_ids, attention_mask=packed.segments,
                   source=packed.source, real_lengths=torch.tensor([packed.real]))
+        if split:
+            mb.update(context_parallel.share(mb, packed.real, self.par.cp, self.cp_rank, self.par.cp_algo, multiple,
+                                             width))
         return mb
 
     def _missing_micro_batches(self, count: int) -> int:
@@ -425,10 +435,15 @@ class MegatronWorker:
 
     def _token_scores(self, logits: torch.Tensor, mb: dict, temperature: float, with_entropy: bool,
                       entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs of the micro-batch's labels [rows, S] (and entropies), from plain or packed rows."""
+        """Log-probs of the micro-batch's labels [rows, S] (and entropies), from plain or packed rows (under CP
+        each rank scores the tokens of its share, and the ranks' scores are summed)."""
         if "source" in mb:
-            return gathered_log_probs(logits, mb["source"], mb["labels"], temperature, self.vocab_size, with_entropy,
-                                      entropy_grad)
+            log_probs, entropy = gathered_log_probs(logits, mb["source"], mb["labels"], temperature, self.vocab_size,
+                                                    with_entropy, entropy_grad)
+            if self.par.cp > 1:
+                log_probs = context_parallel.merge(log_probs)
+                entropy = None if entropy is None else context_parallel.merge(entropy)
+            return log_probs, entropy
         log_probs = vocab_parallel_log_probs(logits, mb["labels"], temperature, self.vocab_size)
         entropy = vocab_parallel_entropy(logits, temperature, self.vocab_size, entropy_grad) if with_entropy else None
         return log_probs, entropy
@@ -536,7 +551,7 @@ class ActorWorker(MegatronWorker):
 
     def __init__(self, arch: ModelArch, par: ParallelConfig, cfg: ActorConfig, weights: str | dict | None = None,
                  params_dtype: torch.dtype = torch.float32) -> None:
-        dp_size = dist.get_world_size() // (par.tp * par.pp)
+        dp_size = dist.get_world_size() // par.model_ranks
         if cfg.mini_batch_size % (dp_size * cfg.micro_batch_size):
             raise ConfigError(
                 f"mini_batch_size={cfg.mini_batch_size} over {dp_size} data-parallel ranks does not give each "

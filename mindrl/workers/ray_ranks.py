@@ -464,7 +464,7 @@ def _rows_of(worker: MegatronWorker | BackboneReference, batch: dict) -> Held:
 
 def _held(worker: MegatronWorker | BackboneReference, rows: torch.Tensor | None, batch: dict) -> Held:
     """(data-parallel rank, its rows' results, which rows of `batch` they are) on the one rank per data-parallel
-    rank that returns them (last stage, TP rank 0); None elsewhere."""
-    if rows is None or worker.tp_rank != 0:
+    rank that returns them (last stage, TP and CP rank 0); None elsewhere."""
+    if rows is None or worker.tp_rank != 0 or worker.cp_rank != 0:
         return None
     return worker.dp_rank, rows, worker.rows_for(batch, worker.batching)

@@ -13,6 +13,7 @@ import torch
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.batching import Batching
+from mindrl.models import context_parallel
 from mindrl.workers.megatron_worker import MegatronWorker, check_batch
 
 
@@ -41,9 +42,12 @@ class RewardModelWorker(MegatronWorker):
 
         def pick(scores: torch.Tensor, mb: dict) -> dict[str, torch.Tensor]:
             rows = torch.arange(mb["score_positions"].shape[0], device=scores.device)
-            if "source" in mb:  # a packed sequence: where each row's scored token is in it
-                return {"scores": scores[0, mb["source"][rows, mb["score_positions"]], 0].float()}
-            return {"scores": scores[rows, mb["score_positions"], 0].float()}
+            if "source" not in mb:
+                return {"scores": scores[rows, mb["score_positions"], 0].float()}
+            # a packed sequence: where each row's scored token is in it (under CP: in this rank's share, or −1)
+            where = mb["source"][rows, mb["score_positions"]]
+            picked = torch.where(where >= 0, scores[0, where.clamp(min=0), 0].float(), 0.0)
+            return {"scores": context_parallel.merge(picked) if self.par.cp > 1 else picked}
 
         out = self._forward_rows({"tokens": batch["tokens"], "score_positions": positions}, pick)
         return None if out is None else out["scores"]
