@@ -13,13 +13,15 @@ def reduced_grads(worker: ActorWorker) -> dict[str, torch.Tensor]:
     The distributed optimizer reduce-scatters the grad buffers: each data-parallel rank ends
     with the reduced values of its own equal shard only, so gather the shards back.
     """
-    # the optimizer shards over the data- and context-parallel ranks together (those hold the same weights)
-    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    for buffer in worker.ddp.buffers:
-        for bucket in buffer.buckets:
-            shards = list(bucket.grad_data.chunk(size))
-            dist.all_gather(shards, shards[rank].clone(), group=group)
+    # the optimizer shards over the data- and context-parallel ranks together (those hold the same weights), the
+    # experts' over their own data-parallel ranks
+    for buffers, group in ((worker.ddp.buffers, parallel_state.get_data_parallel_group(with_context_parallel=True)),
+                           (worker.ddp.expert_parallel_buffers, parallel_state.get_expert_data_parallel_group())):
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        for buffer in buffers:
+            for bucket in buffer.buckets:
+                shards = list(bucket.grad_data.chunk(size))
+                dist.all_gather(shards, shards[rank].clone(), group=group)
     return {name: p.main_grad.detach().clone() for name, p in worker.model.named_parameters() if p.requires_grad}
 
 

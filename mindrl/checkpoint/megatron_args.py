@@ -60,6 +60,8 @@ def checkpoint_args(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp,
         expert_model_parallel_size=par.ep,
+        # recorded as Megatron does; CP cuts sequences, not weights, so a checkpoint loads at any CP
+        context_parallel_size=par.cp,
         num_layer_list=",".join(map(str, par.num_layer_list)) if par.num_layer_list else None,
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,

@@ -83,11 +83,12 @@ class TrainState:
 
     @property
     def writes(self) -> bool:
-        """Whether this rank writes its folder: the first data-parallel replica, or with EP the first
-        expert-data-parallel replica of each expert-parallel rank."""
+        """Whether this rank writes its folder: the first data-parallel replica's first context-parallel rank (the
+        CP ranks hold the same weights), or with EP the first expert-data-parallel replica of each expert-parallel
+        rank (that group spans the context-parallel ranks too)."""
         if self.par.ep > 1:
             return parallel_state.get_expert_data_parallel_rank() == 0
-        return parallel_state.get_data_parallel_rank() == 0
+        return parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_context_parallel_rank() == 0
 
     def rank_folder(self) -> str:
         tp_rank, pp_rank = self.ranks[:2]

@@ -143,13 +143,13 @@ def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | No
         raise ConfigError(
             f"num_layers={arch.num_layers} of model {arch.name} is not divisible by "
             f"pipeline_model_parallel_size={pp}; choose a PP that divides it or set num_layer_list.")
+    validate_context_parallel(arch, par)
     if world_size is not None and world_size % par.model_ranks:
         sizes = f"{tp}×{pp}" + (f"×{par.cp}" if par.cp > 1 else "")
         names = "tensor_model_parallel_size × pipeline_model_parallel_size" + \
             (" × context_parallel_size" if par.cp > 1 else "")
         raise ConfigError(f"world size {world_size} is not divisible by {names} = {sizes}; use a device count that "
                           f"is a multiple of {par.model_ranks}.")
-    validate_context_parallel(arch, par)
     validate_expert_parallel(arch, par, world_size)
 
 

@@ -122,7 +122,7 @@ class SDPAttention(DotProductAttention):
                 raise ValueError(f"a padding-free packed micro-batch is one sequence, but this one has {batch} rows.")
             flat = [t.squeeze(1) for t in (query, key, value)]
             if isinstance(attention_mask, SplitSequence):
-                return attention_mask.attend(*flat, scale, self.enable_gqa).view(seq, 1, -1)
+                return attention_mask.attend(*flat, scale, self.enable_gqa).reshape(seq, 1, -1)
             return packed_attention(*flat, attention_mask, scale, self.enable_gqa).view(seq, 1, -1)
         query, key, value = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         context = _sdpa(query, key, value, self.enable_gqa, is_causal=True, scale=scale)

@@ -1,0 +1,317 @@
+"""Context parallelism (mindrl/models/context_parallel.py): a packed sequence cut over 2 or 4 CP ranks, joined by
+all-to-all (Ulysses) or ring attention, gives the unsplit model's logits and gradients for a dense model and a
+mixture of experts, and the actor's passes give one rank's log-probs, entropies, gradients and metrics at CP2, CP4,
+TP2×CP2 with sequence parallelism, PP2×CP2, DP2×CP2 and EP2×CP2; samples share prompts, some are shorter than
+2 × CP chunks and most do not divide. HF transformers scores the rows as the split model does; the ring moves
+CP − 1 key/value chunks per layer forward; SFT, DPO, the critic and the reward model run split."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from mindrl.config import ConfigError, ParallelConfig, load_model_arch, validate_parallel
+from mindrl.config.batching import Batching
+from mindrl.distributed import init_model_parallel, release_model_parallel
+from mindrl.launch import run_ranks
+from mindrl.models import context_parallel, sharding
+from mindrl.models.attention import Segments
+from mindrl.models.gpt import build_gpt_model, load_stage_weights
+from mindrl.models.micro_batches import pack_rows
+from mindrl.workers.megatron_worker import ActorWorker
+from tests.grads import reduced_grads
+from tests.test_actor_layouts import BASE
+from tests.test_packed_micro_batches import BUDGET, PACKED, PROMPTS, RESPONSES, long_tailed_batch
+from tests.test_prompt_packing import grouped_batch
+
+RING, ULYSSES = "megatron_cp_algo", "ulysses_cp_algo"
+TOLERANCE = 1e-5
+
+
+def _arch(name: str, **fields: object):
+    arch = load_model_arch(name)
+    if arch.is_moe:  # the routers' load-balancing loss is per rank's tokens: the model checks compare the main loss
+        fields.setdefault("moe_aux_loss_coeff", 0.0)
+    return dataclasses.replace(arch, **fields)
+
+
+def _segments() -> Segments:
+    """A prompt of 5 with two responses behind it (8 and 3 tokens), then samples of 40, 1 and 7 tokens."""
+    lengths = (5, 8, 3, 40, 1, 7)
+    starts = tuple(sum(lengths[:i]) for i in range(len(lengths)))
+    prefixes = ((0, 0), (0, 5), (0, 5), (16, 0), (56, 0), (57, 0))
+    return Segments(starts, lengths, prefixes)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_split_gives_every_token_to_one_rank_in_zigzag_chunks(size):
+    """Rank r holds chunks r and 2·CP − 1 − r of each sample, chunk sizes differ by at most one token (a sample
+    shorter than 2 × CP leaves chunks empty), every share has the same padded length, and every token is on one
+    rank."""
+    segments = _segments()
+    layouts = [context_parallel.split(segments, size, rank, "ring", multiple=4, width=9) for rank in range(size)]
+    assert len({layout.length for layout in layouts}) == 1
+    assert layouts[0].length % 4 == 0 and layouts[0].length >= 9
+    held = torch.cat([layout.index()[layout.index() >= 0] for layout in layouts])
+    assert sorted(held.tolist()) == list(range(64))
+    for rank, layout in enumerate(layouts):
+        index = layout.index()
+        assert (index[layout.real():] == -1).all() and (index[:layout.real()] >= 0).all()
+        for s, (start, length) in enumerate(zip(segments.starts, segments.lengths, strict=True)):
+            chunks = torch.tensor_split(torch.arange(start, start + length), 2 * size)
+            mine = torch.cat([chunks[rank], chunks[2 * size - 1 - rank]])
+            pieces = [p for p in layout.pieces[rank] if p.segment == s]
+            assert [p.chunk for p in pieces] == [rank, 2 * size - 1 - rank]
+            assert torch.equal(torch.cat([index[p.local:p.local + p.length] for p in pieces]), mine)
+    assert any(p.length == 0 for p in layouts[0].pieces[0])  # the one-token sample leaves chunks empty
+
+
+def _model_parity(rank: int, cases: list[tuple[str, int, str, dict]]) -> list[dict]:
+    """Each case's model on its CP ranks: logits of the split sequence against the whole sequence's (attended in one
+    piece on every rank), gradients (of Σ logits · w) summed over the CP ranks against the whole's, and the sends
+    each rank made in the split forward."""
+    out = []
+    for algo, cp, name, fields in cases:
+        release_model_parallel()
+        arch = _arch(name, **fields)
+        par = ParallelConfig(1, 1, context_parallel_size=cp, context_parallel_algo=algo)
+        init_model_parallel(par, seed=1, arch=arch)
+        model = build_gpt_model(arch, par)
+        full = sharding.random_full_state_dict(arch, seed=4)
+        load_stage_weights(model, sharding.shard_state_dict(full, arch, par, 0, 0, 0))
+        tokens = torch.randint(0, arch.padded_vocab_size, (6, 48), generator=torch.Generator().manual_seed(0))
+        tokens[1:3, :5] = tokens[0, :5]
+        lengths, prompts = torch.tensor([5 + 8, 5 + 3, 5, 40, 1, 7]), torch.tensor([5, 5, 5, 20, 1, 3])
+        packed = pack_rows(tokens, lengths, prompts, [range(0, 3), range(3, 4), range(4, 5), range(5, 6)])
+        whole = model(packed.tokens, packed.position_ids, packed.segments)
+        weights = torch.randn(whole.shape, generator=torch.Generator().manual_seed(1))
+        (whole * weights).sum().backward()
+        expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        share = context_parallel.share({"tokens": packed.tokens, "position_ids": packed.position_ids,
+                                        "attention_mask": packed.segments, "source": packed.source}, packed.real,
+                                       cp, parallel_state.get_context_parallel_rank(), par.cp_algo)
+        layout = share["attention_mask"]
+        sends = []
+        batched = dist.batch_isend_irecv
+        dist.batch_isend_irecv = lambda ops, sends=sends, batched=batched: \
+            sends.extend(op for op in ops if op.op is dist.isend) or batched(ops)
+        try:
+            split = model(share["tokens"], share["position_ids"], layout)
+        finally:
+            dist.batch_isend_irecv = batched
+        index = layout.index()
+        local_weights = torch.where((index >= 0)[None, :, None], weights[:, index.clamp(min=0)], 0.0)
+        (split * local_weights).sum().backward()
+        group = parallel_state.get_context_parallel_group()
+        grads = {}
+        for n, p in model.named_parameters():
+            dist.all_reduce(p.grad, group=group)
+            grads[n] = p.grad
+        logits = context_parallel.gather(split[0].detach(), layout, packed.real)
+        largest = max(g.abs().max().item() for g in expected.values())
+        out.append({"case": (algo, cp, name), "logits": (logits - whole[0, :packed.real].detach()).abs().max().item(),
+                    "grads": max((grads[n] - g).abs().max().item() for n, g in expected.items()) / largest,
+                    "sends": len(sends), "layers": arch.num_layers, "largest": largest})
+    release_model_parallel()
+    return out
+
+
+def test_split_logits_and_gradients_equal_the_whole_sequences():
+    """≤ 1e-5 (fp32; gradients of the largest), each algorithm at CP2 and CP4 (Ulysses at CP4 on a model with 4
+    key-value heads), dense and MoE; the ring sends CP − 1 key/value chunks per layer forward, Ulysses none."""
+    two = [(RING, 2, "tiny_qwen", {}), (ULYSSES, 2, "tiny_qwen", {}), (RING, 2, "tiny_qwen3_moe", {}),
+           (ULYSSES, 2, "tiny_qwen3_moe", {})]
+    four = [(RING, 4, "tiny_qwen", {}), (ULYSSES, 4, "tiny_qwen", {"num_query_groups": 4}),
+            (RING, 4, "tiny_qwen3_moe", {})]
+    for world, cases in ((2, two), (4, four)):
+        for result in [r for rank in run_ranks(_model_parity, world, cases) for r in rank]:
+            algo, cp, _ = result["case"]
+            assert result["largest"] > 1e-2
+            assert result["logits"] <= TOLERANCE, result
+            assert result["grads"] <= TOLERANCE, result
+            assert result["sends"] == (result["layers"] * (cp - 1) if algo == RING else 0), result
+
+
+def _passes(rank: int, name: str, par: ParallelConfig, batchings: dict[str, Batching], packing: str) -> dict:
+    arch = load_model_arch(name)
+    full = sharding.random_full_state_dict(arch, seed=4)
+    batch = long_tailed_batch(arch.padded_vocab_size)
+    out = {}
+    for label, batching in batchings.items():
+        release_model_parallel()
+        cfg = dataclasses.replace(BASE, mini_batch_size=batch["tokens"].shape[0], micro_batch_size=3,
+                                  batching=batching, prompt_packing=packing)
+        worker = ActorWorker(arch, par, cfg, weights=full)
+        scores = worker.compute_log_prob(batch, with_entropy=True)
+        metrics = worker.update(batch)
+        stage = (worker.tp_rank, worker.pp_rank) + ((worker.ep_rank,) if par.ep > 1 else ())
+        out[label] = {"scores": scores, "metrics": metrics, "grads": reduced_grads(worker), "stage": stage,
+                      "rows": worker.rows_for(batch, worker.batching), "holds": worker.tp_rank == worker.cp_rank == 0}
+    release_model_parallel()
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> dict[str, dict]:
+    """The dense model's and the mixture of experts' passes on one rank, packed (the reference)."""
+    return {name: run_ranks(_passes, 1, name, ParallelConfig(1, 1), {"packed": PACKED}, packing)[0]["packed"]
+            for name, packing in (("tiny_qwen", "auto"), ("tiny_qwen3_moe", "off"))}
+
+
+def _ring(**kwargs: object) -> ParallelConfig:
+    return ParallelConfig(context_parallel_size=kwargs.pop("cp", 2), context_parallel_algo=RING, **kwargs)
+
+
+def _ulysses(**kwargs: object) -> ParallelConfig:
+    return ParallelConfig(context_parallel_size=kwargs.pop("cp", 2), context_parallel_algo=ULYSSES, **kwargs)
+
+
+LAYOUTS = {
+    "cp2 ring": ("tiny_qwen", _ring(), 2), "cp2 ulysses": ("tiny_qwen", _ulysses(), 2),
+    "cp4 ring": ("tiny_qwen", _ring(cp=4), 4),
+    "tp2 cp2 ring, sequence parallel": ("tiny_qwen", _ring(tensor_model_parallel_size=2, sequence_parallel=True), 4),
+    "pp2 cp2 ulysses": ("tiny_qwen", _ulysses(pipeline_model_parallel_size=2), 4),
+    "dp2 cp2 ring": ("tiny_qwen", _ring(), 4),
+    "moe ep2 cp2 ring": ("tiny_qwen3_moe", _ring(expert_model_parallel_size=2), 4),
+    "moe ep2 cp2 ulysses": ("tiny_qwen3_moe", _ulysses(expert_model_parallel_size=2), 2),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_passes_equal_one_ranks(layout, one_rank):
+    """Log-probs and entropies ≤ 1e-5, gradients ≤ 1e-5 × the largest, the update's metrics, packed and cut by a
+    token budget (a mixture of experts packed alone: its router losses are per micro-batch, which a budget cuts
+    otherwise)."""
+    name, par, world = LAYOUTS[layout]
+    moe = name == "tiny_qwen3_moe"
+    batchings = {"packed": PACKED} if moe else {"packed": PACKED, "budget": BUDGET}
+    runs = run_ranks(_passes, world, name, par, batchings, "off" if moe else "auto")
+    expected = one_rank[name]
+    arch = load_model_arch(name)
+    whole = sharding.merge_state_dicts({(0, 0): expected["grads"]}, arch, ParallelConfig(1, 1))
+    mask = grouped_batch(10, prompts=PROMPTS, responses=RESPONSES)["loss_mask"].bool()
+    largest = max(g.abs().max().item() for g in whole.values())
+    for label in batchings:
+        stages = {}
+        for result in runs:
+            stages.setdefault(result[label]["stage"], result[label]["grads"])
+        for key, grad in sharding.merge_state_dicts(stages, arch, par).items():
+            diff = (grad - whole[key]).abs().max().item()
+            assert diff <= TOLERANCE * largest, f"{label}: gradient of {key} differs by {diff:.2e}"
+    for result in runs:
+        for label, got in result.items():
+            if got["scores"] is not None and got["holds"]:
+                for key in ("log_probs", "entropy"):
+                    diff = (got["scores"][key] - expected["scores"][key][got["rows"]])[mask[got["rows"]]]
+                    assert diff.abs().max().item() <= TOLERANCE, f"{label}: {key}"
+            for key, value in expected["metrics"].items():
+                if key not in ("prompt_packed", "lr") and not key.startswith("moe/load_max"):
+                    assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), f"{label}: {key}"
+
+
+def test_ulysses_refuses_heads_that_do_not_divide_and_a_vision_language_model_is_refused():
+    tiny = load_model_arch("tiny_qwen")  # 4 heads, 2 key-value groups
+    with pytest.raises(ConfigError, match="num_query_groups=2; use megatron_cp_algo"):
+        validate_parallel(tiny, _ulysses(cp=4))
+    with pytest.raises(ConfigError, match="TP × CP = 2×2 ranks whole heads"):
+        validate_parallel(tiny, _ulysses(tensor_model_parallel_size=2))
+    validate_parallel(tiny, _ring(cp=4, tensor_model_parallel_size=2))
+    with pytest.raises(ConfigError, match="vision-language model"):
+        validate_parallel(load_model_arch("tiny_qwen25_vl"), _ring())
+    with pytest.raises(ConfigError, match="context_parallel_algo must be one of"):
+        ParallelConfig(context_parallel_size=2, context_parallel_algo="ring")
+
+
+def _hf_scored(rank: int, checkpoint: str, batch: dict) -> list[dict]:
+    from mindrl.checkpoint import megatron as mg
+    from mindrl.workers.megatron_worker import MegatronWorker
+
+    args = mg.load_args(checkpoint)
+    out = []
+    for algo in (RING, ULYSSES):
+        release_model_parallel()
+        par = dataclasses.replace(mg.parallel_of(args), context_parallel_size=2, context_parallel_algo=algo)
+        worker = MegatronWorker(mg.arch_of(args), par, weights=checkpoint, temperature=0.7, batching=BUDGET)
+        out.append(worker.compute_log_prob(batch, with_entropy=True))
+    release_model_parallel()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe"])
+def test_split_log_probs_equal_hf_transformers_scoring_each_row(tmp_path, kind):
+    """CP2, each algorithm, rows cut by a token budget: HF's own model scoring each padded row is the oracle."""
+    from mindrl.ckpt_convert import hf_to_mcore
+    from tests.hf_models import build_hf_model, save_hf_model
+
+    model = build_hf_model(kind, seed=7)
+    checkpoint = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", kind, 1, 1,
+                             params_dtype=torch.float32, progress=False)
+    batch = grouped_batch(250, prompts=PROMPTS, responses=RESPONSES)
+    lengths = batch["prompt_lengths"] + batch["response_lengths"]
+    attention = (torch.arange(batch["tokens"].shape[1]) < lengths.unsqueeze(1)).long()
+    with torch.no_grad():
+        log_softmax = torch.log_softmax(model(batch["tokens"], attention_mask=attention).logits / 0.7, dim=-1)
+    expected = log_softmax[:, :-1].gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
+    mask = batch["loss_mask"].bool()[:, :-1]
+    for out in run_ranks(_hf_scored, 2, str(checkpoint), batch)[0]:
+        assert (out["log_probs"][:, :-1] - expected)[mask].abs().max().item() < TOLERANCE
+        assert (out["entropy"][:, :-1] - entropy)[mask].abs().max().item() < TOLERANCE
+
+
+def _other_roles(rank: int, par: ParallelConfig) -> dict:
+    """SFT's and DPO's gradients, the critic's values and gradients, the reward model's scores."""
+    from mindrl.algorithms.dpo_loss import DPOLossConfig
+    from mindrl.algorithms.value_loss import ValueLossConfig
+    from mindrl.workers.critic_worker import CriticWorker, critic_arch
+    from mindrl.workers.reward_worker import RewardModelWorker
+
+    arch = load_model_arch("tiny_qwen")
+    full = sharding.random_full_state_dict(arch, seed=4)
+    batch = grouped_batch(arch.padded_vocab_size, 5, (5, 9, 7, 6), ((3, 30), (2, 45), (12, 1), (7, 8)))
+    rows = batch["tokens"].shape[0]
+    cfg = dataclasses.replace(BASE, mini_batch_size=rows, micro_batch_size=2, batching=PACKED)
+    noise = 0.3 * torch.randn(batch["tokens"].shape, generator=torch.Generator().manual_seed(2))
+    out = {}
+    for stage in ("sft", "dpo"):
+        release_model_parallel()
+        worker = ActorWorker(arch, par, cfg, weights=full)
+        if stage == "sft":
+            worker.sft_step({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]})
+        else:
+            worker.dpo_step({**batch, "ref_log_probs": (noise - 6.9) * batch["loss_mask"]}, DPOLossConfig())
+        out[stage] = reduced_grads(worker)
+    release_model_parallel()
+    scored = critic_arch(arch)
+    head = sharding.random_full_state_dict(scored, seed=5)
+    critic = CriticWorker(arch, par, cfg, ValueLossConfig(), weights=head)
+    values = critic.compute_values(batch)
+    returns = noise * batch["loss_mask"]
+    critic.update({**batch, "values": noise.abs() * 0.1, "returns": returns})
+    out.update(values=values, critic=reduced_grads(critic))
+    release_model_parallel()
+    reward = RewardModelWorker(scored, par, head, torch.float32, micro_batch_size=2, batching=PACKED)
+    lengths = batch["prompt_lengths"] + batch["response_lengths"]
+    out["scores"] = reward.score({"tokens": batch["tokens"], "score_positions": lengths - 1})
+    release_model_parallel()
+    return out
+
+
+def test_sft_dpo_the_critic_and_the_reward_model_split_as_on_one_rank():
+    """CP2 ring: SFT's and DPO's gradients, the critic's values and value-loss gradients, the reward model's scores
+    (≤ 1e-5; gradients of the largest)."""
+    expected = run_ranks(_other_roles, 1, ParallelConfig(1, 1))[0]
+    for got in run_ranks(_other_roles, 2, _ring()):
+        for key in ("values", "scores"):
+            assert (got[key] - expected[key]).abs().max().item() <= TOLERANCE, key
+        for stage in ("sft", "dpo", "critic"):
+            largest = max(g.abs().max().item() for g in expected[stage].values())
+            assert largest > 1e-3
+            for name, grad in expected[stage].items():
+                diff = (got[stage][name] - grad).abs().max().item()
+                assert diff <= TOLERANCE * largest, f"{stage}: gradient of {name} differs by {diff:.2e}"
