@@ -238,6 +238,18 @@ MISTAKES = {
          "+actor_config.recompute_num_layers=8"], ["actor_config.recompute_num_layers=8", "4 layers"]),
     "recompute of the activation alone": (["+megatron_training.recompute_activation_function=true"],
                                           ["recompute_activation_function", "selective"]),
+    "context parallelism without packing": (["+actor_config.context_parallel_size=2"],
+                                            ["actor_config.context_parallel_size=2", "use_remove_padding: true"]),
+    "ulysses with key-value groups that do not divide": (
+        [*PACKING, "+actor_config.context_parallel_size=4"],
+        ["actor_config", "num_query_groups=2", "megatron_cp_algo"]),
+    "a budget below two chunks per context-parallel rank": (
+        [*PACKING, "+actor_config.context_parallel_size=2", "+rl_config.max_packing_token_size=3"],
+        ["max_packing_token_size=3", "2 × context_parallel_size = 4"]),
+    "an unknown context-parallel algorithm": (["+actor_config.context_parallel_algo=ring"],
+                                              ["context_parallel_algo", "megatron_cp_algo"]),
+    "an attention mask mindrl does not compute": (["+megatron_training.attention_mask_type=sliding"],
+                                                  ["attention_mask_type", "causal or general"]),
     "missing config": None,
 }
 
@@ -335,6 +347,9 @@ REFERENCE_OVERRIDES = {
     "grpo_qwen25_32b_A3": ["rl_config.verifier_function=[base_acc]"],
     "dapo_qwen3_32b_A3": ["megatron_training.stage=ray_grpo", "rl_config.verifier_function=[acc]",
                           "rl_config.filter_groups_metric=acc"],
+    # context parallelism (ring, CP2) with packing and budgets
+    **{name: ["megatron_training.stage=ray_grpo", "rl_config.verifier_function=[acc]",
+              "rl_config.filter_groups_metric=acc"] for name in ("dapo_qwen25_32b_A2_20k", "dapo_qwen25_32b_A3_32k")},
 }
 
 
@@ -355,6 +370,9 @@ def test_mindspeed_reference_configs_load_and_name_unsupported_keys(name):
     assert "sequence_parallel" not in named  # a Megatron key with Megatron's meaning (MindSpeed-RL sets it at TP > 1)
     assert sum("megatron_training.use_flash_attn " in n for n in notes) == 1  # once, where it was written
     assert "init_kl_coef" not in named and "n_samples_per_prompt" not in named and "gamma" not in named
+    if name.endswith("k"):
+        assert (cfg.actor_config.parallel.cp, cfg.actor_config.parallel.cp_algo) == (2, "ring")
+        assert "context_parallel" not in named and "attention_mask_type" not in named
 
 
 def test_sequence_parallel_is_a_role_key_with_megatrons_meaning():

@@ -419,7 +419,8 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
         batching = rl.batching(role)
         tokens, extra = _micro_batch(model.cfg.micro_batch_size, batching.max_tokens, batching.max_rows, prompt,
                                      response, shares_prompt, rl.n_samples_per_prompt)
-        dp = max(ranks // (model.par.tp * model.par.pp), 1)
+        tokens, extra = _cp_share(tokens, model.par.cp), extra / model.par.cp
+        dp = max(ranks // model.par.model_ranks, 1)
         mini = (rl.mini_batch_size if role == "update" else rl.critic_mini_batch_size or rl.mini_batch_size)
         rows_per_micro = 1 if batching.max_tokens else model.cfg.micro_batch_size
         micro_batches = max(mini * rl.n_samples_per_prompt // dp // rows_per_micro, 1)
@@ -429,7 +430,7 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
         act = activation_bytes(model.arch, model.par, worst, tokens, min(model.par.pp - worst, micro_batches),
                                model.cfg.recompute, 2 if model.bf16 else 4, core, extra)
         fix = _batch_fix(rl, role, f"{model.section}.micro_batch_size")
-        terms.append(Term(f"{model.label} activations ({tokens} tokens a micro-batch)", act,
+        terms.append(Term(f"{model.label} activations ({_tokens_text(tokens, model.par.cp)})", act,
                           fix if model.cfg.recompute_granularity else f"{model.section}.recompute_granularity: full"))
         if worst == model.par.pp - 1:
             terms.append(Term(f"{model.label} logits", logits_bytes(model.arch, model.par.tp, tokens, True), fix))
@@ -446,6 +447,15 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
         kept = [t for t in resident if not offloadable.get(t.name)]
         phases.append(Phase("generation", (*kept, *engine)))
     return GroupPlan(group, kind, ranks, capacity, tuple(phases), offloaded, engine_kv)
+
+
+def _cp_share(tokens: int, cp: int) -> int:
+    """A CP rank's share of a micro-batch's tokens (each sample cut in 2 × CP chunks, the shares padded alike)."""
+    return -(-tokens // cp)
+
+
+def _tokens_text(tokens: int, cp: int) -> str:
+    return f"{tokens} tokens a micro-batch" + (f" on each of {cp} CP ranks" if cp > 1 else "")
 
 
 def _stage_peak(model: _Model, stage: int, tokens: int, micro_batches: int, core: Kernels, extra: int) -> float:
@@ -469,9 +479,11 @@ def _forward_phase(cfg: TrainerConfig, models: list[_Model], resident: list[Term
         batching = rl.batching(role)
         tokens, _ = _micro_batch(rows, batching.max_tokens, batching.max_rows, prompt, response, shares_prompt,
                                  rl.n_samples_per_prompt)
+        tokens = _cp_share(tokens, model.par.cp)
         need = forward_bytes(model.arch, model.par, tokens, 2 if model.bf16 else 4, core)
         if worst is None or need > worst.bytes:
-            worst = Term(f"{model.label} forward ({tokens} tokens a micro-batch)", need, _batch_fix(rl, role, rows_key))
+            worst = Term(f"{model.label} forward ({_tokens_text(tokens, model.par.cp)})", need,
+                         _batch_fix(rl, role, rows_key))
     if worst is None:
         return None
     return Phase("forward passes", (*resident, worst))

@@ -121,7 +121,16 @@ class StageConfig:
             validate_sequence_parallel(t.arch, t.parallel)
         except ConfigError as err:
             raise ConfigError(f"megatron_training: {err}") from None
-        dp = devices // (t.tensor_model_parallel_size * t.pipeline_model_parallel_size)
+        if t.context_parallel_size > 1 and not self.section.use_remove_padding:
+            raise ConfigError(f"megatron_training.context_parallel_size={t.context_parallel_size} cuts padding-free "
+                              f"packed sequences over its ranks; set {self.SECTION}.use_remove_padding: true.")
+        least = 2 * t.context_parallel_size
+        if t.context_parallel_size > 1 and self.section.batching.max_tokens is not None and \
+                self.section.batching.max_tokens < least:
+            raise ConfigError(f"{self.SECTION}.max_packing_token_size={self.section.batching.max_tokens} is below 2 × "
+                              f"context_parallel_size = {least} tokens, the least a sequence cut in 2 × CP chunks "
+                              f"holds; raise it to at least {least}.")
+        dp = devices // t.parallel.model_ranks
         if t.global_batch_size % (dp * t.micro_batch_size):
             raise ConfigError(f"global_batch_size={t.global_batch_size} does not give each of the {dp} data-parallel "
                               f"ranks whole micro-batches of micro_batch_size={t.micro_batch_size}; make it a "
