@@ -16,6 +16,7 @@ from megatron.core import parallel_state
 
 from mindrl.config import ConfigError, ParallelConfig, load_model_arch, validate_parallel
 from mindrl.config.batching import Batching
+from mindrl.config.lora import LoraConfig
 from mindrl.distributed import init_model_parallel, release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import context_parallel, sharding
@@ -70,12 +71,42 @@ def test_the_split_gives_every_token_to_one_rank_in_zigzag_chunks(size):
     assert any(p.length == 0 for p in layouts[0].pieces[0])  # the one-token sample leaves chunks empty
 
 
-def _model_parity(rank: int, cases: list[tuple[str, int, str, dict]]) -> list[dict]:
+@pytest.mark.parametrize("diagonal", [0, 24], ids=["full", "with its diagonal"])
+def test_a_ring_blocks_output_log_sum_exp_and_gradients_equal_autograds(diagonal):
+    """One block of 24 queries over 40 keys (4 heads in 2 groups), by matmuls and by torch's fused CPU kernel, against
+    autograd through a plain masked softmax: a single block's merged output is its own."""
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(n, h, 32, generator=gen) for n, h in ((24, 4), (40, 2), (40, 2)))
+    grad = torch.randn(24, 4, 32, generator=gen)
+    leaves = [x.clone().requires_grad_() for x in (query, key, value)]
+    q, k, v = leaves[0].transpose(0, 1), *(x.repeat_interleave(2, dim=1).transpose(0, 1) for x in leaves[1:])
+    scores = q @ k.transpose(1, 2) * 0.2
+    if diagonal:
+        scores = scores.masked_fill(torch.ones(24, 40, dtype=torch.bool).tril(16).logical_not(), float("-inf"))
+    expected = (scores.softmax(-1) @ v).transpose(0, 1)
+    expected.backward(grad)
+    expected_lse = scores.logsumexp(-1).t()
+    for attend, attend_grad in ((context_parallel._block, context_parallel._block_grad),
+                                (context_parallel._fused_block, context_parallel._fused_block_grad)):
+        out, lse = attend(query, key, value, diagonal, 0.2, 2)
+        assert (out - expected).abs().max().item() <= TOLERANCE and (lse - expected_lse).abs().max() <= TOLERANCE
+        if attend_grad is context_parallel._block_grad:
+            grads = attend_grad(query, key, value, grad, (grad * out).sum(-1), lse, diagonal, 0.2, 2)
+        else:
+            grads = attend_grad(query, key, value, grad, out, lse, diagonal, 0.2, 2)
+        for got, leaf in zip(grads, leaves, strict=True):
+            assert (got - leaf.grad).abs().max().item() <= TOLERANCE * leaf.grad.abs().max().item()
+
+
+def _model_parity(rank: int, cases: list[tuple[str, int, str, dict, bool]]) -> list[dict]:
     """Each case's model on its CP ranks: logits of the split sequence against the whole sequence's (attended in one
     piece on every rank), gradients (of Σ logits · w) summed over the CP ranks against the whole's, and the sends
-    each rank made in the split forward."""
+    each rank made in the split forward. `fused`: every ring block by torch's fused CPU kernel (else these small
+    blocks take the matmuls)."""
     out = []
-    for algo, cp, name, fields in cases:
+    threshold = context_parallel.MATERIALISE_MAX
+    for algo, cp, name, fields, fused in cases:
+        context_parallel.MATERIALISE_MAX = 0 if fused else threshold
         release_model_parallel()
         arch = _arch(name, **fields)
         par = ParallelConfig(1, 1, context_parallel_size=cp, context_parallel_algo=algo)
@@ -114,7 +145,8 @@ def _model_parity(rank: int, cases: list[tuple[str, int, str, dict]]) -> list[di
             grads[n] = p.grad
         logits = context_parallel.gather(split[0].detach(), layout, packed.real)
         largest = max(g.abs().max().item() for g in expected.values())
-        out.append({"case": (algo, cp, name), "logits": (logits - whole[0, :packed.real].detach()).abs().max().item(),
+        out.append({"case": (algo, cp, name, fused),
+                    "logits": (logits - whole[0, :packed.real].detach()).abs().max().item(),
                     "grads": max((grads[n] - g).abs().max().item() for n, g in expected.items()) / largest,
                     "sends": len(sends), "layers": arch.num_layers, "largest": largest})
     release_model_parallel()
@@ -123,21 +155,27 @@ def _model_parity(rank: int, cases: list[tuple[str, int, str, dict]]) -> list[di
 
 def test_split_logits_and_gradients_equal_the_whole_sequences():
     """≤ 1e-5 (fp32; gradients of the largest), each algorithm at CP2 and CP4 (Ulysses at CP4 on a model with 4
-    key-value heads), dense and MoE; the ring sends CP − 1 key/value chunks per layer forward, Ulysses none."""
-    two = [(RING, 2, "tiny_qwen", {}), (ULYSSES, 2, "tiny_qwen", {}), (RING, 2, "tiny_qwen3_moe", {}),
-           (ULYSSES, 2, "tiny_qwen3_moe", {})]
-    four = [(RING, 4, "tiny_qwen", {}), (ULYSSES, 4, "tiny_qwen", {"num_query_groups": 4}),
-            (RING, 4, "tiny_qwen3_moe", {})]
+    key-value heads), dense and MoE, the ring's blocks by matmuls and by the fused CPU kernel; the ring sends CP − 1
+    key/value chunks per layer forward, Ulysses none."""
+    two = [(RING, 2, "tiny_qwen", {}, False), (RING, 2, "tiny_qwen", {}, True), (ULYSSES, 2, "tiny_qwen", {}, False),
+           (RING, 2, "tiny_qwen3_moe", {}, False), (ULYSSES, 2, "tiny_qwen3_moe", {}, False)]
+    four = [(RING, 4, "tiny_qwen", {}, False), (ULYSSES, 4, "tiny_qwen", {"num_query_groups": 4}, False),
+            (RING, 4, "tiny_qwen3_moe", {}, True)]
     for world, cases in ((2, two), (4, four)):
         for result in [r for rank in run_ranks(_model_parity, world, cases) for r in rank]:
-            algo, cp, _ = result["case"]
+            algo, cp, _, _ = result["case"]
             assert result["largest"] > 1e-2
             assert result["logits"] <= TOLERANCE, result
             assert result["grads"] <= TOLERANCE, result
             assert result["sends"] == (result["layers"] * (cp - 1) if algo == RING else 0), result
 
 
-def _passes(rank: int, name: str, par: ParallelConfig, batchings: dict[str, Batching], packing: str) -> dict:
+#: LoRA adapters on every linear layer of the attention and the MLP
+LORA = LoraConfig(("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"), 4, 8.0)
+
+
+def _passes(rank: int, name: str, par: ParallelConfig, batchings: dict[str, Batching], packing: str,
+            lora: LoraConfig | None = None) -> dict:
     arch = load_model_arch(name)
     full = sharding.random_full_state_dict(arch, seed=4)
     batch = long_tailed_batch(arch.padded_vocab_size)
@@ -145,7 +183,7 @@ def _passes(rank: int, name: str, par: ParallelConfig, batchings: dict[str, Batc
     for label, batching in batchings.items():
         release_model_parallel()
         cfg = dataclasses.replace(BASE, mini_batch_size=batch["tokens"].shape[0], micro_batch_size=3,
-                                  batching=batching, prompt_packing=packing)
+                                  batching=batching, prompt_packing=packing, lora=lora or LoraConfig())
         worker = ActorWorker(arch, par, cfg, weights=full)
         scores = worker.compute_log_prob(batch, with_entropy=True)
         metrics = worker.update(batch)
@@ -156,11 +194,16 @@ def _passes(rank: int, name: str, par: ParallelConfig, batchings: dict[str, Batc
     return out
 
 
+#: model, its prompt packing, adapters
+MODELS = {"dense": ("tiny_qwen", "auto", None), "moe": ("tiny_qwen3_moe", "off", None),
+          "dense lora": ("tiny_qwen", "auto", LORA)}
+
+
 @pytest.fixture(scope="module")
 def one_rank() -> dict[str, dict]:
-    """The dense model's and the mixture of experts' passes on one rank, packed (the reference)."""
-    return {name: run_ranks(_passes, 1, name, ParallelConfig(1, 1), {"packed": PACKED}, packing)[0]["packed"]
-            for name, packing in (("tiny_qwen", "auto"), ("tiny_qwen3_moe", "off"))}
+    """Each model's passes on one rank, packed (the reference)."""
+    return {model: run_ranks(_passes, 1, name, ParallelConfig(1, 1), {"packed": PACKED}, packing, lora)[0]["packed"]
+            for model, (name, packing, lora) in MODELS.items()}
 
 
 def _ring(**kwargs: object) -> ParallelConfig:
@@ -172,13 +215,16 @@ def _ulysses(**kwargs: object) -> ParallelConfig:
 
 
 LAYOUTS = {
-    "cp2 ring": ("tiny_qwen", _ring(), 2), "cp2 ulysses": ("tiny_qwen", _ulysses(), 2),
-    "cp4 ring": ("tiny_qwen", _ring(cp=4), 4),
-    "tp2 cp2 ring, sequence parallel": ("tiny_qwen", _ring(tensor_model_parallel_size=2, sequence_parallel=True), 4),
-    "pp2 cp2 ulysses": ("tiny_qwen", _ulysses(pipeline_model_parallel_size=2), 4),
-    "dp2 cp2 ring": ("tiny_qwen", _ring(), 4),
-    "moe ep2 cp2 ring": ("tiny_qwen3_moe", _ring(expert_model_parallel_size=2), 4),
-    "moe ep2 cp2 ulysses": ("tiny_qwen3_moe", _ulysses(expert_model_parallel_size=2), 2),
+    "cp2 ring": ("dense", _ring(), 2), "cp2 ulysses": ("dense", _ulysses(), 2),
+    "cp4 ring": ("dense", _ring(cp=4), 4),
+    "tp2 cp2 ring, sequence parallel": ("dense", _ring(tensor_model_parallel_size=2, sequence_parallel=True), 4),
+    "pp2 cp2 ulysses": ("dense", _ulysses(pipeline_model_parallel_size=2), 4),
+    "dp2 cp2 ring": ("dense", _ring(), 4),
+    "lora cp2 ring": ("dense lora", _ring(), 2),
+    "moe ep2 cp2 ring": ("moe", _ring(expert_model_parallel_size=2), 4),
+    "moe ep2 cp2 ulysses": ("moe", _ulysses(expert_model_parallel_size=2), 2),
+    "moe tp2 cp2 ring": ("moe", _ring(tensor_model_parallel_size=2), 4),
+    "moe pp2 cp2 ulysses": ("moe", _ulysses(pipeline_model_parallel_size=2), 4),
 }
 
 
@@ -187,20 +233,25 @@ def test_split_passes_equal_one_ranks(layout, one_rank):
     """Log-probs and entropies ≤ 1e-5, gradients ≤ 1e-5 × the largest, the update's metrics, packed and cut by a
     token budget (a mixture of experts packed alone: its router losses are per micro-batch, which a budget cuts
     otherwise)."""
-    name, par, world = LAYOUTS[layout]
-    moe = name == "tiny_qwen3_moe"
+    model, par, world = LAYOUTS[layout]
+    name, packing, lora = MODELS[model]
+    moe = model == "moe"
     batchings = {"packed": PACKED} if moe else {"packed": PACKED, "budget": BUDGET}
-    runs = run_ranks(_passes, world, name, par, batchings, "off" if moe else "auto")
-    expected = one_rank[name]
+    runs = run_ranks(_passes, world, name, par, batchings, packing, lora)
+    expected = one_rank[model]
     arch = load_model_arch(name)
-    whole = sharding.merge_state_dicts({(0, 0): expected["grads"]}, arch, ParallelConfig(1, 1))
+
+    def merged(stages: dict, layout: ParallelConfig) -> dict:  # LoRA's adapters: the layouts here are TP1 PP1
+        return next(iter(stages.values())) if lora else sharding.merge_state_dicts(stages, arch, layout)
+
+    whole = merged({(0, 0): expected["grads"]}, ParallelConfig(1, 1))
     mask = grouped_batch(10, prompts=PROMPTS, responses=RESPONSES)["loss_mask"].bool()
     largest = max(g.abs().max().item() for g in whole.values())
     for label in batchings:
         stages = {}
         for result in runs:
             stages.setdefault(result[label]["stage"], result[label]["grads"])
-        for key, grad in sharding.merge_state_dicts(stages, arch, par).items():
+        for key, grad in merged(stages, par).items():
             diff = (grad - whole[key]).abs().max().item()
             assert diff <= TOLERANCE * largest, f"{label}: gradient of {key} differs by {diff:.2e}"
     for result in runs:

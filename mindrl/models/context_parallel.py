@@ -31,7 +31,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import all_to_all
 
-from mindrl.models.attention import Segments, SplitSequence, packed_attention
+from mindrl.models.attention import MATERIALISE_MAX, Segments, SplitSequence, packed_attention
 
 #: score elements per tile of a ring block (fp32): bounds its temporaries
 _TILE_ELEMENTS = 1 << 22
@@ -298,7 +298,7 @@ class _Ring(torch.autograd.Function):
             shift = _Shift(held, group) if step < layout.size - 1 else None
             for q0, q1, ranges, diagonal in blocks:
                 keys = torch.cat([held[:, a:b] for a, b in ranges], dim=1)
-                block_out, block_lse = _block(query[q0:q1], keys[0], keys[1], diagonal, scale, groups)
+                block_out, block_lse = _attend(query[q0:q1], keys[0], keys[1], diagonal, scale, groups)
                 merged = torch.logaddexp(lse[q0:q1], block_lse)
                 out[q0:q1] = out[q0:q1] * (lse[q0:q1] - merged).exp().unsqueeze(-1) + \
                     block_out * (block_lse - merged).exp().unsqueeze(-1)
@@ -323,8 +323,8 @@ class _Ring(torch.autograd.Function):
             for q0, q1, ranges, diagonal in blocks:
                 index = torch.cat([torch.arange(a, b) for a, b in ranges]).to(query.device)
                 keys = held.index_select(1, index)
-                dq_block, dk, dv = _block_grad(query[q0:q1], keys[0], keys[1], grad[q0:q1], delta[q0:q1],
-                                               lse[q0:q1], diagonal, scale, groups)
+                dq_block, dk, dv = _attend_grad(query[q0:q1], keys[0], keys[1], grad[q0:q1], out[q0:q1],
+                                                delta[q0:q1], lse[q0:q1], diagonal, scale, groups)
                 dq[q0:q1] += dq_block
                 held_grad[0].index_add_(0, index, dk)
                 held_grad[1].index_add_(0, index, dv)
@@ -334,6 +334,82 @@ class _Ring(torch.autograd.Function):
         if layout.size > 1:  # the last holder's gradients go home
             held_grad = _Shift(held_grad, group).wait()
         return dq.to(query.dtype), held_grad[0].to(key.dtype), held_grad[1].to(value.dtype), None, None, None
+
+
+def _fused(query: torch.Tensor, keys: int) -> bool:
+    """Whether a block runs torch's fused CPU kernel (which hands back the log-sum-exp and takes it in its backward):
+    on CPU where the score matrix is large, as mindrl.models.attention decides for its own segments."""
+    return query.device.type == "cpu" and query.shape[0] * query.shape[1] * keys > MATERIALISE_MAX
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, diagonal: int, scale: float,
+            groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if _fused(query, key.shape[0]):
+        return _fused_block(query, key, value, diagonal, scale, groups)
+    return _block(query, key, value, diagonal, scale, groups)
+
+
+def _attend_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad: torch.Tensor, out: torch.Tensor,
+                 delta: torch.Tensor, lse: torch.Tensor, diagonal: int, scale: float, groups: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _fused(query, key.shape[0]):
+        return _fused_block_grad(query, key, value, grad, out, lse, diagonal, scale, groups)
+    return _block_grad(query, key, value, grad, delta, lse, diagonal, scale, groups)
+
+
+def _fused_parts(keys: int, diagonal: int) -> list[tuple[slice, bool]]:
+    """The fused kernel's causal mask is aligned to the first key: the keys before the diagonal go in one call, the
+    diagonal (as many keys as queries) in another."""
+    full = keys - diagonal
+    return [(slice(0, full), False)] * bool(full) + [(slice(full, keys), True)] * bool(diagonal)
+
+
+def _fused_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 [1, heads, L, dim] queries and keys and values repeated for each group's heads."""
+    per = query.shape[1] // groups
+    return (query.float().permute(1, 0, 2).unsqueeze(0).contiguous(),
+            *(x.float().repeat_interleave(per, dim=1).permute(1, 0, 2).unsqueeze(0).contiguous() for x in (key, value)))
+
+
+def _fused_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, diagonal: int, scale: float,
+                 groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """_block by torch's fused CPU kernel."""
+    q, k, v = _fused_inputs(query, key, value, groups)
+    out = lse = None
+    for keys, causal in _fused_parts(k.shape[2], diagonal):
+        part, part_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k[:, :, keys], v[:, :, keys], 0.0, causal, scale=scale)
+        if out is None:
+            out, lse = part, part_lse
+        else:
+            merged = torch.logaddexp(lse, part_lse)
+            out = out * (lse - merged).exp().unsqueeze(-1) + part * (part_lse - merged).exp().unsqueeze(-1)
+            lse = merged
+    return out[0].transpose(0, 1), lse[0].t()
+
+
+def _fused_block_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad: torch.Tensor,
+                      out: torch.Tensor, lse: torch.Tensor, diagonal: int, scale: float, groups: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """_block_grad by the fused kernel's backward, given the merged output and log-sum-exp: its probabilities are
+    then the merged softmax's, restricted to this block."""
+    q, k, v = _fused_inputs(query, key, value, groups)
+    g, o = (x.float().permute(1, 0, 2).unsqueeze(0).contiguous() for x in (grad, out))
+    l_all = lse.t().unsqueeze(0).contiguous()
+    dq, dks, dvs = torch.zeros_like(q), [], []
+    for keys, causal in _fused_parts(k.shape[2], diagonal):
+        part_dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g, q, k[:, :, keys].contiguous(), v[:, :, keys].contiguous(), o, l_all, 0.0, causal, scale=scale)
+        dq += part_dq
+        dks.append(dk)
+        dvs.append(dv)
+    heads, dim = q.shape[1], q.shape[3]
+
+    def folded(parts: list[torch.Tensor]) -> torch.Tensor:  # each group's heads' gradients summed: [S, groups, dim]
+        return torch.cat(parts, dim=2)[0].view(groups, heads // groups, -1, dim).sum(1).permute(1, 0, 2)
+
+    return dq[0].transpose(0, 1), folded(dks), folded(dvs)
 
 
 def _block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, diagonal: int, scale: float,
