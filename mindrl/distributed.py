@@ -67,9 +67,12 @@ def init_model_parallel(par: ParallelConfig, seed: int = 1234, arch: ModelArch |
     world_size = dist.get_world_size()
     if arch is not None:
         validate_parallel(arch, par, world_size)
-    elif world_size % par.ranks_per_replica or world_size % par.model_ranks:
-        raise ConfigError(f"world size {world_size} is not divisible by TP×PP×EP = {par.tp}×{par.pp}×{par.ep} and "
-                          f"TP×PP×CP = {par.tp}×{par.pp}×{par.cp}.")
+    elif world_size % par.ranks_per_replica:
+        raise ConfigError(f"world size {world_size} is not divisible by TP×PP×EP = {par.tp}×{par.pp}×{par.ep}; use a "
+                          f"multiple of {par.ranks_per_replica} ranks.")
+    elif world_size % par.model_ranks:
+        raise ConfigError(f"world size {world_size} is not divisible by TP×PP×CP = {par.tp}×{par.pp}×{par.cp}; use a "
+                          f"multiple of {par.model_ranks} ranks.")
     torch.manual_seed(seed)
     if parallel_state.model_parallel_is_initialized():
         current = (parallel_state.get_tensor_model_parallel_world_size(),

@@ -98,6 +98,17 @@ def test_a_ring_blocks_output_log_sum_exp_and_gradients_equal_autograds(diagonal
             assert (got - leaf.grad).abs().max().item() <= TOLERANCE * leaf.grad.abs().max().item()
 
 
+def _gathered(values: torch.Tensor, layout: context_parallel.ContextSplit, total: int) -> torch.Tensor:
+    """The whole packed sequence's [total, ...] values from every CP rank's [length, ...] share."""
+    shares = [torch.empty_like(values) for _ in range(layout.size)]
+    dist.all_gather(shares, values.contiguous(), group=parallel_state.get_context_parallel_group())
+    out = values.new_zeros((total, *values.shape[1:]))
+    for rank, share in enumerate(shares):
+        index = layout.index(rank)
+        out[index[index >= 0]] = share[index >= 0]
+    return out
+
+
 def _model_parity(rank: int, cases: list[tuple[str, int, str, dict, bool]]) -> list[dict]:
     """Each case's model on its CP ranks: logits of the split sequence against the whole sequence's (attended in one
     piece on every rank), gradients (of Σ logits · w) summed over the CP ranks against the whole's, and the sends
@@ -143,7 +154,7 @@ def _model_parity(rank: int, cases: list[tuple[str, int, str, dict, bool]]) -> l
         for n, p in model.named_parameters():
             dist.all_reduce(p.grad, group=group)
             grads[n] = p.grad
-        logits = context_parallel.gather(split[0].detach(), layout, packed.real)
+        logits = _gathered(split[0].detach(), layout, packed.real)
         largest = max(g.abs().max().item() for g in expected.values())
         out.append({"case": (algo, cp, name, fused),
                     "logits": (logits - whole[0, :packed.real].detach()).abs().max().item(),

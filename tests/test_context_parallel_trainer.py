@@ -70,3 +70,14 @@ def test_a_split_run_killed_mid_checkpoint_resumes_to_its_uninterrupted_run_and_
     assert [line["step"] for line in step3] == [3]
     for key in ("grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "response_length/mean"):
         assert step3[0][key] == pytest.approx(expected[2][key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_megatron_engine_generates_with_each_cp_ranks_whole_model(tiny_math_data, tmp_path):
+    """The Megatron-native engine is the actor's model: generation cuts no sequence, so each CP rank is an engine of
+    its own, and the split actor scores what they sampled as they did."""
+    save = tmp_path / "run"
+    jobs.run("train_grpo.py", "grpo_tiny_cpu", _overrides(tiny_math_data, save, **{
+        "megatron_training.train_iters": 2, "generate_config.backend": "megatron"}), tmp_path / "log")
+    lines = jobs.metrics(save / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all(line["rollout_is/abs_log_prob_diff_mean"] < 1e-4 for line in lines)

@@ -78,12 +78,18 @@ _WRITE_THREADS = 2
 
 def layout(state: TrainState) -> dict[str, int]:
     """The ranks' arrangement a checkpoint's RNG states belong to."""
-    return {"tp": state.par.tp, "pp": state.par.pp, "ep": state.par.ep, "dp": state.ranks[3],
+    return {"tp": state.par.tp, "pp": state.par.pp, "ep": state.par.ep, "dp": state.ranks[3], "cp": state.par.cp,
             "world": dist.get_world_size()}
 
 
 def _local_data_parallel_group() -> Any:
     return parallel_state.get_data_parallel_group(with_context_parallel=True)
+
+
+def _replicas(state: TrainState) -> int:
+    """Ranks holding the same weights, over which saves and loads are spread: the data- and context-parallel
+    ones."""
+    return state.ranks[3] * state.par.cp
 
 
 class _ThreadedSave(TorchDistSaveShardedStrategy):
@@ -259,7 +265,7 @@ def save(state: TrainState, root: str | Path, iteration: int, extra: dict[str, A
     try:
         with initial_moments(state.optimizer, keep=False) as stepped:
             request = _start(_sharded_state(state, extra, stepped, iteration), tmp,
-                             _live_storages(state) if async_save else set(), state.ranks[3], what, after)
+                             _live_storages(state) if async_save else set(), _replicas(state), what, after)
     except publish.SaveFailed:
         if dist.get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -366,7 +372,8 @@ def load(state: TrainState, root: str | Path, iteration: int, load_optim: bool =
     if mismatch:
         raise ConfigError(f"checkpoint {root} {mismatch}")
     saved_layout = common.get("mindrl_layout")
-    same_ranks = saved_layout == layout(state)
+    # a checkpoint written before context parallelism records no CP: it ran at CP1
+    same_ranks = saved_layout is not None and {"cp": 1, **saved_layout} == layout(state)
     if load_rng and not same_ranks and dist.get_rank() == 0:
         say(f"checkpoint {root} iteration {iteration} was saved at {_layout_text(saved_layout)} and resumes at "
             f"{_layout_text(layout(state))}: its random generator states belong to ranks of the old layout, so "
@@ -476,14 +483,14 @@ def _shape_problem(where: Path, model_sd: dict[str, Any], stored: dict[str, Any]
 def _layout_text(saved: dict[str, int] | None) -> str:
     if not saved:
         return "an unrecorded layout"
-    return f"TP={saved['tp']} PP={saved['pp']} EP={saved['ep']} DP={saved['dp']}"
+    return f"TP={saved['tp']} PP={saved['pp']} EP={saved['ep']} DP={saved['dp']} CP={saved.get('cp', 1)}"
 
 
 def _load_strategy(state: TrainState) -> Any:
     """megatron-core's torch_dist reader; spread over the data-parallel ranks on devices (its exchange of the
     shards each rank read runs through device memory, which a CPU rank has none of)."""
     strategy = TorchDistLoadShardedStrategy()
-    if state.ranks[3] > 1 and get_platform().name != "cpu":
+    if _replicas(state) > 1 and get_platform().name != "cpu":
         return FullyParallelLoadStrategyWrapper(strategy, _local_data_parallel_group())
     return strategy
 

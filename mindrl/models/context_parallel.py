@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,16 @@ from mindrl.models.attention import MATERIALISE_MAX, Segments, SplitSequence, pa
 
 #: score elements per tile of a ring block (fp32): bounds its temporaries
 _TILE_ELEMENTS = 1 << 22
+
+
+class Block(NamedTuple):
+    """Queries [start, stop) of a rank's share attending to the `keys` ranges of the share the ring holds, the last
+    `diagonal` of those keys being the queries' own chunk (attended causally; 0: every key in full)."""
+
+    start: int
+    stop: int
+    keys: tuple[tuple[int, int], ...]
+    diagonal: int
 
 
 @dataclass(frozen=True)
@@ -100,15 +111,27 @@ class ContextSplit(SplitSequence):
             out[piece.local:piece.local + piece.length] = torch.arange(piece.start, piece.start + piece.length)
         return out
 
+    @cached_property
+    def key_index(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Each ring block's keys as one index into the holder's share (the backward gathers and scatters by it)."""
+        return tuple(tuple(torch.cat([torch.arange(a, b) for a, b in block.keys]) for block in blocks)
+                     for blocks in self.ring_plan)
+
+    @cached_property
+    def packed_order(self) -> torch.Tensor:
+        """Ulysses: the slots of the ranks' shares laid end to end (rank by rank) that hold the packed sequence's
+        tokens, in the packed sequence's order."""
+        order = torch.cat([self.index(rank) for rank in range(self.size)])
+        real = (order >= 0).nonzero().squeeze(1)
+        return real[order[order >= 0].argsort()]
+
     def real(self, rank: int | None = None) -> int:
         """Tokens of `rank`'s share before its padding."""
         return sum(piece.length for piece in self.pieces[self.rank if rank is None else rank])
 
     @cached_property
-    def ring_plan(self) -> tuple[tuple[tuple[int, int, tuple[tuple[int, int], ...], int], ...], ...]:
-        """For each ring step (the keys of rank − step held), the blocks this rank attends: (query start, query
-        stop, key ranges in the holder's share, diagonal), where the last `diagonal` keys are the queries' own
-        chunk, attended causally (0: every key in full)."""
+    def ring_plan(self) -> tuple[tuple[Block, ...], ...]:
+        """For each ring step (the keys of rank − step held), the blocks this rank attends."""
         plan = []
         for step in range(self.size):
             holder = self.pieces[(self.rank - step) % self.size]
@@ -129,7 +152,7 @@ class ContextSplit(SplitSequence):
                 if diagonal:
                     full.append(own)
                 if full:
-                    blocks.append((query.local, query.local + query.length, tuple(full), diagonal))
+                    blocks.append(Block(query.local, query.local + query.length, tuple(full), diagonal))
             plan.append(tuple(blocks))
         return tuple(plan)
 
@@ -206,27 +229,10 @@ def _chunk_bounds(length: int, chunks: int) -> list[int]:
     return bounds
 
 
-def gather(values: torch.Tensor, layout: ContextSplit, total: int) -> torch.Tensor:
-    """The whole packed sequence's [total, ...] values from every rank's [length, ...] share (no autograd; checks and
-    tests)."""
-    shares = [torch.empty_like(values) for _ in range(layout.size)]
-    dist.all_gather(shares, values.contiguous(), group=parallel_state.get_context_parallel_group())
-    out = values.new_zeros((total, *values.shape[1:]))
-    for rank, share in enumerate(shares):
-        index = layout.index(rank)
-        real = index >= 0
-        out[index[real]] = share[real.to(share.device)]
-    return out
-
-
 def _ulysses(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: ContextSplit, scale: float,
              enable_gqa: bool, group: dist.ProcessGroup) -> torch.Tensor:
     size = layout.size
-    order = torch.cat([layout.index(rank) for rank in range(size)])  # packed position of each gathered slot
-    real = (order >= 0).nonzero().squeeze(1).to(query.device)
-    positions = order[order >= 0]
-    # the gathered slots in packed order: slot `real[i]` holds packed position `positions[i]`
-    packed_order = real[positions.argsort().to(query.device)]
+    packed_order = layout.packed_order.to(query.device)
 
     def to_heads(x: torch.Tensor) -> torch.Tensor:
         # [length, heads, dim] → heads cut in `size` slices, slice j to rank j → [size · length, heads / size, dim]
@@ -296,8 +302,9 @@ class _Ring(torch.autograd.Function):
         held = torch.stack([key, value])
         for step, blocks in enumerate(layout.ring_plan):
             shift = _Shift(held, group) if step < layout.size - 1 else None
-            for q0, q1, ranges, diagonal in blocks:
-                keys = torch.cat([held[:, a:b] for a, b in ranges], dim=1)
+            for (q0, q1, ranges, diagonal), index in zip(blocks, layout.key_index[step], strict=True):
+                keys = held.index_select(1, index.to(query.device)) if len(ranges) > 1 else \
+                    held[:, ranges[0][0]:ranges[0][1]]
                 block_out, block_lse = _attend(query[q0:q1], keys[0], keys[1], diagonal, scale, groups)
                 merged = torch.logaddexp(lse[q0:q1], block_lse)
                 out[q0:q1] = out[q0:q1] * (lse[q0:q1] - merged).exp().unsqueeze(-1) + \
@@ -317,20 +324,22 @@ class _Ring(torch.autograd.Function):
         grad = grad.float()
         delta = (grad * out).sum(-1)  # [length, heads]: Σ_d dO·O, the softmax's backward term
         dq = torch.zeros_like(out)
-        held = torch.stack([key, value]).float()
-        held_grad = torch.zeros_like(held)
+        held = torch.stack([key, value])
+        held_grad = torch.zeros_like(held, dtype=torch.float32)
         for step, blocks in enumerate(layout.ring_plan):
-            for q0, q1, ranges, diagonal in blocks:
-                index = torch.cat([torch.arange(a, b) for a, b in ranges]).to(query.device)
+            # the keys and values go on at once (they do not change); their gradients once this rank added its part
+            shift = _Shift(held, group) if step < layout.size - 1 else None
+            for (q0, q1, _, diagonal), index in zip(blocks, layout.key_index[step], strict=True):
+                index = index.to(query.device)
                 keys = held.index_select(1, index)
                 dq_block, dk, dv = _attend_grad(query[q0:q1], keys[0], keys[1], grad[q0:q1], out[q0:q1],
                                                 delta[q0:q1], lse[q0:q1], diagonal, scale, groups)
                 dq[q0:q1] += dq_block
                 held_grad[0].index_add_(0, index, dk)
                 held_grad[1].index_add_(0, index, dv)
-            if step < layout.size - 1:  # the gradients travel with the keys and values they are of
-                moved = _Shift(torch.cat([held, held_grad]), group).wait()
-                held, held_grad = moved[:2], moved[2:]
+            if shift is not None:  # the gradients travel after the keys and values they are of
+                held_grad = _Shift(held_grad, group).wait()
+                held = shift.wait()
         if layout.size > 1:  # the last holder's gradients go home
             held_grad = _Shift(held_grad, group).wait()
         return dq.to(query.dtype), held_grad[0].to(key.dtype), held_grad[1].to(value.dtype), None, None, None

@@ -93,9 +93,9 @@ class PositionedGPTModel(GPTModel):
         rotary = out[1]
         if rotary is None or position_ids is None or inference_context is not None or position_ids.ndim == 3:
             return tuple(out)  # multimodal RoPE rotates each row by its own [3, b, s] positions already
-        needed = int(position_ids.max()) + 1
-        if rotary.shape[0] < needed:  # a context-parallel share's positions run past its length
-            rotary = self.rotary_pos_emb(needed)
+        cp = parallel_state.get_context_parallel_world_size()
+        if cp > 1:  # a share's positions run past its length, though never past the CP shares' tokens
+            rotary = self.rotary_pos_emb(rotary.shape[0] * cp)
         # [s, 1, 1, dim] for the positions 0…s−1 → [s, b, 1, dim] for each row's own positions
         out[1] = rotary[:, 0][position_ids.t()]
         return tuple(out)

@@ -229,8 +229,8 @@ def check_packing(cfg: TrainerConfig) -> list[str]:
         least = 2 * max(cp for _, cp in split)
         for key in rl.budgets_below(least, cfg.reward_config is not None):
             raise ConfigError(f"rl_config.{key}={getattr(rl, key)} is below 2 × context_parallel_size = {least} "
-                              f"tokens, the least a sequence cut in 2 × CP chunks holds; raise it to at least "
-                              f"{least}.")
+                              f"tokens, so its micro-batches would leave CP ranks without a token of their samples "
+                              f"(each sample is cut in 2 × CP chunks); raise it to at least {least}.")
     for section, role, _ in cfg.roles():
         if role.arch.vision is not None:
             raise ConfigError(f"rl_config.use_remove_padding packs text rows, but {section}'s model {role.arch.name} "

@@ -161,7 +161,7 @@ def model_state(arch: ModelArch, par: ParallelConfig, stage: int, ranks: int, bf
         dense = lora_params(arch, lora.target_modules, lora.r, par.tp, par.ep, par.layers_per_stage(arch)[stage])
         expert = 0.0
         weights += dense * (2 if bf16 else 4)  # adapters take their weight's dtype
-    dp = max(ranks // (par.tp * par.pp), 1)
+    dp = max(ranks // (par.tp * par.pp), 1)  # the distributed optimizer shards over the DP and CP ranks together
     expert_dp = max(ranks // (par.pp * par.ep * par.tp), 1)
     share = dense / dp + expert / expert_dp if distributed_optimizer else dense + expert
     return {"weights": weights, "gradients": (dense + expert) * 4, "optimizer": share * (12 if bf16 else 8)}
@@ -230,8 +230,12 @@ def activation_bytes(arch: ModelArch, par: ParallelConfig, stage: int, tokens: f
     per_prefix_row = attention_core_elements(arch, par.tp, expanded) if kernels.prefix_queries else \
         2 * kv_heads * arch.head_dim / par.tp
 
+    # ring attention keeps its merged output and log-sum-exp in fp32 (counted above in the activations' dtype)
+    ring = (arch.num_attention_heads * arch.head_dim + arch.num_attention_heads) / par.tp * (4 / act_bytes - 1) \
+        if par.cp > 1 and par.cp_algo == "ring" else 0.0
+
     def per_layer(selective: bool) -> float:
-        return (layer_activation_elements(arch, par.tp, sp, expanded, selective) * tokens
+        return ((layer_activation_elements(arch, par.tp, sp, expanded, selective) + ring * (not selective)) * tokens
                 + per_prefix_row * prefix_rows * (not selective)) * act_bytes
 
     full = per_layer(False)

@@ -128,8 +128,9 @@ class StageConfig:
         if t.context_parallel_size > 1 and self.section.batching.max_tokens is not None and \
                 self.section.batching.max_tokens < least:
             raise ConfigError(f"{self.SECTION}.max_packing_token_size={self.section.batching.max_tokens} is below 2 × "
-                              f"context_parallel_size = {least} tokens, the least a sequence cut in 2 × CP chunks "
-                              f"holds; raise it to at least {least}.")
+                              f"context_parallel_size = {least} tokens, so its micro-batches would leave CP ranks "
+                              f"without a token of their samples (each sample is cut in 2 × CP chunks); raise it to at "
+                              f"least {least}.")
         dp = devices // t.parallel.model_ranks
         if t.global_batch_size % (dp * t.micro_batch_size):
             raise ConfigError(f"global_batch_size={t.global_batch_size} does not give each of the {dp} data-parallel "

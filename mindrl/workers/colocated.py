@@ -90,10 +90,12 @@ class ColocatedRollout:
         """(this rank's engine group, number of groups): the engines split the prompts between them.
 
         A vLLM engine spans infer_tensor_parallel_size ranks; the Megatron-native engine is the
-        actor's own model, so each data-parallel replica of the actor is one.
+        actor's own model, so each data-parallel replica of the actor is one, and under context parallelism each of
+        its CP ranks (generation cuts no sequence: they are whole TP × PP models).
         """
         if self.engine.shares_actor_weights:
-            return self.actor.dp_rank, self.actor.dp_size
+            cp = self.actor.par.cp
+            return self.actor.dp_rank * cp + self.actor.cp_rank, self.actor.dp_size * cp
         return engine_group(self.cfg.infer_tensor_parallel_size)
 
     def generate(self, prompts: list[list[int]], n: int = 1, sampling: SamplingConfig | None = None,

@@ -302,7 +302,7 @@ class MegatronWorker:
         self.packed = False
         if self.par.cp > 1 and not batching.remove_padding:
             raise ConfigError(f"context_parallel_size={self.par.cp} cuts padding-free packed sequences over its "
-                              f"ranks; set rl_config.use_remove_padding: true.")
+                              f"ranks; set use_remove_padding: true (in rl_config, sft_config or dpo_config).")
         out = self._packed(selected, size, batching) if batching.remove_padding else \
             self._padded(selected, size, (int(batch["prompt_lengths"].max()), int(batch["response_lengths"].max()))
                          if "prompt_lengths" in batch and "response_lengths" in batch else None)
