@@ -377,3 +377,38 @@ def test_sft_dpo_the_critic_and_the_reward_model_split_as_on_one_rank():
             for name, grad in expected[stage].items():
                 diff = (got[stage][name] - grad).abs().max().item()
                 assert diff <= TOLERANCE * largest, f"{stage}: gradient of {name} differs by {diff:.2e}"
+
+
+def _checkpointed(rank: int, roots: dict[str, str], saving: bool) -> dict[str, dict]:
+    """Saving: at CP2 (one data-parallel rank) an update, a checkpoint in each format, and the next update's metrics.
+    Else: at CP1 (two data-parallel ranks) each checkpoint loaded and that next update's metrics."""
+    arch = load_model_arch("tiny_qwen")
+    batch = long_tailed_batch(arch.padded_vocab_size)
+    out = {}
+    for fmt, root in roots.items():
+        release_model_parallel()
+        cfg = dataclasses.replace(BASE, mini_batch_size=batch["tokens"].shape[0], micro_batch_size=3,
+                                  batching=PACKED, ckpt_format=fmt)
+        actor = ActorWorker(arch, _ring() if saving else ParallelConfig(1, 1), cfg,
+                            weights=sharding.random_full_state_dict(arch, seed=4))
+        if saving:
+            actor.update(batch)
+            actor.save_checkpoint(root, 1)
+            actor.finish_saves()
+        else:
+            actor.load_checkpoint(root, load_rng=False)
+        out[fmt] = actor.update(batch)
+    release_model_parallel()
+    return out
+
+
+def test_a_checkpoint_saved_at_cp2_resumes_at_cp1_in_either_format(tmp_path):
+    """CP cuts sequences, not weights: the weights and Adam's moments saved at CP2 (written by one CP rank) take the
+    next update at CP1 as the CP2 run took it."""
+    roots = {fmt: str(tmp_path / fmt) for fmt in ("torch", "torch_dist")}
+    expected = run_ranks(_checkpointed, 2, roots, True)[0]
+    for got in run_ranks(_checkpointed, 2, roots, False):
+        for fmt in roots:
+            assert expected[fmt]["grad_norm"] > 1e-3
+            for key in ("grad_norm", "pg_loss", "kl_loss", "entropy"):
+                assert got[fmt][key] == pytest.approx(expected[fmt][key], rel=1e-5, abs=1e-7), (fmt, key)
