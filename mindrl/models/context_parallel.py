@@ -14,8 +14,10 @@ Two attention algorithms join the shares (`context_parallel_algo`, MindSpeed-RL'
 - `megatron_cp_algo` (ring): each rank keeps its queries while the keys and values travel the ring, CP − 1 hops
   per layer; each block it can see is attended as it passes and merged into the running output by its log-sum-exp
   (online softmax). The backward sends the keys and values round again with their gradients, which arrive at their
-  owner after a last hop. No head condition. The blocks are computed by matmuls in fp32 (the fused kernels do not
-  return the log-sum-exp on every platform), a tile of queries at a time, so no score matrix outlives its tile.
+  owner after a last hop. No head condition. A block needs its log-sum-exp, which torch's public attention does not
+  return: on CPU a large block runs torch's fused flash kernel directly (its forward returns the log-sum-exp, its
+  backward takes the merged output and log-sum-exp), every other block runs as fp32 matmuls a tile of queries at a
+  time, so no score matrix outlives its tile.
 
 A response that shares its prompt with other samples (mindrl/models/micro_batches.py) sees every key of that prompt,
 wherever its chunks are.
