@@ -230,6 +230,7 @@ LAYOUTS = {
     "cp4 ring": ("dense", _ring(cp=4), 4),
     "tp2 cp2 ring, sequence parallel": ("dense", _ring(tensor_model_parallel_size=2, sequence_parallel=True), 4),
     "pp2 cp2 ulysses": ("dense", _ulysses(pipeline_model_parallel_size=2), 4),
+    "pp2 cp2 ring": ("dense", _ring(pipeline_model_parallel_size=2), 4),
     "dp2 cp2 ring": ("dense", _ring(), 4),
     "lora cp2 ring": ("dense lora", _ring(), 2),
     "moe ep2 cp2 ring": ("moe", _ring(expert_model_parallel_size=2), 4),
