@@ -63,7 +63,7 @@ def test_the_cli_prints_each_warning_once_before_it_starts(tmp_path):
 
 def test_every_unsupported_key_is_named_in_one_message_grouped_by_section():
     overrides = ["+megatron_training.use_flash_attn=true", "+rl_config.guarantee_order=true",
-                 "+actor_config.lr_decay_stile=x", "+megatron_training.context_parallel_size=2",
+                 "+actor_config.lr_decay_stile=x", "+megatron_training.swap_attention=true",
                  "+generate_config.enable_chunked_prefill=true"]
     with pytest.raises(ConfigError) as err:
         load_trainer_config("grpo_tiny_cpu", overrides)
@@ -73,7 +73,7 @@ def test_every_unsupported_key_is_named_in_one_message_grouped_by_section():
     assert sections == ["rl_config", "megatron_training", "actor_config", "generate_config"]
     megatron = lines[lines.index("megatron_training:") + 1:lines.index("actor_config:")]
     assert [line.split()[0] for line in megatron] == ["megatron_training.use_flash_attn",
-                                                      "megatron_training.context_parallel_size"]
+                                                      "megatron_training.swap_attention"]
     assert "did you mean 'lr_decay_style'?" in str(err.value)
 
 
