@@ -22,7 +22,6 @@ import dataclasses
 import json
 import os
 import platform
-import resource
 import sys
 import time
 from pathlib import Path
@@ -32,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.distributed as dist
-from allocator import ALLOCATOR_ENV
-from long_responses import PROMPT, _rss, grpo_batch
+from allocator import ALLOCATOR_ENV, timed_peak
+from long_responses import PROMPT, grpo_batch
 from rollout import _matmul
 
 from mindrl.config import ParallelConfig, load_model_arch
@@ -69,12 +68,8 @@ def _rank(rank: int, model: str, tokens: int, cp: int, algo: str) -> dict:
     context_parallel._Shift.__init__ = _timed(spent, context_parallel._Shift.__init__)
     context_parallel._Shift.wait = _timed(spent, context_parallel._Shift.wait)
     dist.all_to_all_single = _timed(spent, dist.all_to_all_single)
-    baseline = _rss()
-    start = time.perf_counter()
-    actor.update(batch)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return {"seconds": seconds, "peak_mib": max(peak - baseline, 0) / 2**20, "communication_s": spent[0]}
+    seconds, peak_mib = timed_peak(lambda: actor.update(batch))
+    return {"seconds": seconds, "peak_mib": peak_mib, "communication_s": spent[0]}
 
 
 def main() -> None:

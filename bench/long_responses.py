@@ -21,15 +21,14 @@ import json
 import math
 import os
 import platform
-import resource
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from allocator import timed_peak
 from rollout import _matmul
 
 from mindrl.config import ParallelConfig, load_model_arch
@@ -86,21 +85,9 @@ def _rank(rank: int, model: str, lengths: list[int], samples: int, mode: str, wh
                       batching=batching)
     actor = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=sharding.random_full_state_dict(arch, seed=1))
     batch = grpo_batch(arch.padded_vocab_size, lengths, samples)
-    baseline = _rss()
-    start = time.perf_counter()
-    if what == "log_probs":
-        actor.compute_log_prob(batch)
-    else:
-        actor.update(batch)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return {"seconds": seconds, "peak_mib": max(peak - baseline, 0) / 2**20}
-
-
-def _rss() -> int:
-    """This process's resident bytes now (Linux)."""
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+    run = actor.compute_log_prob if what == "log_probs" else actor.update
+    seconds, peak_mib = timed_peak(lambda: run(batch))
+    return {"seconds": seconds, "peak_mib": peak_mib}
 
 
 def main() -> None:

@@ -70,7 +70,8 @@ def planned(size: str, tokens: int, samples: int, recompute: str, what: str = "u
 
 def _rank(rank: int, size: str, tokens: int, samples: int, recompute: str, what: str) -> float:
     import torch
-    from long_responses import _rss, grpo_batch
+    from allocator import rss
+    from long_responses import grpo_batch
 
     from mindrl.config import ParallelConfig
     from mindrl.config.batching import Batching
@@ -78,7 +79,7 @@ def _rank(rank: int, size: str, tokens: int, samples: int, recompute: str, what:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     arch = arch_of(size)
-    baseline = _rss()
+    baseline = rss()
     cfg = ActorConfig(lr=1e-5, mini_batch_size=samples, micro_batch_size=samples,
                       batching=Batching(remove_padding=True), recompute=recompute_of(recompute))
     actor = ActorWorker(arch, ParallelConfig(1, 1), cfg)

@@ -21,17 +21,15 @@ import dataclasses
 import json
 import os
 import platform
-import resource
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from allocator import ALLOCATOR_ENV
-from long_responses import PROMPT, _rss, grpo_batch
+from allocator import ALLOCATOR_ENV, timed_peak
+from long_responses import PROMPT, grpo_batch
 
 from mindrl.config import ParallelConfig, load_model_arch
 from mindrl.config.batching import Batching
@@ -56,12 +54,8 @@ def _rank(rank: int, model: str, tokens: int, samples: int, mode: str) -> dict:
     cfg = dataclasses.replace(cfg, mini_batch_size=samples, micro_batch_size=samples)
     response = (tokens - PROMPT) // samples
     batch = grpo_batch(arch.padded_vocab_size, [response] * samples, samples)
-    baseline = _rss()
-    start = time.perf_counter()
-    actor.update(batch)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"seconds": round(seconds, 2), "peak_mib": round(max(peak - baseline, 0) / 2**20, 1)}
+    seconds, peak_mib = timed_peak(lambda: actor.update(batch))
+    return {"seconds": round(seconds, 2), "peak_mib": round(peak_mib, 1)}
 
 
 def main() -> None:

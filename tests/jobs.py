@@ -96,6 +96,17 @@ def grpo_overrides(tokenizer: Path, data_path: Path, save: Path, **extra: object
     return [f"{key}={value}" for key, value in values.items()]
 
 
+def shrunk_recipe_overrides(tokenizer: Path, data_path: Path, save: Path, **extra: object) -> list[str]:
+    """A shrunk MindSpeed-RL recipe's overrides for a three-step run in fp32 with 64-token responses (and the overlong
+    buffer scaled with them), saving nothing but its metrics."""
+    values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data_path,
+              "megatron_training.bf16": "false", "megatron_training.save": save, "megatron_training.train_iters": 3,
+              "megatron_training.save_interval": 0, "rl_config.tensorboard_dir": save / "tb",
+              "generate_config.sampling_config.max_tokens": 64, "rl_config.rollout_max_tokens": 64,
+              "rl_config.overlong_buffer": 16, **extra}
+    return [f"{key}={value}" for key, value in values.items()]
+
+
 def run(script: str, config_name: str, overrides: list[str], log: Path, status: int = 0) -> None:
     finish(start(script, config_name, overrides, log), log, status)
 

@@ -26,7 +26,7 @@ from mindrl.models.micro_batches import pack_rows
 from mindrl.workers.megatron_worker import ActorWorker
 from tests.grads import reduced_grads
 from tests.test_actor_layouts import BASE
-from tests.test_packed_micro_batches import BUDGET, PACKED, PROMPTS, RESPONSES, long_tailed_batch
+from tests.test_packed_micro_batches import BUDGET, PACKED, PROMPTS, RESPONSES, hf_scored_rows, long_tailed_batch
 from tests.test_prompt_packing import grouped_batch
 
 RING, ULYSSES = "megatron_cp_algo", "ulysses_cp_algo"
@@ -308,21 +308,8 @@ def _hf_scored(rank: int, checkpoint: str, batch: dict) -> list[dict]:
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe"])
 def test_split_log_probs_equal_hf_transformers_scoring_each_row(tmp_path, kind):
     """CP2, each algorithm, rows cut by a token budget: HF's own model scoring each padded row is the oracle."""
-    from mindrl.ckpt_convert import hf_to_mcore
-    from tests.hf_models import build_hf_model, save_hf_model
-
-    model = build_hf_model(kind, seed=7)
-    checkpoint = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", kind, 1, 1,
-                             params_dtype=torch.float32, progress=False)
-    batch = grouped_batch(250, prompts=PROMPTS, responses=RESPONSES)
-    lengths = batch["prompt_lengths"] + batch["response_lengths"]
-    attention = (torch.arange(batch["tokens"].shape[1]) < lengths.unsqueeze(1)).long()
-    with torch.no_grad():
-        log_softmax = torch.log_softmax(model(batch["tokens"], attention_mask=attention).logits / 0.7, dim=-1)
-    expected = log_softmax[:, :-1].gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
-    mask = batch["loss_mask"].bool()[:, :-1]
-    for out in run_ranks(_hf_scored, 2, str(checkpoint), batch)[0]:
+    checkpoint, batch, expected, entropy, mask = hf_scored_rows(tmp_path, kind, 1)
+    for out in run_ranks(_hf_scored, 2, checkpoint, batch)[0]:
         assert (out["log_probs"][:, :-1] - expected)[mask].abs().max().item() < TOLERANCE
         assert (out["entropy"][:, :-1] - entropy)[mask].abs().max().item() < TOLERANCE
 

@@ -33,13 +33,8 @@ def test_the_shrunk_mindspeed_32k_dapo_recipe_trains_three_steps(tiny_math_data,
     the actor does, bit for bit in what it was sent, and the rollouts' log-probs as the split actor does."""
     tokenizer, root = tiny_math_data
     save = tmp_path / "run"
-    values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": root / "eight",
-              "megatron_training.bf16": "false", "megatron_training.save": save, "megatron_training.train_iters": 3,
-              "megatron_training.save_interval": 0, "rl_config.tensorboard_dir": save / "tb",
-              "generate_config.sampling_config.max_tokens": 64, "rl_config.rollout_max_tokens": 64,
-              "rl_config.overlong_buffer": 16, "+generate_config.check_weight_sync": "true"}
-    jobs.run("train_grpo.py", "dapo_long_cp_tiny_cpu", [f"{key}={value}" for key, value in values.items()],
-             tmp_path / "log")
+    jobs.run("train_grpo.py", "dapo_long_cp_tiny_cpu", jobs.shrunk_recipe_overrides(
+        tokenizer, root / "eight", save, **{"+generate_config.check_weight_sync": "true"}), tmp_path / "log")
     lines = jobs.metrics(save / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]
     assert all(line["rollout_is/abs_log_prob_diff_mean"] < 1e-4 for line in lines)

@@ -195,14 +195,14 @@ def _hf_scored(rank: int, checkpoint: str, batch: dict) -> dict | None:
     return worker.compute_log_prob(batch, with_entropy=True)
 
 
-def test_budgeted_packed_log_probs_equal_hf_transformers_scoring_each_row(tmp_path):
-    """At TP2 with sequence parallelism (the packed length padded to a multiple of 2), HF's own model scoring each
-    padded row with its attention mask is the oracle."""
+def hf_scored_rows(tmp_path, kind: str, tp: int) -> tuple[str, dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tiny HF model of `kind` converted at TP=`tp`, the long-tailed batch, and HF's own log-probs and entropies of
+    each padded row at temperature 0.7 ([rows, S − 1]) with the response positions they are compared at."""
     from mindrl.ckpt_convert import hf_to_mcore
     from tests.hf_models import build_hf_model, save_hf_model
 
-    model = build_hf_model("qwen2", seed=7)
-    checkpoint = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", "qwen2", 2, 1,
+    model = build_hf_model(kind, seed=7)
+    checkpoint = hf_to_mcore(save_hf_model(model, tmp_path / "hf"), tmp_path / "mg", kind, tp, 1,
                              params_dtype=torch.float32, progress=False)
     batch = grouped_batch(250, prompts=PROMPTS, responses=RESPONSES)
     lengths = batch["prompt_lengths"] + batch["response_lengths"]
@@ -211,8 +211,14 @@ def test_budgeted_packed_log_probs_equal_hf_transformers_scoring_each_row(tmp_pa
         log_softmax = torch.log_softmax(model(batch["tokens"], attention_mask=attention).logits / 0.7, dim=-1)
     expected = log_softmax[:, :-1].gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
     entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
-    mask = batch["loss_mask"].bool()[:, :-1]
-    out = [r for r in run_ranks(_hf_scored, 2, str(checkpoint), batch) if r is not None][-1]
+    return str(checkpoint), batch, expected, entropy, batch["loss_mask"].bool()[:, :-1]
+
+
+def test_budgeted_packed_log_probs_equal_hf_transformers_scoring_each_row(tmp_path):
+    """At TP2 with sequence parallelism (the packed length padded to a multiple of 2), HF's own model scoring each
+    padded row with its attention mask is the oracle."""
+    checkpoint, batch, expected, entropy, mask = hf_scored_rows(tmp_path, "qwen2", 2)
+    out = [r for r in run_ranks(_hf_scored, 2, checkpoint, batch) if r is not None][-1]
     assert (out["log_probs"][:, :-1] - expected)[mask].abs().max().item() < 1e-5
     assert (out["entropy"][:, :-1] - entropy)[mask].abs().max().item() < 1e-5
 

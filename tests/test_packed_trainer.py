@@ -46,12 +46,7 @@ def test_the_shrunk_mindspeed_20k_dapo_recipe_trains_three_steps(tiny_math_data,
     balance keys) on DP2, with shorter responses: three steps, the engine and the balanced packed actor agreeing."""
     tokenizer, root = tiny_math_data
     save = tmp_path / "run"
-    values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": root / "eight",
-              "megatron_training.bf16": "false", "megatron_training.save": save, "megatron_training.train_iters": 3,
-              "megatron_training.save_interval": 0, "rl_config.tensorboard_dir": save / "tb",
-              "generate_config.sampling_config.max_tokens": 64, "rl_config.rollout_max_tokens": 64,
-              "rl_config.overlong_buffer": 16}
-    jobs.run("train_grpo.py", "dapo_long_tiny_cpu", [f"{key}={value}" for key, value in values.items()],
+    jobs.run("train_grpo.py", "dapo_long_tiny_cpu", jobs.shrunk_recipe_overrides(tokenizer, root / "eight", save),
              tmp_path / "log")
     lines = jobs.metrics(save / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]

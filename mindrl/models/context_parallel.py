@@ -206,7 +206,10 @@ class _Merge(torch.autograd.Function):
 
 def merge(values: torch.Tensor) -> torch.Tensor:
     """Per-token results (log-probs, entropies, values) that each CP rank gave for the tokens of its share (zeros
-    elsewhere), summed: every rank then holds all of them, and computes the same loss from them."""
+    elsewhere), summed: every rank then holds all of them, and computes the same loss from them. Without CP a rank
+    scored them all: they are returned as they are."""
+    if parallel_state.get_context_parallel_world_size() == 1:
+        return values
     return _Merge.apply(values)
 
 

@@ -77,7 +77,7 @@ class CriticWorker(ActorWorker):
         picked = values.reshape(-1).index_select(0, mb["source"][valid])
         scattered = torch.zeros(mb["source"].shape, dtype=torch.float32, device=values.device).masked_scatter(valid,
                                                                                                                picked)
-        return (context_parallel.merge(scattered) if self.par.cp > 1 else scattered), None
+        return context_parallel.merge(scattered), None
 
     def compute_values(self, batch: dict) -> torch.Tensor | None:
         """V at every position of this rank's rows ([rows, S], fp32) on the last stage; None elsewhere."""

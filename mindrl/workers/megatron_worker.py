@@ -440,10 +440,7 @@ class MegatronWorker:
         if "source" in mb:
             log_probs, entropy = gathered_log_probs(logits, mb["source"], mb["labels"], temperature, self.vocab_size,
                                                     with_entropy, entropy_grad)
-            if self.par.cp > 1:
-                log_probs = context_parallel.merge(log_probs)
-                entropy = None if entropy is None else context_parallel.merge(entropy)
-            return log_probs, entropy
+            return context_parallel.merge(log_probs), None if entropy is None else context_parallel.merge(entropy)
         log_probs = vocab_parallel_log_probs(logits, mb["labels"], temperature, self.vocab_size)
         entropy = vocab_parallel_entropy(logits, temperature, self.vocab_size, entropy_grad) if with_entropy else None
         return log_probs, entropy

@@ -47,7 +47,7 @@ class RewardModelWorker(MegatronWorker):
             # a packed sequence: where each row's scored token is in it (under CP: in this rank's share, or −1)
             where = mb["source"][rows, mb["score_positions"]]
             picked = torch.where(where >= 0, scores[0, where.clamp(min=0), 0].float(), 0.0)
-            return {"scores": context_parallel.merge(picked) if self.par.cp > 1 else picked}
+            return {"scores": context_parallel.merge(picked)}
 
         out = self._forward_rows({"tokens": batch["tokens"], "score_positions": positions}, pick)
         return None if out is None else out["scores"]
