@@ -54,7 +54,8 @@ def test_the_split_gives_every_token_to_one_rank_in_zigzag_chunks(size):
     shorter than 2 × CP leaves chunks empty), every share has the same padded length, and every token is on one
     rank."""
     segments = _segments()
-    layouts = [context_parallel.split(segments, size, rank, "ring", multiple=4, width=9) for rank in range(size)]
+    layouts = [context_parallel.ContextSplit(segments, size, rank, "ring", multiple=4, width=9)
+               for rank in range(size)]
     assert len({layout.length for layout in layouts}) == 1
     assert layouts[0].length % 4 == 0 and layouts[0].length >= 9
     held = torch.cat([layout.index()[layout.index() >= 0] for layout in layouts])

@@ -64,14 +64,15 @@ class Piece:
 @dataclass(frozen=True)
 class ContextSplit(SplitSequence):
     """How one padding-free packed sequence (its `segments`) is cut over `size` CP ranks, seen from `rank`; the
-    attention core's mask under CP."""
+    attention core's mask under CP. Each rank's share is padded to the longest one's tokens, to at least `width`
+    and to a multiple of `multiple` (a sequence-parallel model cuts each share over its TP ranks)."""
 
     segments: Segments
     size: int
     rank: int
     algo: str
-    #: tokens of each rank's share, padding included (the same on every rank)
-    length: int
+    multiple: int = 1
+    width: int = 1
 
     def to(self, device: torch.device | str) -> ContextSplit:
         return self  # plain offsets
@@ -88,6 +89,12 @@ class ContextSplit(SplitSequence):
     @cached_property
     def pieces(self) -> tuple[tuple[Piece, ...], ...]:
         return tuple(_pieces(self.segments, self.size, rank) for rank in range(self.size))
+
+    @cached_property
+    def length(self) -> int:
+        """Tokens of each rank's share, padding included (the same on every rank)."""
+        length = max(max(self.real(rank) for rank in range(self.size)), self.width, 1)
+        return length + -length % self.multiple
 
     @cached_property
     def prefix_of(self) -> tuple[int | None, ...]:
@@ -159,20 +166,11 @@ class ContextSplit(SplitSequence):
         return tuple(plan)
 
 
-def split(segments: Segments, size: int, rank: int, algo: str, multiple: int = 1, width: int = 1) -> ContextSplit:
-    """`segments` cut over `size` ranks, each share padded to the longest one's tokens, to at least `width` and to a
-    multiple of `multiple` (a sequence-parallel model cuts each share over its TP ranks)."""
-    longest = max(sum(p.length for p in _pieces(segments, size, r)) for r in range(size))
-    length = max(longest, width, 1)
-    length += -length % multiple
-    return ContextSplit(segments, size, rank, algo, length)
-
-
 def share(mb: dict, real: int, size: int, rank: int, algo: str, multiple: int = 1, width: int = 1) -> dict:
     """A packed micro-batch's per-token entries (`tokens`, `position_ids`, replayed `routes`: [1, T, ...]) cut to
     this rank's share, its Segments made a ContextSplit, `source` pointing into the share (−1 where another rank
     scores the token) and `real_lengths` the share's tokens before its padding (padding: token 0, position 0)."""
-    layout = split(mb["attention_mask"], size, rank, algo, multiple, width)
+    layout = ContextSplit(mb["attention_mask"], size, rank, algo, multiple, width)
     index = layout.index()
     real_slots = index >= 0
     taken = index.clamp(min=0)
