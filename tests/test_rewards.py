@@ -22,6 +22,7 @@ from mindrl.rewards.answers import ASSISTANT_HEADERS, response_only
 from mindrl.rewards.equality import _reference, answers_equal
 from mindrl.rewards.overlong import overlong_penalty
 from mindrl.rewards.verifiers import count_boxed, loose_layout, r1_layout
+from tests.test_mindspeed_verifiers import CASES as MINDSPEED_CASES
 
 R1 = "<think>{t}</think>\n<answer>{a}</answer>"
 PROMPT_TAIL = ("<|im_start|>user\nWhat is 2+3? Answer in \\boxed{}, e.g. <answer>\\boxed{5}</answer>.<|im_end|>\n"
@@ -277,8 +278,9 @@ def test_answer_table(verifier, response, label, expected):
 
 
 def test_the_table_is_large_and_covers_every_builtin():
+    """This table and the MindSpeed-RL ports' tables (tests/test_mindspeed_verifiers.py) together."""
     assert len(CASES) >= 100
-    assert {c[0] for c in CASES} == set(known_verifiers())
+    assert {c[0] for c in CASES} | {c[0] for c in MINDSPEED_CASES} == set(known_verifiers())
 
 
 def _math_verify(predicted: str, reference: str) -> bool:
@@ -392,7 +394,7 @@ def test_one_pass_layout_checks_match_mindspeed_regexes():
 # --- registry and config -----------------------------------------------------------------------------------------
 
 def test_unknown_verifier_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown verifier 'acuracy' .*known: acc, answer_sentence, base_acc"):
+    with pytest.raises(ConfigError, match=r"unknown verifier 'acuracy' .*known: acc, acc_for_dapo, acc_for_ppo, "):
         RewardScorer(RewardConfig(verifier_function=["acuracy"], verifier_weight=[1.0]))
 
 
@@ -413,9 +415,10 @@ def test_config_mistakes_are_one_sentence(kwargs, message):
 
 def test_builtins_declare_their_worst_score():
     worst = {name: get_verifier(name).worst_score for name in known_verifiers()}
-    assert worst == {"acc": -1.0, "answer_sentence": 0.0, "base_acc": 0.0, "format": 0.0, "geo3k_acc": 0.0,
-                     "geo3k_format": 0.0, "gsm8k": 0.0, "math_17k_acc": 0.0, "retool_reward": -1.0,
-                     "strict_format": -0.5, "tool_call_bonus": 0.0, "tool_use_bonus": 0.0}
+    assert worst == {"acc": -1.0, "acc_for_dapo": -1.0, "acc_for_ppo": 0.0, "answer_sentence": 0.0, "base_acc": 0.0,
+                     "format": 0.0, "geo3k_acc": 0.0, "geo3k_format": 0.0, "gsm8k": 0.0, "math_17k_acc": 0.0,
+                     "math_verify_reward": 0.0, "retool_reward": -1.0, "step": 0.0, "strict_format": -0.5,
+                     "tool_call_bonus": 0.0, "tool_use_bonus": 0.0}
 
 
 def test_weighted_total_and_per_verifier_metrics():

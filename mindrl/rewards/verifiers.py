@@ -4,6 +4,10 @@
 |---|---|---|---|
 | acc | last \\boxed{} (or <answer> tag) equals the label | 1.0 equal, -0.5 wrong, -1.0 no answer | -1.0 |
 | math_17k_acc | last \\boxed{} equals the label | 1.0 / 0.0 | 0.0 |
+| acc_for_ppo | the same check as math_17k_acc (MindSpeed-RL's PPO name for it) | 1.0 / 0.0 | 0.0 |
+| acc_for_dapo | DAPO's: the last `Answer:` line of the last 300 characters, Minerva-normalised | 1.0 / -1.0 | -1.0 |
+| math_verify_reward | base_acc's layout, and math-verify's math_metric finds the label | 1.0 / 0.0 | 0.0 |
+| step | step markers (`Step 1:`, a bullet, `First,` …), a third each | min(1, markers / 3) | 0.0 |
 | base_acc | R1 layout (see strict layout below) and boxed answer equal | 1.0 / 0.0 | 0.0 |
 | format | <think>…</think> then <answer>…</answer> at a line end | 1.0 / 0.0 | 0.0 |
 | strict_format | one of each tag and one \\boxed, in order, nothing outside | 1.0 / -0.5 | -0.5 |
@@ -16,8 +20,11 @@
 
 The last three read the sample's number of tool calls, k (0 in a single-turn run).
 
-The answer verifiers look after the last `</think>` first, so that a guess the policy dropped
-while thinking is not graded in place of its final answer (the whole response when there is none).
+acc, math_17k_acc (acc_for_ppo), base_acc, geo3k_acc and gsm8k grade by mathematical equality (see equality);
+acc, math_17k_acc and gsm8k look after the last `</think>` first, so that a guess the policy dropped while
+thinking is not graded in place of its final answer (the whole response when there is none). acc_for_dapo,
+math_verify_reward, retool_reward and step are MindSpeed-RL's checks as they are, applied to the response
+alone: recipes were tuned against their notion of right, quirks included.
 A sample that times out or raises gets the verifier's worst score (MindSpeed-RL gives 0.0,
 which under `acc` beats a wrong answer: a policy would learn to make the verifier time out).
 The layout checks are plain scans that give the same verdicts as MindSpeed-RL's regexes
@@ -27,9 +34,14 @@ without their backtracking, which takes seconds on a truncated repetition loop.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from itertools import islice
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from mindrl.rewards.answers import extract_answer, final_boxed, gsm8k_answer, last_boxed, response_only
 from mindrl.rewards.equality import answers_equal
+from mindrl.rewards.minerva import normalise_final_answer
 from mindrl.rewards.registration import register_verifier
 
 _THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
@@ -87,9 +99,49 @@ def accuracy(response: str, label: str) -> float:
     return 1.0 if answers_equal(answer, label) else -0.5
 
 
+@register_verifier("acc_for_ppo", worst_score=0.0)
 @register_verifier("math_17k_acc", worst_score=0.0)
 def boxed_accuracy(response: str, label: str) -> float:
+    """One check under two names: in MindSpeed-RL both grade the last box with mathruler, the same call."""
     return 1.0 if answers_equal(final_boxed(response_only(response)), label) else 0.0
+
+
+_DAPO_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+
+
+@register_verifier("acc_for_dapo", worst_score=-1.0)
+def dapo_accuracy(response: str, label: str) -> float:
+    """DAPO's (and verl's math_dapo) check: in the last 300 characters, the rest of the line after the last
+    `Answer:` must equal the label once both are Minerva-normalised (see minerva), as strings."""
+    answers = _DAPO_ANSWER.findall(response_only(response)[-300:])
+    predicted = answers[-1] if answers else "[INVALID]"
+    return 1.0 if normalise_final_answer(predicted) == normalise_final_answer(label) else -1.0
+
+
+_GOLD_TARGETS = (LatexExtractionConfig(),)
+_PREDICTION_TARGETS = (ExprExtractionConfig(), LatexExtractionConfig())
+
+
+@lru_cache(maxsize=4096)
+def _boxed_gold(label: str) -> tuple:
+    """A label as math_metric reads it (labels repeat across the samples of a group: parsed once)."""
+    return tuple(parse("\\boxed{" + label + "}", _GOLD_TARGETS, parsing_timeout=None))
+
+
+@register_verifier("math_verify_reward", worst_score=0.0)
+def math_verify_accuracy(response: str, label: str) -> float:
+    """MindSpeed-RL's: base_acc's layout, then math-verify's math_metric as MindSpeed-RL configures it (the
+    label read as `\\boxed{label}`, the whole response as an expression or LaTeX). math_metric's core without
+    its own alarms, which the worker pool replaces. An unreadable label scores 0.0, as MindSpeed-RL's catching
+    math_metric's error does; any other error the pool scores 0.0 too (the worst), and counts it."""
+    text = response_only(response)
+    if not r1_layout(text):
+        return 0.0
+    gold = _boxed_gold(label)
+    if not gold:
+        return 0.0
+    predicted = parse(text, _PREDICTION_TARGETS, parsing_timeout=None)
+    return 1.0 if verify(list(gold), predicted, timeout_seconds=None) else 0.0
 
 
 @register_verifier("base_acc", worst_score=0.0)
@@ -120,6 +172,16 @@ def strict_format(response: str, label: str) -> float:
 @register_verifier("gsm8k", worst_score=0.0)
 def gsm8k_numeric(response: str, label: str) -> float:
     return 1.0 if answers_equal(gsm8k_answer(response), label) else 0.0
+
+
+_STEP_MARKERS = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
+
+
+@register_verifier("step", worst_score=0.0)
+def reasoning_steps(response: str, label: str) -> float:
+    """MindSpeed-RL's reasoning_steps_reward: a third per step marker, full at three. Without re.MULTILINE its
+    `^\\d+\\.` counts a numbered line only at the very start; read on the response alone, not the prompt."""
+    return len(list(islice(_STEP_MARKERS.finditer(response_only(response)), 3))) / 3  # markers past 3 add nothing
 
 
 _ANSWER_SENTENCE = re.compile(r"The answer is -?\d+(?:\.\d+)?\.")
