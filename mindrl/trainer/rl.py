@@ -1,4 +1,4 @@
-"""`rl_config`: algorithm, rewards, roles' resources and colocation, logging (MindSpeed-RL names).
+"""`rl_config`: algorithm, rewards, roles' resources and colocation, logging and trackers (MindSpeed-RL names).
 
 Batch sizes follow MindSpeed-RL's units: `mini_batch_size` counts prompts (× n_samples_per_prompt
 inside). Deliberate differences: `kl_ctrl_type: adaptive` is refused without `use_kl_in_reward` (the
@@ -28,6 +28,7 @@ from mindrl.config.reward import RewardConfig
 from mindrl.config.values import check_types, positive
 from mindrl.rollout.config import MultiTurnConfig
 from mindrl.trainer.reward_model import NORMALISATIONS
+from mindrl.trainer.tracking import TrackingKeys
 
 _REWARD_KEYS = tuple(f.name for f in dataclasses.fields(RewardConfig))
 _RESOURCE_KEYS = ("actor_resource", "reference_resource", "reward_resource", "critic_resource", "rollout_resource")
@@ -44,7 +45,7 @@ BUDGET_KEYS = ("ref_max_packing_token_size", "actor_max_packing_token_size", "up
 
 
 @dataclass(frozen=True)
-class RLConfig:
+class RLConfig(TrackingKeys):
     use_integrated_worker: bool = True
     #: the reference runs on the actor's devices (implied by use_integrated_worker); null = derived
     colocate_actor_ref: bool | None = None
@@ -264,6 +265,7 @@ class RLConfig:
         if self.num_cpus_for_local_task <= 0:
             raise ConfigError(f"rl_config.num_cpus_for_local_task must be positive, got "
                               f"{self.num_cpus_for_local_task}.")
+        self.check_tracking("rl_config")
 
     def multi_turn(self, max_model_len: int) -> MultiTurnConfig | None:
         """The agent loop's limits, None for single-turn rollouts."""

@@ -29,11 +29,12 @@ from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.metrics import METRICS_FILE, MetricsSink
 from mindrl.trainer.prompts import PromptLoader, split_path
 from mindrl.trainer.start import StartPoint, start_point
+from mindrl.trainer.tracking import TrackingKeys, open_trackers
 
 
 @dataclass(frozen=True)
-class StageSection:
-    """Where a stage's ranks run and where its TensorBoard events go."""
+class StageSection(TrackingKeys):
+    """Where a stage's ranks run and where its TensorBoard events and tracker runs go."""
 
     #: the trainer's devices (num_npus | num_gpus | num_cpus): one rank per device, TP×PP×DP of them
     resource: RoleResource = dataclasses.field(default_factory=lambda: RoleResource("CPU", 1))
@@ -65,6 +66,7 @@ class StageSection:
             raise ConfigError(f"{name}.{err}") from None
         if section.use_tensorboard and not section.tensorboard_dir:
             raise ConfigError(f"{name}.use_tensorboard needs tensorboard_dir, where the event files go.")
+        section.check_tracking(name)
         section.check(name)
         return section
 
@@ -224,7 +226,8 @@ class StageTrainer(ABC):
             if ranks[0]["schedule_note"]:
                 say(f"warning: {ranks[0]['schedule_note']}")
         self.sink = MetricsSink(t.train_iters, Path(t.save) / METRICS_FILE if t.save else None,
-                                section.tensorboard_dir if section.use_tensorboard else None, self.start.iteration)
+                                section.tensorboard_dir if section.use_tensorboard else None, self.start.iteration,
+                                trackers=open_trackers(section, t.save, self.JOB, self.cfg))
 
     def close(self) -> None:
         if self.sink is not None:
