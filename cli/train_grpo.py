@@ -28,7 +28,7 @@ def _fit(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, trainer_loader(False), check_resources,
+    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, trainer_loader("ray_grpo"), check_resources,
                        _fit, report)
 
 

@@ -27,8 +27,8 @@ def _fit(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, trainer_loader(True), check_resources, _fit,
-                       report)
+    return run_trainer(argv, __doc__.split("\n\n")[0], TRAINER_CONFIGS_DIR, trainer_loader("ray_ppo"),
+                       check_resources, _fit, report)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ _MACHINE = ("timing/", "_tps", "seconds", "gb_per_s", "tokens_per_s")
 _refused: str | None = None
 
 
+def stage_of(config_name: str) -> str:
+    """The stage a shipped trainer config's name announces (ppo_*, dapo_*, else GRPO): the command that runs it."""
+    return {"ppo": "ray_ppo", "dapo": "ray_dapo"}.get(config_name.split("_")[0], "ray_grpo")
+
+
 def refuse(reason: str) -> None:
     """From now on, starting a job or an evaluation fails, naming the mark the test lacks."""
     global _refused

@@ -33,7 +33,7 @@ def test_the_shrunk_mindspeed_32k_dapo_recipe_trains_three_steps(tiny_math_data,
     the actor does, bit for bit in what it was sent, and the rollouts' log-probs as the split actor does."""
     tokenizer, root = tiny_math_data
     save = tmp_path / "run"
-    jobs.run("train_grpo.py", "dapo_long_cp_tiny_cpu", jobs.shrunk_recipe_overrides(
+    jobs.run("train_dapo.py", "dapo_long_cp_tiny_cpu", jobs.shrunk_recipe_overrides(
         tokenizer, root / "eight", save, **{"+generate_config.check_weight_sync": "true"}), tmp_path / "log")
     lines = jobs.metrics(save / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]

@@ -134,10 +134,11 @@ def test_share_backbone_needs_the_integrated_worker():
         "on devices of its own; set use_integrated_worker: true or turn share_backbone off.")
 
 
-def test_lora_fusion_is_refused():
+def test_lora_fusion_is_a_kernel_choice():
+    """MindSpeed's fused LoRA kernels compute what the two small matmuls do: a kernel key like use_flash_attn."""
     assert _refusal(["+actor_config.lora_fusion=true"], CONFIG) == (
-        "actor_config.lora_fusion: true asks for MindSpeed's fused LoRA kernels, which mindrl does not build (its "
-        "adapters run as two small matmuls beside each layer); remove the key.")
+        "actor_config.lora_fusion picks a fused kernel or memory layout, which megatron-core chooses itself here; "
+        "remove it (see docs/config.md).")
 
 
 def test_an_hf_module_name_is_refused_with_its_megatron_name():

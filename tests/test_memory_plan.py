@@ -17,6 +17,7 @@ from mindrl.launch import run_ranks
 from mindrl.models.micro_batches import cut
 from mindrl.trainer import memory_plan
 from mindrl.trainer.config import TRAINER_CONFIGS_DIR, load_mindspeed_config, trainer_loader
+from tests import jobs
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -166,7 +167,7 @@ def test_the_plan_is_within_15_percent_of_a_ranks_measured_peak():
 
 
 def _qwen25_32b(*overrides: str):
-    return trainer_loader(False)("grpo_qwen25_32b", list(overrides))
+    return trainer_loader("ray_grpo")("grpo_qwen25_32b", list(overrides))
 
 
 #: MindSpeed-RL's grpo_qwen25_32b_A3 layout given to mindrl's 32B recipe (TP4 x PP4 with sequence parallelism,
@@ -197,12 +198,11 @@ def test_mindspeed_rl_s_own_32b_a3_recipe_fits_as_published():
     path = REFERENCE / "grpo_qwen25_32b_A3.yaml"
     if not path.is_file():
         pytest.skip(f"MindSpeed-RL reference configs not found at {REFERENCE}")
-    cfg, _ = load_mindspeed_config(path, ["rl_config.verifier_function=[base_acc]"])  # its verifier: issue 61
+    cfg, _ = load_mindspeed_config(path)
     plans = memory_plan.plan(cfg)
     memory_plan.check(plans, cfg)
     with pytest.raises(ConfigError, match=r"alone need [\d.]+ GiB, the largest actor optimizer"):
-        cfg32, _ = load_mindspeed_config(path, ["rl_config.verifier_function=[base_acc]",
-                                                "+rl_config.device_memory_gib=32"])
+        cfg32, _ = load_mindspeed_config(path, ["+rl_config.device_memory_gib=32"])
         memory_plan.check(memory_plan.plan(cfg32), cfg32)
 
 
@@ -226,7 +226,7 @@ def test_a_device_memory_that_is_not_positive_is_refused():
 def _recipe_rows() -> list[str]:
     rows = []
     for path in sorted(TRAINER_CONFIGS_DIR.glob("*.yaml")):
-        cfg = trainer_loader(path.stem.startswith("ppo_"))(path.stem)
+        cfg = trainer_loader(jobs.stage_of(path.stem))(path.stem)
         for group in memory_plan.plan(cfg):
             peak = group.peak
             state = {t.name: t.bytes for t in peak.terms}

@@ -46,7 +46,7 @@ def test_the_shrunk_mindspeed_20k_dapo_recipe_trains_three_steps(tiny_math_data,
     balance keys) on DP2, with shorter responses: three steps, the engine and the balanced packed actor agreeing."""
     tokenizer, root = tiny_math_data
     save = tmp_path / "run"
-    jobs.run("train_grpo.py", "dapo_long_tiny_cpu", jobs.shrunk_recipe_overrides(tokenizer, root / "eight", save),
+    jobs.run("train_dapo.py", "dapo_long_tiny_cpu", jobs.shrunk_recipe_overrides(tokenizer, root / "eight", save),
              tmp_path / "log")
     lines = jobs.metrics(save / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3]

@@ -26,12 +26,12 @@ MINDSPEED_REASONS: dict[str, str] = {
         "use_fused_rmsnorm", "use_flash_attn", "no_masked_softmax_fusion", "use_fused_swiglu",
         "use_fused_rotary_pos_emb", "no_bias_dropout_fusion", "gemm_gradient_accumulation_fusion",
         "use_ascend_coc", "coc_mode", "coc_parallel_num", "coc_fused_kernel", "shape_order", "reuse_fp32_param",
-        "swap_attention", "swap_optimizer", "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
-        "moe_alltoall_overlap_comm", "transformer_impl"), _KERNEL),
+        "swap_attention", "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
+        "moe_alltoall_overlap_comm", "transformer_impl", "lora_fusion"), _KERNEL),
     "moe_tp_extend_ep": _NOT_BUILT.format("experts spread over the tensor-parallel group (moe_tp_extend_ep)"),
     "num_layers_per_virtual_pipeline_stage": _NOT_BUILT.format("virtual pipeline stages"),
     "noop_layers": _NOT_BUILT.format("no-op padding layers"),
-    **dict.fromkeys(("lora_target_modules", "lora_r", "lora_alpha", "lora_fusion", "lora_ckpt_filter"),
+    **dict.fromkeys(("lora_target_modules", "lora_r", "lora_alpha", "lora_ckpt_filter"),
                     _ELSEWHERE.format("the Megatron sections (megatron_training or a role's, docs/lora.md)")),
     "share_backbone": _ELSEWHERE.format("rl_config or dpo_config (docs/lora.md)"),
     "use_remove_padding": _ELSEWHERE.format("rl_config (docs/long_responses.md)"),
@@ -56,12 +56,13 @@ MINDSPEED_REASONS: dict[str, str] = {
     "num_cpus_for_placement_group": _FIXED.format("each rank gets one CPU"),
     "async_engine": "asks for vLLM's asynchronous engine, which mindrl does not use: multi-turn rollouts batch "
                     "each turn across the samples without it (docs/multi_turn.md)",
-    "is_multimodal": _NOT_BUILT.format("multimodal models"),
-    "use_wandb": _NOT_BUILT.format("Weights & Biases logging (TensorBoard only)"),
-    "use_swanlab": _NOT_BUILT.format("SwanLab logging (TensorBoard only)"),
+    "is_multimodal": _FIXED.format("a model is multimodal when its model yaml has a vision tower, docs/vision.md"),
     "profiler_config": _NOT_BUILT.format("the Ascend profiler"),
     "msprobe_config": _NOT_BUILT.format("the Ascend msprobe tool"),
-    "critic_config": _NOT_BUILT.format("a PPO critic"),
+    "zmq_communication": _FIXED.format("a role's ranks get their batches through Ray's object store"),
+    "swap_optimizer": "moves optimizer state to host memory inside each step, which megatron-core's optimizer does "
+                      "not do here (generate_config.offload_train_optimizer moves it there while the engine "
+                      "generates, docs/rollout.md)",
     **dict.fromkeys((
         "actor_rollout_dispatch_size", "actor_logprob_dispatch_size", "ref_dispatch_size", "reward_dispatch_size",
         "adv_dispatch_size", "actor_update_dispatch_size", "dynamic_sampling_dispatch_size"),
@@ -76,10 +77,12 @@ def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class KeyNote:
-    """A key mindrl does not take: the section it was written in, and the sentence saying why."""
+    """A key mindrl does not take: the section it was written in, the sentence saying why, and the key itself
+    (empty where the sentence is about a value rather than one key) so an importer can leave it out."""
 
     section: str
     sentence: str
+    key: str = ""
 
 
 class Keys:
@@ -91,15 +94,15 @@ class Keys:
     def __init__(self, notes: list[KeyNote] | None = None, only: set[str] | None = None) -> None:
         self.notes, self.only = notes, only
 
-    def problem(self, section: str, message: str) -> None:
+    def problem(self, section: str, message: str, key: str = "") -> None:
         if self.notes is None:
             raise ConfigError(message)
-        self.notes.append(KeyNote(section, message))
+        self.notes.append(KeyNote(section, message, key))
 
     def unknown(self, section: str, key: str, known: Iterable[str]) -> None:
         if self.only is not None and key not in self.only:
             return
-        self.problem(section, unknown_key_message(section, key, known))
+        self.problem(section, unknown_key_message(section, key, known), key)
 
     def split(self, section: str, values: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
         """The known keys of `values`; every other key is a problem."""

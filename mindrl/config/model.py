@@ -52,8 +52,11 @@ _UNSUPPORTED_PREFIXES = {
     "q_lora_rank": "multi-latent attention",
     "kv_lora_rank": "multi-latent attention",
     "rope_scaling": "RoPE scaling",
-    "spec": "custom layer specs",
 }
+
+#: MindSpeed-LLM's layer specs (`spec: [module, function]`) that describe a layer mindrl builds from the model's own
+#: keys, each with the key that must say so: the Qwen3 spec is the GPT layer with Qwen3's per-head q/k RMSNorm
+LAYER_SPECS = {("mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec"): "qk_layernorm"}
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,8 @@ class ModelArch:
                 kwargs[key] = value
             elif key in _NO_EFFECT_KEYS:
                 continue
+            elif key == "spec":
+                _check_spec(name, value, values)
             else:
                 feature = next((what for prefix, what in _UNSUPPORTED_PREFIXES.items()
                                 if key.startswith(prefix)), None)
@@ -269,6 +274,20 @@ class ModelArch:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelArch)}
+
+
+def _check_spec(name: str, spec: object, values: Mapping[str, Any]) -> None:
+    """A MindSpeed-LLM layer spec is accepted where mindrl's own layer, built from the model's keys, is that layer."""
+    parts = tuple(spec) if isinstance(spec, list | tuple) else tuple(str(spec).split())
+    needs = LAYER_SPECS.get(parts)
+    named = ".".join(map(str, parts))
+    if needs is None:
+        raise ConfigError(f"model {name}: spec {named} names a MindSpeed-LLM layer that mindrl does not build yet (it "
+                          f"builds {', '.join('.'.join(s) for s in LAYER_SPECS)} from the model's keys); pick an "
+                          f"architecture mindrl builds.")
+    if not values.get(needs):
+        raise ConfigError(f"model {name}: spec {named} is the layer with {needs}, but the model sets {needs}: "
+                          f"{values.get(needs)!r}; set {needs}: true (or remove the spec).")
 
 
 def load_model_arch(name: str, config_dir: str | Path | None = None) -> ModelArch:

@@ -144,7 +144,7 @@ class GenerateConfig:
             value = values.pop(key, None)
             if not _is_off(value):
                 keys.problem("generate_config", f"generate_config.{key}={value!r} asks for {feature}, which "
-                                                f"mindrl's rollout does not do; remove it.")
+                                                f"mindrl's rollout does not do; remove it.", key)
         for key in _NO_EFFECT:
             values.pop(key, None)
         sampling = values.pop("sampling_config", None)

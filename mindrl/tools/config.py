@@ -3,6 +3,11 @@
 verl's shape, `tools: [{class_name, config, tool_schema}]`, with `name` in class_name's place: a built-in's name or
 a custom tool's `path/to/file.py:function`. Unknown keys are refused rather than ignored, so a misspelt limit
 cannot leave a default in force unnoticed.
+
+MindSpeed-RL's own tool files load as published: its ReTool class is mindrl's python tool, with its time and
+memory limits carried over. The rest of its settings configure the SandboxFusion service that ReTool sends code
+to (its address, its worker count and rate limit); mindrl runs each call in a local bubblewrap sandbox
+instead, so they have nothing to configure and are accepted as read (docs/tools.md).
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from mindrl.tools.registry import BUILTINS, build_tool
 from mindrl.tools.tool import Tool, function_schema
 
 _ENTRY_KEYS = ("name", "config", "tool_schema")
+#: MindSpeed-RL's ReTool class and its settings: those that map onto the python tool's limits, and its service's
+_RETOOL = "mindspeed_rl.tools.retool.ReTool"
+_RETOOL_LIMITS = {"default_timeout": ("timeout_s", "cpu_seconds"), "memory_limit_mb": ("memory_mb",)}
+_RETOOL_SERVICE = ("sandbox_fusion_url", "num_workers", "enable_global_rate_limit", "rate_limit", "type",
+                   "default_language")
 
 
 def read_tool_config(path: str) -> list[Tool]:
@@ -46,6 +56,8 @@ def default_tools() -> list[Tool]:
 
 
 def _entry(entry: object, where: str) -> Tool:
+    if isinstance(entry, dict) and entry.get("class_name") == _RETOOL:
+        entry = _from_retool(entry, where)
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         verl = isinstance(entry, dict) and "class_name" in entry
         raise ConfigError(f"{where} needs a name: {', '.join(BUILTINS)} or path/to/file.py:function"
@@ -57,6 +69,20 @@ def _entry(entry: object, where: str) -> Tool:
         raise ConfigError(f"{where}: config must map setting names to values.")
     schema = None if entry.get("tool_schema") is None else _schema(entry["tool_schema"], where)
     return build_tool(entry["name"], settings, schema, where)
+
+
+def _from_retool(entry: dict, where: str) -> dict:
+    """MindSpeed-RL's ReTool entry as a python-tool entry: its limits kept, its service's settings dropped."""
+    settings = dict(entry.get("config") or {})
+    if str(settings.get("default_language", "python")).lower() != "python":
+        raise ConfigError(f"{where}: ReTool's default_language is {settings['default_language']!r}, but mindrl's "
+                          f"sandbox runs Python only; set it to python.")
+    if unknown := [key for key in settings if key not in _RETOOL_LIMITS and key not in _RETOOL_SERVICE]:
+        raise ConfigError(f"{where}: ReTool has no setting {unknown[0]!r}; its settings: "
+                          f"{', '.join((*_RETOOL_LIMITS, *_RETOOL_SERVICE))}.")
+    limits = {limit: settings[key] for key, names in _RETOOL_LIMITS.items() if key in settings for limit in names}
+    return {"name": "python", "config": limits,
+            **{key: value for key, value in entry.items() if key not in ("class_name", "config")}}
 
 
 def _schema(raw: object, where: str) -> dict:

@@ -28,13 +28,16 @@ from mindrl.config.paths import CONFIGS_DIR
 from mindrl.config.resources import Cluster
 from mindrl.trainer import checks
 from mindrl.trainer.grpo_config import TrainerConfig
+from mindrl.trainer.megatron import STAGES
 
 TRAINER_CONFIGS_DIR = CONFIGS_DIR / "rlxf"
 
 
-def build_trainer_config(data: Mapping[str, Any], notes: list[KeyNote] | None = None) -> TrainerConfig:
-    """Every section built and checked, then the rules across sections; all but the resources."""
-    cfg = TrainerConfig.from_dict(data, notes)
+def build_trainer_config(data: Mapping[str, Any], notes: list[KeyNote] | None = None,
+                         command: str | None = None) -> TrainerConfig:
+    """Every section built and checked, then the rules across sections; all but the resources. `command`: the
+    stage of the command loading it, for a file that names none."""
+    cfg = TrainerConfig.from_dict(data, notes, command)
     checks.check_colocation(cfg)
     tool_warnings = checks.check_multi_turn(cfg)
     checks.check_async(cfg)
@@ -75,16 +78,33 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: str | P
         first = str(err).strip().splitlines()[0].rstrip(".").replace(". ", "; ")
         raise ConfigError(f"Hydra cannot compose {config_name} with overrides {list(overrides)} ({first}); check the "
                           f"key names (a key the file lacks needs a leading +) and the values' syntax.") from None
-    return OmegaConf.to_container(composed, resolve=True)
+    data = OmegaConf.to_container(composed, resolve=True)
+    return _recipe_relative_paths(data, directory)
 
 
-def load_trainer_config(config_name: str, overrides: Sequence[str] = (),
-                        config_dir: str | Path | None = None) -> TrainerConfig:
+def _recipe_relative_paths(data: dict, directory: Path) -> dict:
+    """A relative `tool_config_path` that is not found from the working directory is looked up against the recipe's
+    folder and each folder above it: MindSpeed-RL writes it from its repository's root (`./configs/tools/…` beside
+    `configs/<recipe>.yaml`), mindrl's recipes from theirs (`configs/tools/…` two folders above configs/rlxf/), and a
+    recipe moved elsewhere with its tool file keeps working wherever it is started from."""
+    rl = data.get("rl_config")
+    given = rl.get("tool_config_path") if isinstance(rl, dict) else None
+    if not isinstance(given, str) or Path(given).expanduser().is_absolute() or Path(given).is_file():
+        return data
+    for folder in (directory, *directory.parents):
+        if (folder / given).is_file():
+            rl["tool_config_path"] = str((folder / given).resolve())
+            break
+    return data
+
+
+def load_trainer_config(config_name: str, overrides: Sequence[str] = (), config_dir: str | Path | None = None,
+                        command: str | None = None) -> TrainerConfig:
     """configs/rlxf/<config_name>.yaml (or `config_dir`) with Hydra overrides, checked; raises ConfigError, naming
-    every unsupported key at once (and the first other mistake after them)."""
+    every unsupported key at once (and the first other mistake after them). `command`: see build_trainer_config."""
     notes: list[KeyNote] = []
     try:
-        cfg = build_trainer_config(compose(config_name, overrides, config_dir), notes)
+        cfg = build_trainer_config(compose(config_name, overrides, config_dir), notes, command)
     except ConfigError as err:
         if not notes:
             raise
@@ -94,19 +114,21 @@ def load_trainer_config(config_name: str, overrides: Sequence[str] = (),
     return cfg
 
 
-def trainer_loader(critic: bool) -> Callable[[str, Sequence[str], str | Path | None], TrainerConfig]:
-    """load_trainer_config for cli/train_ppo.py (`critic`: adv_estimator gae) or cli/train_grpo.py (the others),
-    refusing a config meant for the other command."""
+def trainer_loader(stage: str) -> Callable[[str, Sequence[str], str | Path | None], TrainerConfig]:
+    """load_trainer_config for the command of `stage` (cli/train_grpo.py: ray_grpo, cli/train_dapo.py: ray_dapo,
+    cli/train_ppo.py: ray_ppo), refusing a config meant for another command."""
 
     def load(config_name: str, overrides: Sequence[str] = (), config_dir: str | Path | None = None) -> TrainerConfig:
-        cfg = load_trainer_config(config_name, overrides, config_dir)
-        if cfg.rl_config.trains_critic and not critic:
+        cfg = load_trainer_config(config_name, overrides, config_dir, stage)
+        if cfg.stage == stage:
+            return cfg
+        if cfg.rl_config.trains_critic:
             raise ConfigError(f"adv_estimator gae trains a critic; run {config_name} with cli/train_ppo.py.")
-        if critic and not cfg.rl_config.trains_critic:
+        if stage == "ray_ppo":
             raise ConfigError(f"cli/train_ppo.py trains a critic for adv_estimator: gae, but {config_name}'s is "
                               f"{cfg.rl_config.adv_estimator}; set rl_config.adv_estimator: gae or run "
-                              f"cli/train_grpo.py.")
-        return cfg
+                              f"{STAGES[cfg.stage]}.")
+        raise ConfigError(f"{config_name} is stage {cfg.stage}; run it with {STAGES[cfg.stage]}.")
 
     return load
 
@@ -117,7 +139,13 @@ def load_mindspeed_config(path: str | Path, overrides: Sequence[str] = ()) -> tu
     Keys mindrl does not support are removed and reported rather than raised, so the whole list
     comes at once; anything else wrong (a value, a layout, a length) still raises ConfigError.
     """
-    path = Path(path)
-    notes: list[KeyNote] = []
-    cfg = build_trainer_config(compose(path.stem, overrides, path.parent), notes)
+    _, cfg, notes = read_mindspeed_recipe(Path(path), overrides)
     return cfg, list(dict.fromkeys(note.sentence for note in notes))
+
+
+def read_mindspeed_recipe(path: Path, overrides: Sequence[str] = ()) -> tuple[dict, TrainerConfig, list[KeyNote]]:
+    """The recipe as Hydra composes it, the config mindrl builds from it, and the keys it left out (once each)."""
+    notes: list[KeyNote] = []
+    data = compose(path.stem, overrides, path.parent)
+    cfg = build_trainer_config(data, notes)
+    return data, cfg, list(dict.fromkeys(notes))

@@ -15,6 +15,7 @@ from mindrl.config import ConfigError
 from mindrl.config.keys import KeyNote, Keys, normalise
 from mindrl.config.resources import RoleResource
 from mindrl.rollout.config import GenerateConfig
+from mindrl.trainer.dapo_stage import DAPO, dapo_rl_config
 from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.reward_model import reward_model_role
 from mindrl.trainer.rl import RLConfig
@@ -48,6 +49,8 @@ class TrainerConfig:
     #: keys set to something other than their default that have no effect here, each with what would enable it;
     #: the trainer warns once per key at start (MindSpeed-RL's files carry several at their defaults: no noise)
     notices: tuple[str, ...] = ()
+    #: ray_grpo, ray_dapo (critic-free, no KL, no reference) or ray_ppo (a critic): which command trains it
+    stage: str = "ray_grpo"
 
     @property
     def save_dir(self) -> str | None:
@@ -124,9 +127,11 @@ class TrainerConfig:
                                                prompt_packing=rl.packing_mode, batching=rl.batching("critic"))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], notes: list[KeyNote] | None = None) -> TrainerConfig:
+    def from_dict(cls, data: Mapping[str, Any], notes: list[KeyNote] | None = None,
+                  command: str | None = None) -> TrainerConfig:
         """Build every section and check each on its own (mindrl.trainer.checks then checks them together);
-        `notes` collects unsupported keys instead of raising."""
+        `notes` collects unsupported keys instead of raising; `command` is the stage of the command loading the
+        file (cli/train_dapo.py's ray_dapo), which a file without a `stage` takes."""
         keys = Keys(notes)
         data = dict(normalise(data))
         for key in list(data):
@@ -139,7 +144,10 @@ class TrainerConfig:
         models = data.get("model") or {}
         base = normalise(data.get("megatron_training") or {})
         rl = RLConfig.from_dict(data.get("rl_config") or {}, keys)
-        stage = "ray_ppo" if rl.trains_critic else "ray_grpo"
+        stage = "ray_ppo" if rl.trains_critic else "ray_dapo" if DAPO in (base.get("stage"), command) else "ray_grpo"
+        dapo_notices = []
+        if stage == DAPO:
+            rl, dapo_notices = dapo_rl_config(rl, normalise(data.get("rl_config") or {}))
         role = {"megatron_training": MegatronConfig.from_dict("megatron_training", base, models, keys, stage)}
         wanted = ["actor_config", "ref_config"]
         if "reward_config" in data or rl.resources["reward_resource"] is not None:
@@ -168,7 +176,7 @@ class TrainerConfig:
         if critic is not None:
             critic = replace(critic, arch=replace(critic.arch, num_labels=1))
         return cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss, critic,
-                   frozenset(k for k in data if data[k] is not None), tuple(notices))
+                   frozenset(k for k in data if data[k] is not None), (*dapo_notices, *notices), stage)
 
 
 def max_response_length(rl: RLConfig, gen: GenerateConfig) -> int:

@@ -27,8 +27,10 @@ if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorConfig
 
 #: `stage` → the command that trains it
-STAGES = {"ray_grpo": "cli/train_grpo.py", "ray_ppo": "cli/train_ppo.py", "sft": "cli/train_sft.py",
-          "dpo": "cli/train_dpo.py"}
+STAGES = {"ray_grpo": "cli/train_grpo.py", "ray_dapo": "cli/train_dapo.py", "ray_ppo": "cli/train_ppo.py",
+          "sft": "cli/train_sft.py", "dpo": "cli/train_dpo.py", "ray_dpo": "cli/train_dpo.py"}
+#: the stages of the Ray RL drivers; only ray_ppo trains a critic
+RL_STAGES = ("ray_grpo", "ray_dapo", "ray_ppo")
 # ActorConfig checks these too, but importing it loads megatron-core (seconds on a small box);
 # a config must be judged before that, so its value rules (decay style, warm-up, the scheduler switches) are
 # repeated here.
@@ -123,8 +125,6 @@ class MegatronConfig:
     lora_alpha: float = 16.0
     #: checkpoints hold the adapters (and their optimizer state) only, with a digest of the base they go back on
     lora_ckpt_filter: bool = False
-    #: MindSpeed's fused LoRA kernels: not built (refused when true)
-    lora_fusion: bool = False
     #: activation recompute in the trained roles' backward (actor, critic, SFT, DPO): full (whole layers) or
     #: selective (the attention core); forward-only passes keep nothing to recompute (docs/long_responses.md)
     recompute_granularity: str | None = None
@@ -155,14 +155,13 @@ class MegatronConfig:
             raise ConfigError(f"{section}.attention_mask_type must be causal or general (both mean each sample attends "
                               f"causally to itself, as mindrl always does), got {self.attention_mask_type!r}.")
         positive(section, self, "save_interval", allow_zero=True)
-        if {self.stage, stage} == {"ray_grpo", "ray_ppo"}:
+        if self.stage in RL_STAGES and (self.stage == "ray_ppo") != (stage == "ray_ppo"):
             raise ConfigError(f"{section}.stage={self.stage!r} but rl_config.adv_estimator is "
                               f"{'gae, which trains a critic (ray_ppo)' if stage == 'ray_ppo' else 'critic-free'}; "
                               f"set stage: {stage} or pick the estimator of {self.stage} "
                               f"({'gae' if self.stage == 'ray_ppo' else 'group_norm'}).")
         if self.stage is not None and self.stage != stage:
-            known = f"; {self.stage} runs with {STAGES[self.stage]}" if self.stage in STAGES else \
-                " (DAPO runs as ray_grpo with filter_groups_enable and clip-higher)" if stage == "ray_grpo" else ""
+            known = f"; {self.stage} runs with {STAGES[self.stage]}" if self.stage in STAGES else ""
             raise ConfigError(f"{section}.stage={self.stage!r} is not what {STAGES[stage]} trains; use {stage}{known}.")
         for key in ("global_batch_size", "seq_length", "train_iters"):
             if getattr(self, key) is None:
@@ -197,9 +196,6 @@ class MegatronConfig:
             raise ConfigError(f"{section}.recompute_activation_function: true asks for MindSpeed's recompute of the "
                               f"MLP activation alone, which mindrl does not build; use recompute_granularity: "
                               f"selective (the attention core) or full (whole layers), or remove the key.")
-        if self.lora_fusion:
-            raise ConfigError(f"{section}.lora_fusion: true asks for MindSpeed's fused LoRA kernels, which mindrl does "
-                              f"not build (its adapters run as two small matmuls beside each layer); remove the key.")
         if self.freeze_vision_tower and self.arch is not None and self.arch.vision is None:
             raise ConfigError(f"{section}.freeze_vision_tower is set but model {self.arch.name} has no vision tower; "
                               f"remove it.")
