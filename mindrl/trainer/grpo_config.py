@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 from mindrl.algorithms.policy_loss import LossConfig
 from mindrl.config import ConfigError
 from mindrl.config.keys import KeyNote, Keys, normalise
+from mindrl.config.profiler import ProfilerConfig
 from mindrl.config.resources import RoleResource
 from mindrl.rollout.config import GenerateConfig
 from mindrl.trainer.dapo_stage import DAPO, dapo_rl_config
 from mindrl.trainer.megatron import MegatronConfig
+from mindrl.trainer.profiling import run_profiler
 from mindrl.trainer.reward_model import reward_model_role
 from mindrl.trainer.rl import RLConfig
 
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from mindrl.workers.megatron_worker import ActorConfig
 
 SECTIONS = ("model", "megatron_training", "actor_config", "ref_config", "reward_config", "critic_config", "rl_config",
-            "generate_config")
+            "generate_config", "profiler_config")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class TrainerConfig:
     notices: tuple[str, ...] = ()
     #: ray_grpo, ray_dapo (critic-free, no KL, no reference) or ray_ppo (a critic): which command trains it
     stage: str = "ray_grpo"
+    #: profiler_config's integrated role: the phases and steps traced (docs/profiling.md)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     @property
     def save_dir(self) -> str | None:
@@ -171,12 +175,14 @@ class TrainerConfig:
         if reward is not None:
             reward = reward_model_role(reward, role["actor_config"])
         gen = GenerateConfig.from_dict(data.get("generate_config") or {}, keys)
+        profiler, profiler_notices = run_profiler(data.get("profiler_config"), keys, rl, role["actor_config"])
         loss = rl.loss_config(max_response_length(rl, gen))
         critic = role.get("critic_config")
         if critic is not None:
             critic = replace(critic, arch=replace(critic.arch, num_labels=1))
         return cls(role["megatron_training"], role["actor_config"], role["ref_config"], reward, rl, gen, loss, critic,
-                   frozenset(k for k in data if data[k] is not None), (*dapo_notices, *notices), stage)
+                   frozenset(k for k in data if data[k] is not None), (*dapo_notices, *notices, *profiler_notices),
+                   stage, profiler)
 
 
 def max_response_length(rl: RLConfig, gen: GenerateConfig) -> int:

@@ -112,6 +112,10 @@ class PPOTrainer(GRPOTrainer):
         if self.start.resume and "kl_ctrl" in self.start.extra:
             self.kl_ctrl.load_state_dict(self.start.extra["kl_ctrl"])
 
+    def worker_groups(self) -> list[Any]:
+        own = [self.critic_group] if self.critic_group is not self.group else []
+        return [*super().worker_groups(), *own]
+
     def close(self) -> None:
         if self.critic_group is not None and self.critic_group is not self.group:
             self.critic_group.kill()

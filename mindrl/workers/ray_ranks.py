@@ -40,6 +40,7 @@ from mindrl.rollout.weight_push import PushGroup, push_weights
 from mindrl.workers.engine_share import engine_config, probe_tokens
 from mindrl.workers.group import COLLECTIVE_TIMEOUT_S
 from mindrl.workers.megatron_worker import ActorConfig, BackboneReference, MegatronWorker
+from mindrl.workers.profiling import PhaseTracing
 
 #: (data-parallel rank, its rows' results, which rows of the batch they are; mindrl.workers.group.gather_rows puts
 #: them back in the batch's order) on the ranks that hold results, None on the others
@@ -94,10 +95,12 @@ class CriticHost:
         return precision
 
     def values(self, batch: dict) -> Held:
-        return _held(self.critic, self.critic.compute_values(batch), batch)
+        with self.traced("critic_compute_values"):
+            return _held(self.critic, self.critic.compute_values(batch), batch)
 
     def update_critic(self, batch: dict) -> dict[str, float]:
-        return self.critic.update(batch)
+        with self.traced("critic_update"):
+            return self.critic.update(batch)
 
     def save_critic(self, root: str, iteration: int, extra: dict) -> str:
         return str(self.critic.save_checkpoint(root, iteration, extra))
@@ -145,8 +148,9 @@ class PolicySpec:
     rollout_elsewhere: bool = False
 
 
-class RankProcess:
-    """What every rank of a group does: say where it runs, publish or join the rendezvous."""
+class RankProcess(PhaseTracing):
+    """What every rank of a group does: say where it runs, publish or join the rendezvous, and trace its phases
+    where profiler_config asks (mindrl/workers/profiling.py)."""
 
     def __init__(self, rank: int, world_size: int, device: str) -> None:
         self.rank, self.world_size = rank, world_size
@@ -265,7 +269,8 @@ class PolicyRank(ActorRank, CriticHost):
             raise RuntimeError("this actor's rollout engines run on ranks of their own (PolicySpec.rollout_elsewhere): "
                                "generate through the rollout role (mindrl.trainer.rollout_role.RolloutRole), not the "
                                "actor.")
-        return self.rollout.generate(prompts, n, sampling, images, max_tokens)
+        with self.traced("actor_generate"):
+            return self.rollout.generate(prompts, n, sampling, images, max_tokens)
 
     def push_weights(self, version: int) -> dict[str, float]:
         """Send the actor's current weights, as policy `version`, to the rollout ranks of the push group (every
@@ -283,10 +288,12 @@ class PolicyRank(ActorRank, CriticHost):
         return _held(self.actor, None if out is None else out["log_probs"], probe)
 
     def log_probs(self, batch: dict, role: str) -> Held:
-        return _rows_of(self.actor if role == "actor" else self.reference, batch)
+        with self.traced("actor_compute_log_prob" if role == "actor" else "reference_compute_log_prob"):
+            return _rows_of(self.actor if role == "actor" else self.reference, batch)
 
     def update(self, batch: dict) -> dict[str, float]:
-        return self.actor.update(batch)
+        with self.traced("actor_update"):
+            return self.actor.update(batch)
 
     def score(self, batch: dict) -> Held:
         return _held(self.reward, self.reward.score(batch), batch)
@@ -357,7 +364,8 @@ class ReferenceRank(RankProcess):
         return {"dp_size": self.reference.dp_size, "precision": precision}
 
     def log_probs(self, batch: dict) -> Held:
-        return _rows_of(self.reference, batch)
+        with self.traced("reference_compute_log_prob"):
+            return _rows_of(self.reference, batch)
 
     def close(self) -> None:
         destroy()

@@ -88,8 +88,9 @@ class RolloutRank(RankProcess):
         """As ColocatedRollout.generate, with the policy version of the weights that generated it
         (`rollout/weight_version`)."""
         version = self.version
-        result, metrics = timed_share(self.agent or self.engine, self.group, self.groups, prompts, n, sampling,
-                                      images, max_tokens)
+        with self.traced("actor_generate"):
+            result, metrics = timed_share(self.agent or self.engine, self.group, self.groups, prompts, n, sampling,
+                                          images, max_tokens)
         return result, {**metrics, "rollout/weight_version": float(version)}
 
     def probe_log_probs(self, rows: int) -> torch.Tensor:
