@@ -105,6 +105,26 @@ def tiny_math_data(tmp_path_factory):
     return tokenizer, root
 
 
+@pytest.fixture(scope="session")
+def facts_pairs(tmp_path_factory):
+    """The facts tokenizer and 80 preference pairs of the demo's task: 64 to train on, 16 held out."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mindrl.data.preprocess import PreprocessConfig, preprocess
+
+    root = tmp_path_factory.mktemp("dpo_data")
+    cli = Path(__file__).resolve().parents[1] / "cli"
+    subprocess.run([sys.executable, str(cli / "build_tiny_tokenizer.py"), "--out", str(root / "tok"),
+                    "--task", "facts", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
+    preprocess(PreprocessConfig(output_dir=str(root / "pairs"), tokenizer_name_or_path=str(root / "tok"),
+                                generator={"kind": "fact_pairs", "num_samples": 80, "seed": 1}, prompt_type="chatml",
+                                is_pairwise_dataset=True, test_fraction=0.2,
+                                map_keys={"prompt": "question", "chosen": "chosen", "rejected": "rejected"}))
+    return root / "tok", root / "pairs"
+
+
 def pytest_runtest_logreport(report):
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] += report.duration

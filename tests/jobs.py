@@ -28,7 +28,7 @@ _refused: str | None = None
 
 def stage_of(config_name: str) -> str:
     """The stage a shipped trainer config's name announces (ppo_*, dapo_*, else GRPO): the command that runs it."""
-    return {"ppo": "ray_ppo", "dapo": "ray_dapo"}.get(config_name.split("_")[0], "ray_grpo")
+    return {"ppo": "ray_ppo", "dapo": "ray_dapo", "dpo": "dpo", "sft": "sft"}.get(config_name.split("_")[0], "ray_grpo")
 
 
 def refuse(reason: str) -> None:

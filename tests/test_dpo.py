@@ -134,22 +134,6 @@ def test_rows_are_pairs_and_only_responses_are_in_the_loss():
     assert batch["prompt_lengths"].tolist() == [3, 3, 1, 1] and batch["response_lengths"].tolist() == [3, 2, 2, 4]
 
 
-@pytest.fixture(scope="module")
-def facts_pairs(tmp_path_factory):
-    """The facts tokenizer and 80 preference pairs of the demo's task: 64 to train on, 16 held out."""
-    import subprocess
-    import sys
-
-    root = tmp_path_factory.mktemp("dpo_data")
-    subprocess.run([sys.executable, str(jobs.ROOT / "cli" / "build_tiny_tokenizer.py"), "--out", str(root / "tok"),
-                    "--task", "facts", "--vocab-size", "512", "--split-digits"], check=True, capture_output=True)
-    preprocess(PreprocessConfig(output_dir=str(root / "pairs"), tokenizer_name_or_path=str(root / "tok"),
-                                generator={"kind": "fact_pairs", "num_samples": 80, "seed": 1}, prompt_type="chatml",
-                                is_pairwise_dataset=True, test_fraction=0.2,
-                                map_keys={"prompt": "question", "chosen": "chosen", "rejected": "rejected"}))
-    return root / "tok", root / "pairs"
-
-
 def _write_jsonl(path, rows) -> str:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)

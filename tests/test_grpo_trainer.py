@@ -31,8 +31,8 @@ def reference_run(tiny_math_data, tmp_path_factory) -> Path:
     tokenizer, root = tiny_math_data
     folder = tmp_path_factory.mktemp("grpo_reference")
     # W&B (offline) too: the kill tests share REFERENCE, this run alone checks the tracker end to end
-    _run(jobs.grpo_overrides(tokenizer, root / "eight", folder / "run", **REFERENCE, **{"+rl_config.use_wandb": "true"}),
-         folder / "log")
+    tracked = {**REFERENCE, "+rl_config.use_wandb": "true"}
+    _run(jobs.grpo_overrides(tokenizer, root / "eight", folder / "run", **tracked), folder / "log")
     return folder / "run"
 
 

@@ -18,6 +18,7 @@ from mindrl.trainer.config import (
     load_trainer_config,
     trainer_loader,
 )
+from mindrl.trainer.dpo_config import load_dpo_config
 from mindrl.trainer.megatron import MegatronConfig
 from tests import jobs
 
@@ -206,6 +207,9 @@ MISTAKES = {
                                  "megatron_training.use_checkpoint_opt_param_scheduler", "set one of them to false"]),
     "filter metric": (["+rl_config.filter_groups_enable=true", "+rl_config.filter_groups_metric=strict_format"],
                       ["filter_groups_metric"]),
+    "engine step below its sequences": (
+        ["generate_config.max_num_seqs=64", "generate_config.max_num_batched_tokens=32"],
+        ["max_num_batched_tokens=32 is below max_num_seqs=64", "vLLM refuses"]),
     "hydra override": (["rl_config.no_such_key=1"], ["no_such_key"]),
     "group given a number": (["model=5"], ["model=5"]),
     "section not a mapping": (["actor_config=5"], ["actor_config", "mapping"]),
@@ -353,7 +357,6 @@ NOT_LOADING = {
     **dict.fromkeys(("dapo_qwen3_30b_a3b_A3", "grpo_qwen3_235b_a22b_A2"),
                     r"infer_expert_parallel_size must equal infer_tensor_parallel_size=\d, got 8 \(a wider split would "
                     r"need vLLM's data parallelism across engines"),
-    "dpo_qwen3_30b_a3b_A3": r"rl_config\.actor_resource is required",
 }
 #: the reasons a MindSpeed-RL key may be dropped for: a kernel choice or behaviour mindrl fixes, never a feature
 DROPPABLE = ("picks a fused kernel or memory layout", "is fixed in mindrl", "is never read by MindSpeed-RL",
@@ -369,6 +372,7 @@ def test_every_mindspeed_recipe_is_tested():
     if not REFERENCE.is_dir():
         pytest.skip(f"MindSpeed-RL reference configs not found at {REFERENCE}")
     assert len(_reference_names()) == 17 and set(NOT_LOADING) < set(_reference_names())
+    assert "dpo_qwen3_30b_a3b_A3" in _reference_names()
 
 
 @pytest.mark.parametrize("name", _reference_names())
@@ -381,12 +385,15 @@ def test_mindspeed_recipes_load_with_only_paths_changed_dropping_no_feature(name
     start = time.perf_counter()
     cfg, notes = load_mindspeed_config(_reference(name), PATHS)
     assert time.perf_counter() - start < 5.0
-    assert cfg.megatron_training.tokenizer_name_or_path == "data/tok"
-    assert cfg.rl_config.resources["actor_resource"].kind == "NPU"
     for note in notes:
         _one_sentence(note)
         assert any(reason in note for reason in DROPPABLE), note
     named = " ".join(notes)
+    if cfg.stage == "dpo":
+        _check_the_dpo_recipe(cfg, named)
+        return
+    assert cfg.megatron_training.tokenizer_name_or_path == "data/tok"
+    assert cfg.rl_config.resources["actor_resource"].kind == "NPU"
     for key in ("use_flash_attn", "tokenizer_type", "split", "distributed_backend"):
         assert f".{key} " in named, key
     assert "sequence_parallel" not in named  # a Megatron key with Megatron's meaning (MindSpeed-RL sets it at TP > 1)
@@ -396,6 +403,19 @@ def test_mindspeed_recipes_load_with_only_paths_changed_dropping_no_feature(name
     if name.endswith("k"):
         assert (cfg.actor_config.parallel.cp, cfg.actor_config.parallel.cp_algo) == (2, "ring")
         assert "context_parallel" not in named and "attention_mask_type" not in named
+
+
+def _check_the_dpo_recipe(cfg, named: str) -> None:
+    """MindSpeed-RL's DPO file keeps every key in megatron_training (MindSpeed-LLM reads one namespace) and takes its
+    devices from torchrun: its DPO keys are dpo_config's, its devices the layout's own, said once."""
+    assert (cfg.training.tokenizer_name_or_path, cfg.section.dpo_loss_type, cfg.section.dpo_beta) == (
+        "data/tok", "sigmoid", 0.1)
+    assert cfg.section.ref_model == "./model_weights/Qwen3-30B-TP2-PP8-EP1/"
+    assert (cfg.training.parallel.tp, cfg.training.parallel.pp, cfg.section.resource.kind,
+            cfg.section.resource.count) == (2, 8, "NPU", 16)
+    assert cfg.notices[0].startswith("dpo_config.resource is not set (a MindSpeed-RL dpo recipe takes its devices")
+    assert [n.split(":")[0] for n in cfg.notices[1:]] == ["no_save_optim", "no_save_rng"]
+    assert ".is_pairwise_dataset " in named and ".dpo_loss_type" not in named and ".ref_model" not in named
 
 
 @pytest.mark.parametrize("name", [n for n in _reference_names() if n not in NOT_LOADING])
@@ -410,12 +430,16 @@ def test_an_imported_recipe_is_a_mindrl_config_equal_to_the_recipe(name, tmp_pat
     out = tmp_path / f"{name}.yaml"
     assert main([str(_reference(name)), "--out", str(out), *PATHS]) == 0
     imported = import_recipe(_reference(name), PATHS)
-    cfg = trainer_loader(imported.cfg.stage)(name, [], tmp_path)
-    for field in ("megatron_training", "actor_config", "ref_config", "reward_config", "critic_config", "rl_config",
-                  "generate_config", "loss", "stage", "notices"):
+    if imported.cfg.stage == "dpo":
+        cfg, fields = load_dpo_config(name, [], tmp_path), ("training", "section", "notices")
+    else:
+        cfg = trainer_loader(imported.cfg.stage)(name, [], tmp_path)
+        fields = ("megatron_training", "actor_config", "ref_config", "reward_config", "critic_config", "rl_config",
+                  "generate_config", "loss", "stage", "notices")
+    for field in fields:
         assert getattr(cfg, field) == getattr(imported.cfg, field), field
-    assert imported.command == {"ray_dapo": "cli/train_dapo.py", "ray_ppo": "cli/train_ppo.py"}.get(
-        cfg.stage, "cli/train_grpo.py")
+    assert imported.command == {"ray_dapo": "cli/train_dapo.py", "ray_ppo": "cli/train_ppo.py",
+                                "dpo": "cli/train_dpo.py"}.get(cfg.stage, "cli/train_grpo.py")
     report = imported.report(out)
     assert all(note.sentence in report for note in imported.dropped) and f"--config-name {name}" in report
 

@@ -10,7 +10,7 @@ from mindrl.config import ConfigError, ParallelConfig, load_model_arch
 from mindrl.rollout.config import sampling_for_step
 from mindrl.trainer.config import load_trainer_config
 from mindrl.trainer.grpo import check_runnable
-from mindrl.trainer.prompts import Prompt, PromptLoader, read_prompts
+from mindrl.trainer.prompts import Prompt, PromptLoader, check_prompt_lengths, read_prompts
 from mindrl.trainer.start import start_point
 
 
@@ -125,13 +125,32 @@ def test_start_point_mistakes(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["+actor_config.no_save_optim=true"], "actor_config.no_save_optim: true is not supported by the trainer"),
+    (["+actor_config.use_distributed_optimizer=false"],
+     "actor_config.use_distributed_optimizer: false is not supported by the trainer"),
     (["rl_config.use_integrated_worker=false", "+rl_config.colocate_actor_ref=true"],
      "a reference sharing the actor's devices runs inside the actor's processes"),
 ])
 def test_what_the_driver_cannot_run_is_refused_before_ray(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check_runnable(load_trainer_config("grpo_tiny_cpu", overrides))
+
+
+def test_checkpoints_hold_the_optimizer_and_rng_whatever_no_save_says():
+    """MindSpeed-RL's recipes set no_save_optim / no_save_rng: saving them anyway keeps a resume exact and loses
+    nothing, so the keys are a notice, not a refusal."""
+    cfg = load_trainer_config("grpo_tiny_cpu", ["+actor_config.no_save_optim=true", "+actor_config.no_save_rng=true"])
+    check_runnable(cfg)
+    assert [notice.split(":")[0] for notice in cfg.notices if "no_save" in notice] == ["no_save_optim", "no_save_rng"]
+
+
+def test_a_prompt_longer_than_max_prompt_length_is_refused_in_one_sentence(tmp_path):
+    """Its response would have no room in the engine: found now, not once the workers generate it."""
+    prompts = [Prompt([1] * n, "5", "math") for n in (10, 12, 30, 25)]
+    check_prompt_lengths(prompts, 30, tmp_path / "train.parquet")
+    with pytest.raises(ConfigError, match=r"^2 of the 4 prompts in .*train\.parquet are longer than "
+                                          r"rl_config\.max_prompt_length=20 tokens \(the longest has 30\); "
+                                          r"preprocess them .* at most 20, .*\.$"):
+        check_prompt_lengths(prompts, 20, tmp_path / "train.parquet")
 
 
 def test_each_step_and_round_samples_with_its_own_seed():

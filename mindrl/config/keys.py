@@ -57,9 +57,17 @@ MINDSPEED_REASONS: dict[str, str] = {
     "async_engine": "asks for vLLM's asynchronous engine, which mindrl does not use: multi-turn rollouts batch "
                     "each turn across the samples without it (docs/multi_turn.md)",
     "is_multimodal": _FIXED.format("a model is multimodal when its model yaml has a vision tower, docs/vision.md"),
-    "profiler_config": _NOT_BUILT.format("the Ascend profiler"),
     "msprobe_config": _NOT_BUILT.format("the Ascend msprobe tool"),
     "zmq_communication": _FIXED.format("a role's ranks get their batches through Ray's object store"),
+    "is_pairwise_dataset": _FIXED.format("DPO's data is always chosen/rejected pairs, as cli/preprocess_data.py writes "
+                                         "them"),
+    "tokenizer_not_use_fast": _FIXED.format("the tokenizer is its directory's own, the fast one where it has one"),
+    "log_interval": _FIXED.format("every step is logged"),
+    "initial_loss_scale": _FIXED.format("training is bf16 or fp32, which scale no loss"),
+    "refer_model_iter": _FIXED.format("the reference is ref_model's latest checkpoint, or the starting weights"),
+    **dict.fromkeys(("eval_interval", "eval_iters"),
+                    _FIXED.format("held-out pairs are scored every dpo_config.test_interval steps, TRL's metrics on "
+                                  "test.parquet")),
     "swap_optimizer": "moves optimizer state to host memory inside each step, which megatron-core's optimizer does "
                       "not do here (generate_config.offload_train_optimizer moves it there while the engine "
                       "generates, docs/rollout.md)",

@@ -124,6 +124,10 @@ class GenerateConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"generate_config.{key} must be a positive integer, got {value!r}.")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(f"generate_config.max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                              f"max_num_seqs={self.max_num_seqs}, but each sequence in a step takes at least one token "
+                              f"of it (vLLM refuses this); raise max_num_batched_tokens or lower max_num_seqs.")
         if self.infer_pipeline_parallel_size != 1:
             raise ConfigError("generate_config.infer_pipeline_parallel_size must be 1: rollout engines shard by "
                               "tensor parallelism only (as in MindSpeed-RL); raise infer_tensor_parallel_size.")

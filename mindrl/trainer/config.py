@@ -31,6 +31,8 @@ from mindrl.trainer.grpo_config import TrainerConfig
 from mindrl.trainer.megatron import STAGES
 
 TRAINER_CONFIGS_DIR = CONFIGS_DIR / "rlxf"
+#: the stages trained without Ray's RL driver: their config class (imported when a recipe names it)
+STAGE_CONFIGS = {"dpo": ("mindrl.trainer.dpo_config", "DPOConfig"), "sft": ("mindrl.trainer.sft_config", "SFTConfig")}
 
 
 def build_trainer_config(data: Mapping[str, Any], notes: list[KeyNote] | None = None,
@@ -133,8 +135,9 @@ def trainer_loader(stage: str) -> Callable[[str, Sequence[str], str | Path | Non
     return load
 
 
-def load_mindspeed_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[TrainerConfig, list[str]]:
-    """A MindSpeed-RL trainer yaml (its model/ folder beside it): the config and one sentence per dropped key.
+def load_mindspeed_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Any, list[str]]:
+    """A MindSpeed-RL trainer yaml (its model/ folder beside it): the config (a TrainerConfig, or a DPO or SFT
+    recipe's StageConfig) and one sentence per dropped key.
 
     Keys mindrl does not support are removed and reported rather than raised, so the whole list
     comes at once; anything else wrong (a value, a layout, a length) still raises ConfigError.
@@ -143,9 +146,20 @@ def load_mindspeed_config(path: str | Path, overrides: Sequence[str] = ()) -> tu
     return cfg, list(dict.fromkeys(note.sentence for note in notes))
 
 
-def read_mindspeed_recipe(path: Path, overrides: Sequence[str] = ()) -> tuple[dict, TrainerConfig, list[KeyNote]]:
-    """The recipe as Hydra composes it, the config mindrl builds from it, and the keys it left out (once each)."""
+def read_mindspeed_recipe(path: Path, overrides: Sequence[str] = (), transform: Callable[[dict], dict] | None = None,
+                          ) -> tuple[dict, Any, list[KeyNote]]:
+    """The recipe as Hydra composes it (then `transform`ed), the config mindrl builds from it (a TrainerConfig, or
+    the StageConfig of a DPO or SFT recipe), and the keys it left out (once each)."""
     notes: list[KeyNote] = []
     data = compose(path.stem, overrides, path.parent)
-    cfg = build_trainer_config(data, notes)
+    if transform is not None:
+        data = transform(data)
+    stage = (data.get("megatron_training") or {}).get("stage")
+    if stage in STAGE_CONFIGS:
+        from importlib import import_module
+
+        module, name = STAGE_CONFIGS[stage]
+        cfg = getattr(import_module(module), name).from_dict(data, notes)
+    else:
+        cfg = build_trainer_config(data, notes)
     return data, cfg, list(dict.fromkeys(notes))

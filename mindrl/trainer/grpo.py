@@ -46,7 +46,8 @@ from mindrl.trainer.metrics import (
     throughput_metrics,
 )
 from mindrl.trainer.nonfinite import NonFinite, SkippedSteps, first_nonfinite, skipped_update
-from mindrl.trainer.prompts import PromptLoader, images_of, read_prompts, split_path
+from mindrl.trainer.profiling import StepProfiler
+from mindrl.trainer.prompts import PromptLoader, check_prompt_lengths, images_of, read_prompts, split_path
 from mindrl.trainer.schedule import batch_of, buffered_rows, saved_shape
 from mindrl.trainer.start import JOB_GRPO, StartPoint, start_point
 from mindrl.trainer.tracking import open_trackers
@@ -126,6 +127,7 @@ class GRPOTrainer:
         self.agent = agent_spec(rl.multi_turn(cfg.generate_config.max_model_len), train_path, actor, self.tokenizer)
         self.max_response = max_response_length(rl, cfg.generate_config)
         train_prompts = read_prompts(train_path)
+        check_prompt_lengths(train_prompts, rl.max_prompt_length, train_path)
         check_prompt_images(train_prompts, actor.arch, self.tokenizer, train_path)
         self.loader = PromptLoader(train_prompts, actor.global_batch_size, actor.seed, shuffle=not actor.no_shuffle)
         if self.start.resume:
@@ -134,6 +136,7 @@ class GRPOTrainer:
         self.handed_back = self._resume_buffer()
         test_path = split_path(actor.data_path, "test")
         self.test_prompts = read_prompts(test_path) if rl.test_interval and test_path.is_file() else []
+        check_prompt_lengths(self.test_prompts, rl.max_prompt_length, test_path)
         self.group = self.ref_group = self.rewards = self.sink = None
         #: the rollout's schedule when it is not today's synchronous colocated one (mindrl/trainer/async_rollout.py)
         self.scheduled = None
@@ -298,16 +301,23 @@ class GRPOTrainer:
             if group is not None:
                 group.kill()
 
+    def worker_groups(self) -> list[Any]:
+        """Every group of ranks a step calls (the profiler tells each which step its calls belong to)."""
+        role = self.scheduled.role if self.scheduled is not None else None
+        return [group for group in (self.group, self.ref_group, role and role.group) if group is not None]
+
     # ---------------------------------------------------------------- the loop
     def fit(self) -> Path | None:
         """Train to train_iters; returns the final actor exported to HF (None without `save`)."""
         actor = self.cfg.actor_config
         try:
             self.setup()
+            profiler = StepProfiler(self.cfg.profiler, self.worker_groups(), self.cfg.rl_config, self.on_policy)
             step = self.start.iteration
             while step < actor.train_iters:
                 step += 1
-                metrics = self.train_step(step)
+                with profiler.step(step):
+                    metrics = self.train_step(step)
                 if self.test_prompts and step % self.cfg.rl_config.test_interval == 0:
                     metrics.update(self.validate())
                 self.sink.log(step, metrics)

@@ -235,16 +235,16 @@ class MegatronConfig:
                            recompute=self.recompute, **update)
 
     def check_full_checkpoints(self, section: str) -> None:
-        """The trainers always save the distributed optimizer and RNG state; keys asking otherwise are refused."""
-        for key, wanted in (("no_save_optim", False), ("no_save_rng", False), ("use_distributed_optimizer", True)):
-            if getattr(self, key) != wanted:
-                raise ConfigError(f"{section}.{key}: {str(getattr(self, key)).lower()} is not supported by the trainer "
-                                  f"(its checkpoints always hold the distributed optimizer and RNG state); set it to "
-                                  f"{str(wanted).lower()}.")
+        """The trainers always train with the distributed optimizer; a key asking otherwise is refused."""
+        if not self.use_distributed_optimizer:
+            raise ConfigError(f"{section}.use_distributed_optimizer: false is not supported by the trainer (it always "
+                              f"shards the optimizer state over the data-parallel ranks); set it to true.")
 
     def inert_keys(self) -> list[str]:
         """Keys set here that do nothing because the key enabling them is not (a warning each, not an error)."""
-        notices = []
+        notices = [f"{key}: true has no effect: the trainers' checkpoints always hold the optimizer and RNG state, so "
+                   f"that a resume continues exactly (docs/checkpoints.md)." for key in ("no_save_optim", "no_save_rng")
+                   if getattr(self, key)]
         if self.save is None and self.save_interval:
             notices.append(f"save_interval={self.save_interval} has no effect without save; set save to write "
                            f"checkpoints every {self.save_interval} steps.")

@@ -9,7 +9,7 @@ it), minus the dropped keys. Loading that file gives the same configuration as l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,16 +50,21 @@ class ImportedRecipe:
         return "\n".join(lines)
 
 
-def import_recipe(path: str | Path, overrides: Sequence[str] = ()) -> ImportedRecipe:
-    """The recipe at `path` (its model/ folder beside it) with Hydra `overrides`; raises ConfigError where mindrl
-    cannot run it (a model family or a layout it does not build), naming what stops it."""
+def import_recipe(path: str | Path, overrides: Sequence[str] = (),
+                  transform: Callable[[dict], dict] | None = None) -> ImportedRecipe:
+    """The recipe at `path` (its model/ folder beside it) with Hydra `overrides`, and `transform` (mindrl.trainer.
+    shrink's, say) applied to its sections before it is built; raises ConfigError where mindrl cannot run it (a
+    model family or a layout it does not build), naming what stops it."""
     from mindrl.trainer.config import read_mindspeed_recipe
 
-    data, cfg, notes = read_mindspeed_recipe(Path(path), overrides)
+    data, cfg, notes = read_mindspeed_recipe(Path(path), overrides, transform)
     for note in notes:
         if not note.key:
             raise ValueError(f"a dropped value is not one key: {note.sentence}")
+        where = data
+        for part in filter(None, note.section.split(".")):  # profiler_config.integrated: a section inside one
+            where = where.get(part) or {}
         for spelling in (note.key, note.key.replace("_", "-")):
-            (data if not note.section else data.get(note.section) or {}).pop(spelling, None)
+            where.pop(spelling, None)
     return ImportedRecipe(cfg, {section: values for section, values in data.items() if values is not None},
                           tuple(notes))

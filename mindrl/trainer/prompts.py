@@ -47,6 +47,17 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     return [Prompt(list(ids), str(label), str(source), image) for ids, label, source, image in rows]
 
 
+def check_prompt_lengths(prompts: list[Prompt], limit: int, path: Path) -> None:
+    """Every prompt fits rl_config.max_prompt_length, which the engine's room (max_model_len) was checked against:
+    a longer one would leave its response no room, found only once the workers generate it."""
+    over = [len(p.ids) for p in prompts if len(p.ids) > limit]
+    if over:
+        raise ConfigError(f"{len(over)} of the {len(prompts)} prompts in {path} are longer than "
+                          f"rl_config.max_prompt_length={limit} tokens (the longest has {max(over)}); preprocess them "
+                          f"with cli/preprocess_data.py's max_prompt_length at most {limit}, which leaves longer ones "
+                          f"out, or raise max_prompt_length (and generate_config.max_model_len with it).")
+
+
 def images_of(prompts: list[Prompt]) -> list[PromptImages | None] | None:
     """The prompts' images for a rollout engine and the batch, or None when none has any."""
     images = [p.images for p in prompts]

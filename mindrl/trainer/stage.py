@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from mindrl.config import ConfigError, resources
 from mindrl.config.batching import Batching
-from mindrl.config.keys import Keys, normalise
+from mindrl.config.keys import KeyNote, Keys, normalise
 from mindrl.config.parallel import validate_parallel, validate_sequence_parallel
 from mindrl.config.resources import Cluster, RoleResource
 from mindrl.config.values import check_types, positive
@@ -82,6 +82,8 @@ class StageSection(TrackingKeys):
 class StageConfig:
     training: MegatronConfig
     section: StageSection
+    #: what loading it decided for a key the file left out, said once at start
+    defaults_taken: tuple[str, ...] = ()
 
     #: the stage's `megatron_training.stage`, its section's name and type, and its config folder
     STAGE: ClassVar[str]
@@ -97,19 +99,32 @@ class StageConfig:
     @property
     def notices(self) -> tuple[str, ...]:
         """Keys that do nothing here, for the trainer to warn about once."""
-        return tuple(self.training.inert_keys())
+        return (*self.defaults_taken, *self.training.inert_keys())
+
+    @property
+    def stage(self) -> str:
+        return self.STAGE
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StageConfig:
-        keys = Keys()
+    def from_dict(cls, data: Mapping[str, Any], notes: list[KeyNote] | None = None) -> StageConfig:
+        """`notes` collects unsupported keys instead of raising (a MindSpeed-RL file being imported)."""
+        keys = Keys(notes)
         data = dict(normalise(data))
         sections = ("model", "megatron_training", cls.SECTION)
         for key in data:
             if key not in sections:
                 keys.unknown("", key, sections)
-        training = MegatronConfig.from_dict("megatron_training", data.get("megatron_training") or {},
-                                            data.get("model") or {}, keys, stage=cls.STAGE)
-        cfg = cls(training, cls.SECTION_TYPE.from_dict(cls.SECTION, data.get(cls.SECTION) or {}, keys))
+        given, section = _section_keys_from_megatron(cls, data)
+        training = MegatronConfig.from_dict("megatron_training", given, data.get("model") or {}, keys,
+                                            stage=cls.STAGE)
+        notices = ()
+        if cls.SECTION not in data and "resource" not in section:
+            count = training.parallel.model_ranks
+            section["resource"] = {"num_npus": count}
+            notices = (f"{cls.SECTION}.resource is not set (a MindSpeed-RL {cls.STAGE} recipe takes its devices from "
+                       f"its torchrun launch): mindrl trains on the layout's {count} NPUs, one data-parallel rank; "
+                       f"set {cls.SECTION}.resource to train on more.",)
+        cfg = cls(training, cls.SECTION_TYPE.from_dict(cls.SECTION, section, keys), notices)
         cfg.check()
         return cfg
 
@@ -145,6 +160,19 @@ class StageConfig:
              config_dir: str | Path | None = None) -> StageConfig:
         """<CONFIGS_DIR>/<config_name>.yaml (or `config_dir`) with Hydra overrides, checked; raises ConfigError."""
         return cls.from_dict(compose(config_name, overrides, config_dir or cls.CONFIGS_DIR))
+
+
+def _section_keys_from_megatron(cls: type[StageConfig], data: Mapping[str, Any]) -> tuple[dict, dict]:
+    """megatron_training's keys and the stage section's: MindSpeed-LLM's stages read one namespace, so a MindSpeed-RL
+    DPO file writes `dpo_loss_type` and `ref_model` in megatron_training; there they mean the section's keys."""
+    training = dict(normalise(data.get("megatron_training") or {}))
+    section = dict(normalise(data.get(cls.SECTION) or {}))
+    fields = {f.name for f in dataclasses.fields(cls.SECTION_TYPE)}
+    for key in [key for key in training if key in fields]:
+        if key in section:
+            raise ConfigError(f"{key} is given in megatron_training and in {cls.SECTION}; keep it in {cls.SECTION}.")
+        section[key] = training.pop(key)
+    return training, section
 
 
 def check_resources(cfg: StageConfig, cluster: Cluster | None = None) -> None:

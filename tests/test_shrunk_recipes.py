@@ -1,0 +1,131 @@
+"""tools/shrink_recipe.py: MindSpeed-RL's recipes at tiny size on two CPU ranks, each keeping its algorithm's keys,
+and one recipe per algorithm (GRPO, DAPO with dynamic sampling, PPO, LoRA, a mixture of experts at EP2, multi-turn
+tool use) trained for two steps by the command its stage names."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mindrl.config.resources import Cluster
+from mindrl.trainer.config import check_resources, load_mindspeed_config, trainer_loader
+from tests import jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT.parent / "shared/reference/mindspeed_rl/configs"
+sys.path.insert(0, str(ROOT / "tools"))
+
+from shrink_recipe import main as shrink_main  # noqa: E402
+
+#: the recipes shrinking cannot help: a model family mindrl does not build
+NOT_SHRINKABLE = ("grpo_deepseek_r1_671b_A2", "grpo_deepseek_r1_671b_A3", "grpo_deepseek_r1_671b_A3_eplb")
+DPO = "dpo_qwen3_30b_a3b_A3"
+#: recipes mindrl refuses at full size for their rollout layout, which a shrunk run (one engine rank) does not have
+REFUSED_AT_FULL_SIZE = ("dapo_qwen3_30b_a3b_A3", "grpo_qwen3_235b_a22b_A2")
+#: rl_config keys that size a run, which shrinking may change (and dynamic sampling's rounds, bounded where the
+#: recipe allows any number); every other rl_config key is the algorithm's
+SIZE_KEYS = {"filter_groups_max_batches", "n_samples_per_prompt", "max_prompt_length", "tensorboard_dir",
+             "mini_batch_size", "filter_groups_train_batch_size", "rollout_max_tokens", "overlong_buffer",
+             "max_total_response_length", "max_tool_response_length", "max_tool_calls"}
+
+
+def _recipe(name: str) -> Path:
+    path = REFERENCE / f"{name}.yaml"
+    if not path.is_file():
+        pytest.skip(f"MindSpeed-RL reference configs not found at {REFERENCE}")
+    return path
+
+
+def _shrink(name: str, tokenizer: Path, data: Path, folder: Path, *overrides: str) -> Path:
+    out = folder / "config" / f"{name}.yaml"
+    assert shrink_main([str(_recipe(name)), "--tokenizer", str(tokenizer), "--data", str(data), "--save",
+                        str(folder / "run"), "--out", str(out), *overrides]) == 0
+    return out
+
+
+def _names() -> list[str]:
+    return sorted(p.stem for p in REFERENCE.glob("*.yaml") if p.stem not in NOT_SHRINKABLE) or ["grpo_qwen25_7b_A3"]
+
+
+@pytest.mark.parametrize("name", [name for name in _names() if name != DPO])
+def test_a_shrunk_recipe_keeps_its_algorithm_and_fits_two_cpu_ranks(name, tiny_math_data, tmp_path):
+    out = _shrink(name, tiny_math_data[0], tiny_math_data[1] / "eight", tmp_path)
+    original, shrunk = yaml.safe_load(_recipe(name).read_text()), yaml.safe_load(out.read_text())
+    cfg = trainer_loader(jobs.stage_of(name))(name, [], out.parent)  # mindrl's own loader: nothing left to drop
+    check_resources(cfg, Cluster({"CPU": 2}))
+    assert sum(resource.count for _, resource in cfg.device_groups()) == 2
+    if "tool_config_path" in shrunk["rl_config"]:  # found from the recipe's folder (docs/config.md)
+        found, given = Path(shrunk["rl_config"].pop("tool_config_path")), original["rl_config"].pop("tool_config_path")
+        assert found.is_file() and found.as_posix().endswith(given.removeprefix("./"))
+    kept = {key: value for key, value in original["rl_config"].items() if key not in SIZE_KEYS and
+            not key.endswith(("_resource", "max_packing_token_size", "dynamic_max_batch_size")) and
+            key.replace("-", "_") in shrunk["rl_config"]}
+    assert kept == {key: shrunk["rl_config"][key.replace("-", "_")] for key in kept}
+    tiny = cfg.actor_config.arch
+    assert tiny.num_layers == 2 and tiny.padded_vocab_size == 1024
+    if name not in REFUSED_AT_FULL_SIZE:
+        full, _ = load_mindspeed_config(_recipe(name))
+        arch = full.actor_config.arch
+        assert (tiny.qk_layernorm, tiny.add_qkv_bias, tiny.untie_embeddings_and_output_weights, tiny.is_moe) == (
+            arch.qk_layernorm, arch.add_qkv_bias, arch.untie_embeddings_and_output_weights, arch.is_moe)
+        assert (cfg.loss, cfg.stage, cfg.actor_config.lora) == (full.loss, full.stage, full.actor_config.lora)
+        assert cfg.actor_config.parallel.cp == min(full.actor_config.parallel.cp, 2)
+
+
+@pytest.fixture(scope="module")
+def tool_prompts(tiny_math_data, tmp_path_factory) -> Path:
+    """The synthetic problems rendered with ReTool's tool schema announced, as the multi-turn recipe's rollout
+    checks its prompts were."""
+    from mindrl.data.preprocess import PreprocessConfig, preprocess
+
+    out = tmp_path_factory.mktemp("tool_prompts")
+    preprocess(PreprocessConfig(output_dir=str(out), tokenizer_name_or_path=str(tiny_math_data[0]),
+                                generator={"kind": "mixed", "num_samples": 40, "seed": 0}, prompt_type="chatml",
+                                map_keys={"prompt": "question", "answer": "answer"}, data_source="synthetic_math",
+                                test_fraction=0.1, tool_config_path=str(REFERENCE / "tools/retool_config.yaml")))
+    return out
+
+
+def test_the_shrunk_dpo_recipe_keeps_its_loss_on_two_cpu_ranks(facts_pairs, tmp_path):
+    from mindrl.trainer.dpo_config import load_dpo_config
+    from mindrl.trainer.stage import check_resources as check_stage_resources
+
+    out = _shrink(DPO, *facts_pairs, tmp_path)
+    cfg, (full, _) = load_dpo_config(DPO, [], out.parent), load_mindspeed_config(_recipe(DPO))
+    check_stage_resources(cfg, Cluster({"CPU": 2}))
+    assert (cfg.section.resource.kind, cfg.section.resource.count, cfg.section.ref_model) == ("CPU", 2, None)
+    assert cfg.section.loss == full.section.loss and cfg.training.arch.is_moe and cfg.training.arch.qk_layernorm
+    assert cfg.notices == full.notices[1:]  # its devices are given now; its no_save keys are still said
+
+
+# recipe → (the tool's overrides, metrics each step must have): a random tiny model never writes DAPO's "Answer:"
+# line, so dynamic sampling filters on the total score, which the overlong penalty spreads (the tool bounds the
+# recipes' unlimited rounds at 40)
+TRAINED = {
+    "grpo_qwen25_7b_A3": ((), ("actor/kl_loss", "actor/pg_loss")),
+    "dapo_qwen3_32b_A3": (("rl_config.filter_groups_metric=score",),
+                          ("filter_groups/kept_groups", "actor/pg_clipfrac")),
+    "ppo_qwen25_32b_A3": ((), ("critic/vf_loss",)),
+    "grpo_lora_qwen25_32b_A2": ((), ("actor/pg_loss",)),
+    "dapo_qwen3_30b_a3b_A3": (("rl_config.filter_groups_metric=score",), ("filter_groups/kept_groups",)),
+    "dapo_qwen25_7b_A2_multi_turn": ((), ("actor/pg_loss",)),
+    DPO: ((), ("dpo/loss", "rewards/accuracies")),
+}
+
+
+@pytest.mark.job
+@pytest.mark.parametrize("name", sorted(TRAINED))
+def test_a_shrunk_recipe_trains_two_steps(name, tiny_math_data, tool_prompts, facts_pairs, tmp_path):
+    overrides, names = TRAINED[name]
+    tokenizer, data = (facts_pairs if name == DPO else
+                       (tiny_math_data[0], tool_prompts if "multi_turn" in name else tiny_math_data[1] / "eight"))
+    out = _shrink(name, tokenizer, data, tmp_path, *overrides)
+    script = {"ray_dapo": "train_dapo.py", "ray_ppo": "train_ppo.py", "dpo": "train_dpo.py"}.get(
+        jobs.stage_of(name), "train_grpo.py")
+    jobs.run(script, name, ["--config-dir", str(out.parent)], tmp_path / "log")
+    lines = jobs.metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert all(key in line for key in names), sorted(line)
+        assert all(value == value for value in line.values())  # no NaN
