@@ -98,7 +98,7 @@ MATH_VERIFY = [
     (r1_boxed("3", thinking="maybe \\boxed{5}"), "5", 0.0),
     (R1.format(t="x", a="The answer is \\boxed{12} dollars."), "12", 1.0),
     (r1_boxed("5"), "", 0.0),                                          # a label math-verify cannot read
-    (r1_boxed("5") + "\n", "5", 1.0),                                  # r1_layout takes a final newline
+    (r1_boxed("5") + "\n", "5", 0.0),                                  # fullmatch: nothing after </answer>
     (PROMPT.format(q="Put it in \\boxed{}.") + r1_boxed("5") + "<|im_end|>", "5", 1.0),
 ]
 

@@ -107,17 +107,18 @@ def test_another_role_is_refused_and_a_mindspeed_file_gets_every_problem_at_once
     assert cfg.profiler.profile
 
 
-def test_importing_a_recipe_drops_the_keys_it_names_inside_the_section(tmp_path):
+def test_importing_a_recipe_refuses_a_role_or_key_the_section_does_not_have(tmp_path):
+    """An importer may leave out only kernel and fixed-behaviour keys: another profiler role or a misspelt key would
+    profile something else than the recipe says, so the import names them and writes nothing."""
     from mindrl.trainer.config import TRAINER_CONFIGS_DIR
     from mindrl.trainer.mindspeed_import import import_recipe
 
     recipe = yaml.safe_load((TRAINER_CONFIGS_DIR / "grpo_tiny_cpu.yaml").read_text())
     recipe["profiler_config"] = {"critic": {"profile": True}, "integrated": {"profile": True, "with_stack": True}}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    imported = import_recipe(tmp_path / "recipe.yaml")
-    assert [note.key for note in imported.dropped] == ["critic", "with_stack"]
-    assert imported.data["profiler_config"] == {"integrated": {"profile": True}}
-    assert build_trainer_config(imported.data).profiler == imported.cfg.profiler
+    with pytest.raises(ConfigError) as err:
+        import_recipe(tmp_path / "recipe.yaml")
+    assert "profiler_config.critic" in str(err.value) and "with_stack" in str(err.value)
 
 
 def test_mindspeed_rls_ppo_section_loads_naming_its_ascend_only_keys():

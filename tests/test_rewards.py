@@ -372,7 +372,7 @@ def _timed(verifier, text: str) -> float:
 
 # MindSpeed-RL's regexes: the specification the one-pass checks must match.
 MINDSPEED_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$", re.DOTALL | re.MULTILINE)
-MINDSPEED_LAYOUT = re.compile(r"^<think>.*</think>.*<answer>.*\\boxed\{.*\}.*</answer>$", re.DOTALL)
+MINDSPEED_LAYOUT = re.compile(r"<think>.*</think>.*<answer>.*\\boxed\{.*\}.*</answer>", re.DOTALL)  # fullmatch
 MINDSPEED_BOXED = re.compile(r"\\boxed\{.*?\}")
 # verl's geo3k.py / EasyR1's math.py format reward (re.fullmatch)
 GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
@@ -386,7 +386,7 @@ def test_one_pass_layout_checks_match_mindspeed_regexes():
         if rng.random() < 0.5:
             text = "<think>" + text
         assert loose_layout(text) == bool(MINDSPEED_FORMAT.match(text)), text
-        assert r1_layout(text) == bool(MINDSPEED_LAYOUT.match(text)), text
+        assert r1_layout(text) == bool(MINDSPEED_LAYOUT.fullmatch(text)), text
         assert count_boxed(text, most=3) == min(3, len(MINDSPEED_BOXED.findall(text))), text
         assert get_verifier("geo3k_format")(text, "") == float(bool(GEO3K_FORMAT.fullmatch(text))), text
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mindrl.config.keys import DROPPABLE
 from mindrl.config.resources import Cluster
 from mindrl.trainer.config import check_resources, load_mindspeed_config, trainer_loader
 from tests import jobs
@@ -58,10 +59,13 @@ def test_a_shrunk_recipe_keeps_its_algorithm_and_fits_two_cpu_ranks(name, tiny_m
     if "tool_config_path" in shrunk["rl_config"]:  # found from the recipe's folder (docs/config.md)
         found, given = Path(shrunk["rl_config"].pop("tool_config_path")), original["rl_config"].pop("tool_config_path")
         assert found.is_file() and found.as_posix().endswith(given.removeprefix("./"))
-    kept = {key: value for key, value in original["rl_config"].items() if key not in SIZE_KEYS and
-            not key.endswith(("_resource", "max_packing_token_size", "dynamic_max_batch_size")) and
-            key.replace("-", "_") in shrunk["rl_config"]}
-    assert kept == {key: shrunk["rl_config"][key.replace("-", "_")] for key in kept}
+    sized = {key for key in original["rl_config"] if key in SIZE_KEYS or
+             key.endswith(("_resource", "max_packing_token_size", "dynamic_max_batch_size"))}
+    kept = {key: value for key, value in original["rl_config"].items() if key not in sized}
+    dropped = set(kept) - set(shrunk["rl_config"])
+    assert dropped <= DROPPABLE  # only the importer's kernel and fixed-behaviour keys
+    assert {key: value for key, value in kept.items() if key not in dropped} == {
+        key: shrunk["rl_config"][key] for key in kept if key not in dropped}
     tiny = cfg.actor_config.arch
     assert tiny.num_layers == 2 and tiny.padded_vocab_size == 1024
     if name not in REFUSED_AT_FULL_SIZE:

@@ -1,6 +1,7 @@
 """Trainer configs: every shipped one loads, overrides work, each mistake is one quick sentence."""
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -442,6 +443,16 @@ def test_an_imported_recipe_is_a_mindrl_config_equal_to_the_recipe(name, tmp_pat
                                 "dpo": "cli/train_dpo.py"}.get(cfg.stage, "cli/train_grpo.py")
     report = imported.report(out)
     assert all(note.sentence in report for note in imported.dropped) and f"--config-name {name}" in report
+
+
+@pytest.mark.parametrize("key", ["+rl_config.lora_r=16", "+megatron_training.lerning_rate=1",
+                                 "+megatron_training.noop_layers=[1]", "+rl_config.swap_optimizer=true"])
+def test_an_import_leaves_out_no_feature_key_typo_or_key_in_the_wrong_section(key):
+    """Only kernel choices and fixed behaviour may be left out: any other key would train something else."""
+    from mindrl.trainer.mindspeed_import import import_recipe
+
+    with pytest.raises(ConfigError, match=re.escape(key.split("=")[0].lstrip("+").split(".")[1])):
+        import_recipe(_reference("grpo_qwen25_7b_A3"), [*PATHS, key])
 
 
 def test_a_recipe_mindrl_cannot_run_is_one_sentence_and_writes_nothing(tmp_path, capsys):

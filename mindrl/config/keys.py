@@ -66,8 +66,9 @@ MINDSPEED_REASONS: dict[str, str] = {
     "initial_loss_scale": _FIXED.format("training is bf16 or fp32, which scale no loss"),
     "refer_model_iter": _FIXED.format("the reference is ref_model's latest checkpoint, or the starting weights"),
     **dict.fromkeys(("eval_interval", "eval_iters"),
-                    _FIXED.format("held-out pairs are scored every dpo_config.test_interval steps, TRL's metrics on "
-                                  "test.parquet")),
+                    _FIXED.format("the held-out split is scored every test_interval steps of rl_config, sft_config or "
+                                  "dpo_config")),
+    "profiler_config": "traces the RL trainers' phases (docs/profiling.md), not SFT's or DPO's",
     "swap_optimizer": "moves optimizer state to host memory inside each step, which megatron-core's optimizer does "
                       "not do here (generate_config.offload_train_optimizer moves it there while the engine "
                       "generates, docs/rollout.md)",
@@ -78,6 +79,14 @@ MINDSPEED_REASONS: dict[str, str] = {
 }
 
 
+#: the MindSpeed-RL keys an importer may leave out: kernel choices, behaviour mindrl fixes, keys MindSpeed-RL never
+#: reads. Leaving out any other (a feature mindrl does not build, a key in the wrong section, a typo) would train
+#: something else than the recipe says.
+DROPPABLE = frozenset(key for key, reason in MINDSPEED_REASONS.items()
+                      if reason == _KERNEL or reason.startswith(("is fixed in mindrl", "is never read"))
+                      or key == "async_engine")
+
+
 def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
     """MindSpeed-RL accepts `min-lr` for `min_lr`; so does mindrl."""
     return {str(key).replace("-", "_"): value for key, value in values.items()}
@@ -85,12 +94,13 @@ def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class KeyNote:
-    """A key mindrl does not take: the section it was written in, the sentence saying why, and the key itself
-    (empty where the sentence is about a value rather than one key) so an importer can leave it out."""
+    """A key mindrl does not take: the section it was written in, the sentence saying why, the key itself (empty
+    where the sentence is about a value rather than one key), and whether an importer may leave it out (DROPPABLE)."""
 
     section: str
     sentence: str
     key: str = ""
+    droppable: bool = False
 
 
 class Keys:
@@ -102,15 +112,17 @@ class Keys:
     def __init__(self, notes: list[KeyNote] | None = None, only: set[str] | None = None) -> None:
         self.notes, self.only = notes, only
 
-    def problem(self, section: str, message: str, key: str = "") -> None:
+    def problem(self, section: str, message: str, key: str = "", droppable: bool = False) -> None:
         if self.notes is None:
             raise ConfigError(message)
-        self.notes.append(KeyNote(section, message, key))
+        self.notes.append(KeyNote(section, message, key, droppable))
 
-    def unknown(self, section: str, key: str, known: Iterable[str]) -> None:
+    def unknown(self, section: str, key: str, known: Iterable[str], value: Any = True) -> None:
+        """`value` turned off (false, null) leaves out nothing even where the key is a feature mindrl lacks."""
         if self.only is not None and key not in self.only:
             return
-        self.problem(section, unknown_key_message(section, key, known), key)
+        droppable = key in DROPPABLE or (key in MINDSPEED_REASONS and value in (False, None))
+        self.problem(section, unknown_key_message(section, key, known), key, droppable)
 
     def split(self, section: str, values: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
         """The known keys of `values`; every other key is a problem."""
@@ -120,7 +132,7 @@ class Keys:
             if key in known:
                 kept[key] = value
             else:
-                self.unknown(section, key, known)
+                self.unknown(section, key, known, value)
         return kept
 
 

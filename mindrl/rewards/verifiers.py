@@ -63,13 +63,13 @@ def loose_layout(text: str) -> bool:
 
 
 def r1_layout(text: str) -> bool:
-    """MindSpeed-RL's `^<think>.*</think>.*<answer>.*\\\\boxed\\{.*\\}.*</answer>$` (dot-all), in one pass."""
-    body = text[:-1] if text.endswith("\n") else text  # `$` also matches before a final newline
-    if not text.startswith("<think>") or not body.endswith("</answer>"):
+    """MindSpeed-RL's `re.fullmatch` of `<think>.*</think>.*<answer>.*\\\\boxed\\{.*\\}.*</answer>` (dot-all), in
+    one pass: the whole response, nothing after `</answer>` (not even a newline, which `$` would have let by)."""
+    if not text.startswith("<think>") or not text.endswith("</answer>"):
         return False
-    position, limit = 7, len(body) - 9
+    position, limit = 7, len(text) - 9
     for token in ("</think>", "<answer>", "\\boxed{", "}"):
-        found = body.find(token, position, limit)
+        found = text.find(token, position, limit)
         if found < 0:
             return False
         position = found + len(token)

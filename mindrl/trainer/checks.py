@@ -21,6 +21,9 @@ from mindrl.trainer.megatron import SEQUENCE_PARALLEL_AT_TP1
 from mindrl.trainer.reward_model import REWARD_MODEL
 from mindrl.trainer.rl import BUDGET_KEYS, RLConfig
 
+#: why no reference runs: its KL weight is off (ray_grpo), or the stage has none (ray_dapo)
+_NO_REFERENCE = {False: "init_kl_coef is 0", True: "stage ray_dapo runs none (DAPO's loss has no KL term)"}
+
 
 def uses_vllm(gen: GenerateConfig) -> bool:
     """Whether the run's engine is vLLM, as generate_config.backend resolves where vLLM is installed (found without
@@ -52,8 +55,13 @@ def check_colocation(cfg: TrainerConfig) -> None:
         raise ConfigError("the reference model needs devices: set rl_config.reference_resource, or "
                           "colocate_actor_ref: true, or init_kl_coef: 0 to train without it.")
     if not rl.uses_reference and ref is not None:
-        raise ConfigError("rl_config.reference_resource is set but init_kl_coef is 0, so no reference model runs; "
-                          "remove it or set init_kl_coef > 0.")
+        dapo = cfg.stage == "ray_dapo"
+        fix = "use stage ray_grpo (cli/train_grpo.py)" if dapo else "set init_kl_coef > 0"
+        raise ConfigError(f"rl_config.reference_resource is set but {_NO_REFERENCE[dapo]}, so no reference model runs; "
+                          f"remove it or {fix}.")
+    if rl.share_backbone and cfg.stage == "ray_dapo":
+        raise ConfigError("rl_config.share_backbone makes the LoRA actor's frozen base its reference, but stage "
+                          "ray_dapo runs no reference (DAPO's loss has no KL term); remove it or use stage ray_grpo.")
     if rl.share_backbone and not cfg.actor_config.lora.enabled:
         raise ConfigError("rl_config.share_backbone: true makes the reference the actor with its LoRA adapters off, "
                           "but actor_config sets no lora_target_modules; add adapters or turn share_backbone off.")
@@ -373,7 +381,7 @@ def inert_keys(cfg: TrainerConfig) -> list[str]:
     if not rl.use_kl_in_reward:
         off(("kl_target", "kl_horizon"), "without use_kl_in_reward: true (the adaptive KL penalty in the reward)")
     if not rl.uses_reference:
-        off(("share_backbone",), "with init_kl_coef: 0 (no reference runs)")
+        off(("share_backbone",), f"with {_NO_REFERENCE[False]} (no reference runs)")
     if not rl.multi_turn_enable:
         off(("tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
              "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format"),

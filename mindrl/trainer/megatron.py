@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 #: `stage` → the command that trains it
 STAGES = {"ray_grpo": "cli/train_grpo.py", "ray_dapo": "cli/train_dapo.py", "ray_ppo": "cli/train_ppo.py",
-          "sft": "cli/train_sft.py", "dpo": "cli/train_dpo.py", "ray_dpo": "cli/train_dpo.py"}
+          "sft": "cli/train_sft.py", "dpo": "cli/train_dpo.py"}
 #: the stages of the Ray RL drivers; only ray_ppo trains a critic
 RL_STAGES = ("ray_grpo", "ray_dapo", "ray_ppo")
 # ActorConfig checks these too, but importing it loads megatron-core (seconds on a small box);

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mindrl.config.keys import KeyNote
+from mindrl.config.errors import ConfigError
+from mindrl.config.keys import KeyNote, unsupported_keys_message
 from mindrl.trainer.grpo_config import TrainerConfig
 
 
@@ -22,7 +23,8 @@ from mindrl.trainer.grpo_config import TrainerConfig
 class ImportedRecipe:
     """What mindrl runs for a recipe (`cfg`, and the same as a file: `data`), and what it left out."""
 
-    cfg: TrainerConfig
+    #: a TrainerConfig, or a DPO or SFT recipe's StageConfig
+    cfg: TrainerConfig | Any
     data: dict[str, Any]
     dropped: tuple[KeyNote, ...]
 
@@ -54,17 +56,17 @@ def import_recipe(path: str | Path, overrides: Sequence[str] = (),
                   transform: Callable[[dict], dict] | None = None) -> ImportedRecipe:
     """The recipe at `path` (its model/ folder beside it) with Hydra `overrides`, and `transform` (mindrl.trainer.
     shrink's, say) applied to its sections before it is built; raises ConfigError where mindrl cannot run it (a
-    model family or a layout it does not build), naming what stops it."""
+    model family or a layout it does not build, a feature key it does not take, a typo), naming what stops it."""
     from mindrl.trainer.config import read_mindspeed_recipe
 
     data, cfg, notes = read_mindspeed_recipe(Path(path), overrides, transform)
+    if kept := [note for note in notes if not note.droppable]:
+        raise ConfigError(unsupported_keys_message(kept))
     for note in notes:
-        if not note.key:
-            raise ValueError(f"a dropped value is not one key: {note.sentence}")
         where = data
         for part in filter(None, note.section.split(".")):  # profiler_config.integrated: a section inside one
             where = where.get(part) or {}
-        for spelling in (note.key, note.key.replace("_", "-")):
-            where.pop(spelling, None)
+        for spelling in [key for key in where if str(key).replace("-", "_") == note.key]:
+            where.pop(spelling)
     return ImportedRecipe(cfg, {section: values for section, values in data.items() if values is not None},
                           tuple(notes))

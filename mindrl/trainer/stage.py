@@ -118,7 +118,7 @@ class StageConfig:
         training = MegatronConfig.from_dict("megatron_training", given, data.get("model") or {}, keys,
                                             stage=cls.STAGE)
         notices = ()
-        if cls.SECTION not in data and "resource" not in section:
+        if cls.SECTION not in data and section:  # MindSpeed-RL's layout: the section's keys in megatron_training
             count = training.parallel.model_ranks
             section["resource"] = {"num_npus": count}
             notices = (f"{cls.SECTION}.resource is not set (a MindSpeed-RL {cls.STAGE} recipe takes its devices from "
