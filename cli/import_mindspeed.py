@@ -5,9 +5,10 @@
 
 The recipe's model file is read from the model/ folder beside it, as MindSpeed-RL does. Overrides are
 Hydra's (`key=value`, `+key=value` for a key the recipe lacks). The report lists each section's kept keys,
-every dropped key with its reason (kernel choices and behaviour mindrl fixes: nothing that changes what
-is trained), the notices, and the command that runs the written file. A recipe mindrl cannot run is one
-sentence and exit status 2, and nothing is written.
+every dropped key with its reason (kernel choices, behaviour mindrl fixes, switched-off keys: nothing that
+changes what is trained), the notices, and the command that runs the written file. A recipe mindrl cannot run,
+or one with a feature key that is on and not built, is refused naming why (exit status 2), and nothing is
+written.
 """
 
 from __future__ import annotations
