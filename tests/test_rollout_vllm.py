@@ -283,7 +283,7 @@ def _seeded_prefill_over_the_budget(rank: int) -> dict:
     state = _hf_state({(0, 0): sharding.random_full_state_dict(arch, seed=3, std=0.1)}, arch, ParallelConfig(1, 1))
     out = {}
     try:
-        VllmEngine(arch, dataclasses.replace(GENERATE, max_num_batched_tokens=32))
+        VllmEngine(arch, dataclasses.replace(GENERATE, max_num_batched_tokens=32, max_num_seqs=32))
     except ConfigError as err:
         out["error"] = str(err)
     engine = VllmEngine(arch, dataclasses.replace(GENERATE, max_num_batched_tokens=64))

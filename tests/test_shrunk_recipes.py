@@ -77,20 +77,6 @@ def test_a_shrunk_recipe_keeps_its_algorithm_and_fits_two_cpu_ranks(name, tiny_m
         assert cfg.actor_config.parallel.cp == min(full.actor_config.parallel.cp, 2)
 
 
-@pytest.fixture(scope="module")
-def tool_prompts(tiny_math_data, tmp_path_factory) -> Path:
-    """The synthetic problems rendered with ReTool's tool schema announced, as the multi-turn recipe's rollout
-    checks its prompts were."""
-    from mindrl.data.preprocess import PreprocessConfig, preprocess
-
-    out = tmp_path_factory.mktemp("tool_prompts")
-    preprocess(PreprocessConfig(output_dir=str(out), tokenizer_name_or_path=str(tiny_math_data[0]),
-                                generator={"kind": "mixed", "num_samples": 40, "seed": 0}, prompt_type="chatml",
-                                map_keys={"prompt": "question", "answer": "answer"}, data_source="synthetic_math",
-                                test_fraction=0.1, tool_config_path=str(REFERENCE / "tools/retool_config.yaml")))
-    return out
-
-
 def test_the_shrunk_dpo_recipe_keeps_its_loss_on_two_cpu_ranks(facts_pairs, tmp_path):
     from mindrl.trainer.dpo_config import load_dpo_config
     from mindrl.trainer.stage import check_resources as check_stage_resources
@@ -103,33 +89,53 @@ def test_the_shrunk_dpo_recipe_keeps_its_loss_on_two_cpu_ranks(facts_pairs, tmp_
     assert cfg.notices == full.notices[1:]  # its devices are given now; its no_save keys are still said
 
 
-# recipe → (the tool's overrides, metrics each step must have): a random tiny model never writes DAPO's "Answer:"
-# line, so dynamic sampling filters on the total score, which the overlong penalty spreads (the tool bounds the
-# recipes' unlimited rounds at 40)
+# algorithm → (MindSpeed-RL's recipe; mindrl's own of the same algorithm, trained where MindSpeed-RL's configs are
+# absent; the tool's overrides; metrics each step must have). A random tiny model never writes DAPO's "Answer:" line,
+# so dynamic sampling filters on the total score, which the overlong penalty spreads (the tool bounds unlimited rounds)
+SCORE = "++rl_config.filter_groups_metric=score"
 TRAINED = {
-    "grpo_qwen25_7b_A3": ((), ("actor/kl_loss", "actor/pg_loss")),
-    "dapo_qwen3_32b_A3": (("rl_config.filter_groups_metric=score",),
-                          ("filter_groups/kept_groups", "actor/pg_clipfrac")),
-    "ppo_qwen25_32b_A3": ((), ("critic/vf_loss",)),
-    "grpo_lora_qwen25_32b_A2": ((), ("actor/pg_loss",)),
-    "dapo_qwen3_30b_a3b_A3": (("rl_config.filter_groups_metric=score",), ("filter_groups/kept_groups",)),
-    "dapo_qwen25_7b_A2_multi_turn": ((), ("actor/pg_loss",)),
-    DPO: ((), ("dpo/loss", "rewards/accuracies")),
+    "grpo": ("grpo_qwen25_7b_A3", "rlxf/grpo_qwen25_7b", (), ("actor/kl_loss", "actor/pg_loss")),
+    "dapo": ("dapo_qwen3_32b_A3", "rlxf/dapo_long_tiny_cpu", ("++rl_config.filter_groups_enable=true", SCORE),
+             ("filter_groups/kept_groups", "actor/pg_clipfrac")),
+    "ppo": ("ppo_qwen25_32b_A3", "rlxf/ppo_qwen25_32b", (), ("critic/vf_loss",)),
+    "lora": ("grpo_lora_qwen25_32b_A2", "rlxf/grpo_qwen25_32b_lora", (), ("actor/pg_loss",)),
+    "moe": ("dapo_qwen3_30b_a3b_A3", "rlxf/grpo_qwen3_30b_a3b", (SCORE,), ("actor/pg_loss",)),
+    "multi_turn": ("dapo_qwen25_7b_A2_multi_turn", "rlxf/retool_qwen25_7b", (), ("actor/pg_loss",)),
+    "dpo": (DPO, "dpo/dpo_facts_cpu", (), ("dpo/loss", "rewards/accuracies")),
 }
 
 
 @pytest.mark.job
-@pytest.mark.parametrize("name", sorted(TRAINED))
-def test_a_shrunk_recipe_trains_two_steps(name, tiny_math_data, tool_prompts, facts_pairs, tmp_path):
-    overrides, names = TRAINED[name]
-    tokenizer, data = (facts_pairs if name == DPO else
-                       (tiny_math_data[0], tool_prompts if "multi_turn" in name else tiny_math_data[1] / "eight"))
-    out = _shrink(name, tokenizer, data, tmp_path, *overrides)
-    script = {"ray_dapo": "train_dapo.py", "ray_ppo": "train_ppo.py", "dpo": "train_dpo.py"}.get(
-        jobs.stage_of(name), "train_grpo.py")
-    jobs.run(script, name, ["--config-dir", str(out.parent)], tmp_path / "log")
+@pytest.mark.parametrize("algorithm", sorted(TRAINED))
+def test_a_shrunk_recipe_trains_two_steps(algorithm, tiny_math_data, facts_pairs, tmp_path):
+    """MindSpeed-RL's recipe of each algorithm where its configs are here, else mindrl's own cluster recipe."""
+    from mindrl.config.paths import CONFIGS_DIR
+
+    reference, own, overrides, names = TRAINED[algorithm]
+    recipe = REFERENCE / f"{reference}.yaml" if REFERENCE.is_dir() else CONFIGS_DIR / f"{own}.yaml"
+    tokenizer, data = facts_pairs if algorithm == "dpo" else (tiny_math_data[0], tiny_math_data[1] / "eight")
+    if algorithm == "multi_turn":  # prompts announcing the recipe's tools, as its rollout checks they do
+        data = tmp_path / "tool_prompts"
+    out = tmp_path / "config" / f"{recipe.stem}.yaml"
+    assert shrink_main([str(recipe), "--tokenizer", str(tokenizer), "--data", str(data), "--save",
+                        str(tmp_path / "run"), "--out", str(out), *overrides]) == 0
+    shrunk = yaml.safe_load(out.read_text())
+    if algorithm == "multi_turn":
+        _tool_prompts(tokenizer, data, shrunk["rl_config"]["tool_config_path"])
+    stage = shrunk["megatron_training"]["stage"]
+    script = {"ray_dapo": "train_dapo.py", "ray_ppo": "train_ppo.py", "dpo": "train_dpo.py"}.get(stage, "train_grpo.py")
+    jobs.run(script, recipe.stem, ["--config-dir", str(out.parent)], tmp_path / "log")
     lines = jobs.metrics(tmp_path / "run" / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
         assert all(key in line for key in names), sorted(line)
         assert all(value == value for value in line.values())  # no NaN
+
+
+def _tool_prompts(tokenizer: Path, out: Path, tool_config_path: str) -> None:
+    from mindrl.data.preprocess import PreprocessConfig, preprocess
+
+    preprocess(PreprocessConfig(output_dir=str(out), tokenizer_name_or_path=str(tokenizer),
+                                generator={"kind": "mixed", "num_samples": 40, "seed": 0}, prompt_type="chatml",
+                                map_keys={"prompt": "question", "answer": "answer"}, data_source="synthetic_math",
+                                test_fraction=0.1, tool_config_path=tool_config_path))

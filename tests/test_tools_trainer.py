@@ -221,7 +221,9 @@ def test_prompts_announcing_other_tools_are_refused_before_ray_starts(tmp_path):
         GRPOTrainer(load_trainer_config("grpo_tiny_tools_cpu", data))
     assert str(err.value).startswith("prompt 0 of ") and "announces the tools ['code_interpreter'] but the rollout " \
                                                          "runs ['calculator', 'python']; preprocess" in str(err.value)
-    GRPOTrainer(load_trainer_config("grpo_tiny_tools_cpu", [*data, f"rl_config.tool_config_path={retool}"]))
+    # its schema makes each prompt 364 tokens: room for them (a longer prompt is refused before start)
+    room = ["rl_config.max_prompt_length=384", "megatron_training.seq_length=384", "generate_config.max_model_len=512"]
+    GRPOTrainer(load_trainer_config("grpo_tiny_tools_cpu", [*data, *room, f"rl_config.tool_config_path={retool}"]))
 
 
 def test_calls_that_could_hold_more_memory_than_the_machine_warn(tmp_path):

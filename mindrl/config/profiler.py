@@ -39,7 +39,7 @@ class ProfilerConfig:
     #: the section's role, filled from its name
     role: str = ""
     profile: bool = False
-    #: Ascend's lightweight mstx markers (torch_npu only)
+    #: Ascend's lightweight mstx markers (its own profiler only)
     mstx: bool = False
     stage: str | tuple[str, ...] = ALL
     #: empty: `profile/` in actor_config's save folder

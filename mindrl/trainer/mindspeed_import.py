@@ -60,8 +60,8 @@ def import_recipe(path: str | Path, overrides: Sequence[str] = (),
     from mindrl.trainer.config import read_mindspeed_recipe
 
     data, cfg, notes = read_mindspeed_recipe(Path(path), overrides, transform)
-    if kept := [note for note in notes if not note.droppable]:
-        raise ConfigError(unsupported_keys_message(kept))
+    if refused := [note for note in notes if not note.droppable]:
+        raise ConfigError(unsupported_keys_message(refused))
     for note in notes:
         where = data
         for part in filter(None, note.section.split(".")):  # profiler_config.integrated: a section inside one

@@ -2,7 +2,7 @@
 
 The keys are checked against the run before Ray starts: a phase it never runs, a range past its last step, ranks
 no group has or a profiler that would record nothing are refused, as they would trace nothing while looking on.
-Ascend's own switches (mstx markers, the collection level, db export, torch_npu's analysis) mean nothing to
+Ascend's own switches (mstx markers, the collection level, db export, its profiler's analysis) mean nothing to
 torch.profiler on CPU or GPU, which always records every operator and writes a Chrome trace: set away from their
 defaults there, they are named once at start (the traces are still written), not refused, since a MindSpeed-RL
 file carries them.
@@ -33,7 +33,7 @@ _TRACED_RESOURCES = ("actor_resource", "reference_resource", "critic_resource", 
 #: the Ascend profiler's own keys, at their defaults, and what torch.profiler does instead
 _ASCEND_ONLY = {"mstx": (False, "records every operator, not mstx markers alone"),
                 "profile_level": ("level0", "has no collection levels and records every operator"),
-                "profile_export_type": ("text", "writes Chrome traces (.json), not torch_npu's db"),
+                "profile_export_type": ("text", "writes Chrome traces (.json), not Ascend's db"),
                 "profile_analysis": (False, "writes its traces ready to read, with no analysis to run")}
 
 
@@ -72,7 +72,7 @@ def run_profiler(section: Mapping[str, Any] | None, keys: Keys, rl: RLConfig,
         raise ConfigError(f"{_NAME}.profile_save_path is empty and actor_config has no save folder to put "
                           f"profile/ in; set one of them.")
     notices = [] if device == "NPU" else [
-        f"{_NAME}.{key}={getattr(cfg, key)!r} is Ascend's (torch_npu's profiler); on {device} torch.profiler {what}."
+        f"{_NAME}.{key}={getattr(cfg, key)!r} is Ascend's (its own profiler's); on {device} torch.profiler {what}."
         for key, (default, what) in _ASCEND_ONLY.items() if getattr(cfg, key) != default]
     return dataclasses.replace(cfg, profile_save_path=path), notices
 
