@@ -11,6 +11,7 @@ import yaml
 from mindrl.config.keys import DROPPABLE
 from mindrl.config.resources import Cluster
 from mindrl.trainer.config import check_resources, load_mindspeed_config, trainer_loader
+from mindrl.trainer.megatron import STAGES
 from tests import jobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,8 +123,7 @@ def test_a_shrunk_recipe_trains_two_steps(algorithm, tiny_math_data, facts_pairs
     shrunk = yaml.safe_load(out.read_text())
     if algorithm == "multi_turn":
         _tool_prompts(tokenizer, data, shrunk["rl_config"]["tool_config_path"])
-    stage = shrunk["megatron_training"]["stage"]
-    script = {"ray_dapo": "train_dapo.py", "ray_ppo": "train_ppo.py", "dpo": "train_dpo.py"}.get(stage, "train_grpo.py")
+    script = Path(STAGES[shrunk["megatron_training"]["stage"]]).name  # the command the stage names
     jobs.run(script, recipe.stem, ["--config-dir", str(out.parent)], tmp_path / "log")
     lines = jobs.metrics(tmp_path / "run" / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2]

@@ -17,6 +17,7 @@ from typing import Any
 from mindrl.config.errors import ConfigError
 from mindrl.config.keys import KeyNote, unsupported_keys_message
 from mindrl.trainer.grpo_config import TrainerConfig
+from mindrl.trainer.megatron import STAGES
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,6 @@ class ImportedRecipe:
 
     @property
     def command(self) -> str:
-        from mindrl.trainer.megatron import STAGES
-
         return STAGES[self.cfg.stage]
 
     def report(self, written: Path | None = None) -> str:
