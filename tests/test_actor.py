@@ -1,5 +1,6 @@
 """Megatron actor / reference workers: log-probs vs HF, layout-invariant updates, direction, offload."""
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from mindrl.distributed import release_model_parallel
 from mindrl.launch import run_ranks
 from mindrl.models import sharding
 from mindrl.workers.megatron_worker import ActorConfig, ActorWorker, MegatronWorker
+from mindrl.workers.offload import storage_keys
 from tests.grads import reduced_grads
 from tests.hf_models import build_hf_model, save_hf_model
 
@@ -370,7 +372,59 @@ def test_offload_onload_leaves_training_bit_identical():
             assert torch.equal(a, b)
 
 
+def _swapped_optimizer(rank: int, root: str) -> dict:
+    """Two updates (with a rollout's offload and onload between them) and a save, then a load into a new worker, with
+    and without swap_optimizer, in fp32 (the masters are views of the weights) and bf16 (masters of their own)."""
+    arch = load_model_arch("tiny_qwen")
+    batch = _update_batch(arch.padded_vocab_size)
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for swap in (False, True):
+            release_model_parallel()
+            cfg = dataclasses.replace(ACTOR, swap_optimizer=swap)
+            weights = sharding.random_full_state_dict(arch, seed=4)
+            worker = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=weights, params_dtype=dtype)
+            worker.update(batch)
+            params = storage_keys(worker.model.parameters())
+            own = [t for t in worker._optimizer_tensors() if storage_keys([t]) - params]
+            off = [all(t.untyped_storage().nbytes() == 0 for t in own)]
+            worker.offload(params=True, grads=True, optimizer=False)
+            worker.onload()  # the rollout's round trip leaves a swapped optimizer state where it was
+            off.append(all(t.untyped_storage().nbytes() == 0 for t in own))
+            worker.update(batch)
+            folder = f"{root}/{dtype}-{swap}"
+            worker.save_checkpoint(folder, 2)
+            off.append(all(t.untyped_storage().nbytes() == 0 for t in own))
+            worker.offloader.onload()
+            trained = _training_state(worker)
+            release_model_parallel()
+            loaded = ActorWorker(arch, ParallelConfig(1, 1), cfg, weights=weights, params_dtype=dtype)
+            loaded.load_checkpoint(folder)
+            own = [t for t in loaded._optimizer_tensors()
+                   if storage_keys([t]) - storage_keys(loaded.model.parameters())]
+            off.append(all(t.untyped_storage().nbytes() == 0 for t in own))
+            loaded.offloader.onload()
+            results[(str(dtype), swap)] = {"state": _training_state(loaded), "trained": trained, "off": off,
+                                           "own": len(own)}
+    return results
+
+
+def test_swap_optimizer_keeps_the_optimizer_state_in_host_memory_and_trains_bit_identically(tmp_path):
+    """MindSpeed's swap_optimizer: the optimizer's own state is on the device only for the step, a save and a load;
+    the weights, Adam's moments and the schedule come out bit for bit as without it, and so does a checkpoint."""
+    out = run_ranks(_swapped_optimizer, 2, str(tmp_path))  # DP=2: the distributed optimizer's shards swap
+    for result in out:
+        for dtype in ("torch.float32", "torch.bfloat16"):
+            plain, swapped = result[(dtype, False)], result[(dtype, True)]
+            assert swapped["off"] == [True] * 4 and not any(plain["off"][:1]) and swapped["own"] > 0
+            for key in ("trained", "state"):  # after two updates, and loaded from their checkpoints
+                for a, b in zip(plain[key], swapped[key], strict=True):
+                    assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    (dict(swap_optimizer=True, async_save=True, ckpt_format="torch_dist"),
+     "async_save writes the optimizer state in the background, but swap_optimizer"),
     (dict(mini_batch_size=6, micro_batch_size=4), "mini_batch_size=6 is not a multiple of micro_batch_size=4"),
     (dict(lr_decay_style="step"), "lr_decay_style must be constant, cosine or linear"),
     (dict(lr_warmup_fraction=1.0), r"lr_warmup_fraction must be in \[0, 1\)"),

@@ -7,7 +7,7 @@ import pytest
 import torch.distributed as dist
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, load_model_arch, validate_parallel
-from mindrl.config.parallel import validate_sequence_parallel
+from mindrl.config.parallel import validate_sequence_parallel, without_noop_layers
 from mindrl.config.paths import MODEL_CONFIGS_DIR
 
 REFERENCE_MODELS = Path(__file__).resolve().parents[2] / "shared/reference/mindspeed_rl/configs/model"
@@ -107,6 +107,28 @@ def test_layout_mistakes_get_one_sentence_before_any_process_group(par, world, m
 def test_bad_layer_list_text():
     with pytest.raises(ConfigError, match="comma-separated integers"):
         ParallelConfig(1, 2, num_layer_list="ten,14")
+
+
+def test_noop_layers_are_stages_with_fewer_layers():
+    """MindSpeed-LLM's Qwen3-235B layout: 94 layers padded to 96 over 16 stages by layers 5 and 95."""
+    assert without_noop_layers("5,95", 96, 16) == (94, (5, *[6] * 14, 5))
+    assert without_noop_layers([3, 2], 8, 2) == (6, (2, 4))
+    assert without_noop_layers("7", 8, 1) == (7, (7,))
+    assert without_noop_layers(7, 8, 2) == (7, (4, 3))
+
+
+@pytest.mark.parametrize("noops, layers, pp, message", [
+    ("4,95", 96, 16, r"puts layer 4 inside pipeline stage 0 \(layers 0 to 5\)"),
+    ("2", 8, 2, r"puts layer 2 inside pipeline stage 0 \(layers 0 to 3\)"),
+    ("96", 96, 16, r"names layer 96, but the model has layers 0 to 95"),
+    ("5", 94, 16, r"num_layers=94 is not a multiple of pipeline_model_parallel_size=16"),
+    ("0,1", 4, 2, r"leaves pipeline stage 0 without a real layer"),
+    ("five", 8, 2, r"noop_layers must be comma-separated integers"),
+])
+def test_noop_layer_mistakes_are_one_sentence(noops, layers, pp, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        without_noop_layers(noops, layers, pp)
+    assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")
 
 
 def test_sequence_parallel_has_megatrons_meaning_and_is_refused_where_it_cannot_run():

@@ -217,11 +217,14 @@ def foreign(tmp_path_factory):
                                          params_dtype=torch.float32, progress=False),
                "qwen3_tp2": hf_to_mcore(hf["qwen3"], root / "m3", "qwen3", 2, 1, params_dtype=torch.float32,
                                         progress=False)}
-    out = {name: root / name for name in ("lm_qwen2", "mindspeed_llama3", "lm_llama3_first", "lm_qwen3_vpp",
-                                          "noargs_qwen3")}
+    out = {name: root / name for name in ("lm_qwen2", "mindspeed_llama3", "mindspeed_llama3_noop", "lm_llama3_first",
+                                          "lm_qwen3_vpp", "noargs_qwen3")}
     jobs += foreign_payloads(sources["qwen2_tp2pp2"], out["lm_qwen2"], cfg["qwen2"], "megatron-lm", 256)
     jobs += foreign_payloads(sources["llama3_pp2"], out["mindspeed_llama3"], cfg["llama3"], "mindspeed", 256,
                              num_layer_list="3,1", make_vocab_size_divisible_by=1)
+    # the same layers as 6 with two no-op layers ending stage 1 (MindSpeed-LLM writes nothing for those)
+    jobs += foreign_payloads(sources["llama3_pp2"], out["mindspeed_llama3_noop"], cfg["llama3"], "mindspeed", 256,
+                             num_layers=6, noop_layers="4,5", make_vocab_size_divisible_by=1)
     jobs += foreign_payloads(sources["llama3_pp2"], out["lm_llama3_first"], cfg["llama3"], "megatron-lm", 256,
                              decoder_first_pipeline_num_layers=3)
     jobs += foreign_payloads(sources["qwen3_tp2"], out["lm_qwen3_vpp"], cfg["qwen3"], "megatron-lm", 256, virtual=2)
@@ -259,6 +262,14 @@ def test_mindspeed_llm_checkpoint_without_hf_config_gives_hf_logits(tmp_path, fo
         expected = transformers.AutoModelForCausalLM.from_pretrained(hf["llama3"]).eval()(tokens).logits
         actual = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()(tokens).logits
     assert torch.equal(actual, expected)
+
+
+def test_mindspeed_llm_checkpoint_with_noop_layers_converts_without_them(tmp_path, foreign):
+    """num_layers counts MindSpeed-LLM's no-op layers, which hold no weights: the model has the others."""
+    hf, out, _ = foreign
+    mcore_to_hf(out["mindspeed_llama3_noop"], tmp_path / "back", progress=False)
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["num_hidden_layers"] == 4
+    assert_same_hf_weights(tmp_path / "back", hf["llama3"])
 
 
 def test_uneven_pipeline_and_virtual_pipeline_checkpoints(tmp_path, foreign):
@@ -314,7 +325,8 @@ def _write_rank(root: Path, state: dict, rank_dir: str = "mp_rank_00") -> Path:
      r"trained with moe_router_enable_expert_bias=True \(an expert-bias router \(aux-loss-free balancing\)\), "
      r"which mindrl does not"),
     (dict(rotary_percent=0.5), r"rotary_percent=0.5 \(partial rotary embeddings\)"),
-    (dict(noop_layers="1"), r"noop_layers='1' \(no-op layers \(MindSpeed-LLM\)\)"),
+    (dict(noop_layers="0"), r"noop_layers puts layer 0 inside pipeline stage 0 \(layers 0 to 3\); .* move it to "
+                            r"the end of its stage"),
     (dict(num_layers=None), r"args lack num_layers, so they do not describe the architecture; pass "
                             r"--hf-config-dir"),
     (dict(position_embedding_type="learned_absolute"), r"position_embedding_type must be rope \(or mrope for a "

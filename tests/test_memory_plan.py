@@ -194,6 +194,22 @@ def test_mindspeed_rl_s_32b_layout_fits_16_devices_of_64_gib():
     assert actor.kv_cache[1] >= cfg.generate_config.max_model_len
 
 
+def test_swap_optimizer_holds_the_optimizer_state_in_the_optimizer_step_alone():
+    """MindSpeed's swap_optimizer: the state leaves the update's forward and backward and the generation for a phase
+    of its own, the step, with the weights and gradients."""
+    plain = {p.name: p for p in memory_plan.plan(_qwen25_32b(*A3_LAYOUT))[0].phases}
+    swapped = {p.name: p for p in memory_plan.plan(_qwen25_32b(*A3_LAYOUT,
+                                                               "+megatron_training.swap_optimizer=true"))[0].phases}
+    optimizer = {t.name: t.bytes for t in plain["actor update"].terms}["actor optimizer"]
+    assert optimizer > 0 and "actor optimizer step" not in plain
+    assert swapped["actor update"].total == pytest.approx(plain["actor update"].total - optimizer)
+    assert "actor optimizer" not in {t.name for t in swapped["generation"].terms}
+    step = {t.name: t.bytes for t in swapped["actor optimizer step"].terms}
+    update = {t.name: t.bytes for t in swapped["actor update"].terms}
+    assert step == {**{k: v for k, v in update.items() if "activations" not in k and "logits" not in k},
+                    "actor optimizer": optimizer}
+
+
 def test_mindspeed_rl_s_own_32b_a3_recipe_fits_as_published():
     path = REFERENCE / "grpo_qwen25_32b_A3.yaml"
     if not path.is_file():

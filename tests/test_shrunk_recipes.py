@@ -23,8 +23,6 @@ from shrink_recipe import main as shrink_main  # noqa: E402
 #: the recipes shrinking cannot help: a model family mindrl does not build
 NOT_SHRINKABLE = ("grpo_deepseek_r1_671b_A2", "grpo_deepseek_r1_671b_A3", "grpo_deepseek_r1_671b_A3_eplb")
 DPO = "dpo_qwen3_30b_a3b_A3"
-#: recipes mindrl refuses at full size for their rollout layout, which a shrunk run (one engine rank) does not have
-REFUSED_AT_FULL_SIZE = ("dapo_qwen3_30b_a3b_A3", "grpo_qwen3_235b_a22b_A2")
 #: rl_config keys that size a run, which shrinking may change (and dynamic sampling's rounds, bounded where the
 #: recipe allows any number); every other rl_config key is the algorithm's
 SIZE_KEYS = {"filter_groups_max_batches", "n_samples_per_prompt", "max_prompt_length", "tensorboard_dir",
@@ -69,13 +67,13 @@ def test_a_shrunk_recipe_keeps_its_algorithm_and_fits_two_cpu_ranks(name, tiny_m
         key: shrunk["rl_config"][key] for key in kept if key not in dropped}
     tiny = cfg.actor_config.arch
     assert tiny.num_layers == 2 and tiny.padded_vocab_size == 1024
-    if name not in REFUSED_AT_FULL_SIZE:
-        full, _ = load_mindspeed_config(_recipe(name))
-        arch = full.actor_config.arch
-        assert (tiny.qk_layernorm, tiny.add_qkv_bias, tiny.untie_embeddings_and_output_weights, tiny.is_moe) == (
-            arch.qk_layernorm, arch.add_qkv_bias, arch.untie_embeddings_and_output_weights, arch.is_moe)
-        assert (cfg.loss, cfg.stage, cfg.actor_config.lora) == (full.loss, full.stage, full.actor_config.lora)
-        assert cfg.actor_config.parallel.cp == min(full.actor_config.parallel.cp, 2)
+    full, _ = load_mindspeed_config(_recipe(name))
+    arch = full.actor_config.arch
+    assert (tiny.qk_layernorm, tiny.add_qkv_bias, tiny.untie_embeddings_and_output_weights, tiny.is_moe) == (
+        arch.qk_layernorm, arch.add_qkv_bias, arch.untie_embeddings_and_output_weights, arch.is_moe)
+    assert (cfg.loss, cfg.stage, cfg.actor_config.lora) == (full.loss, full.stage, full.actor_config.lora)
+    assert cfg.actor_config.parallel.cp == min(full.actor_config.parallel.cp, 2)
+    assert cfg.actor_config.swap_optimizer == full.actor_config.swap_optimizer
 
 
 def test_the_shrunk_dpo_recipe_keeps_its_loss_on_two_cpu_ranks(facts_pairs, tmp_path):
@@ -100,7 +98,7 @@ TRAINED = {
              ("filter_groups/kept_groups", "actor/pg_clipfrac")),
     "ppo": ("ppo_qwen25_32b_A3", "rlxf/ppo_qwen25_32b", (), ("critic/vf_loss",)),
     "lora": ("grpo_lora_qwen25_32b_A2", "rlxf/grpo_qwen25_32b_lora", (), ("actor/pg_loss",)),
-    "moe": ("dapo_qwen3_30b_a3b_A3", "rlxf/grpo_qwen3_30b_a3b", (SCORE,), ("actor/pg_loss",)),
+    "moe": ("grpo_qwen3_235b_a22b_A2", "rlxf/grpo_qwen3_30b_a3b", (), ("actor/pg_loss",)),  # swap_optimizer too
     "multi_turn": ("dapo_qwen25_7b_A2_multi_turn", "rlxf/retool_qwen25_7b", (), ("actor/pg_loss",)),
     "dpo": (DPO, "dpo/dpo_facts_cpu", (), ("dpo/loss", "rewards/accuracies")),
 }

@@ -1,5 +1,6 @@
 """Trainer configs: every shipped one loads, overrides work, each mistake is one quick sentence."""
 
+import dataclasses
 import os
 import re
 import sys
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mindrl.config import ConfigError
+from mindrl.config import ConfigError, load_model_arch
 from mindrl.config.batching import Batching
 from mindrl.config.resources import Cluster
+from mindrl.rollout.config import GenerateConfig
 from mindrl.trainer.config import (
     TRAINER_CONFIGS_DIR,
     check_resources,
@@ -102,6 +104,49 @@ def test_a_role_section_overrides_architecture_keys():
     assert cfg.actor_config.arch.num_layers == 2 and cfg.megatron_training.arch.num_layers == 4
 
 
+def test_noop_layers_are_read_as_a_layer_list_of_the_real_layers():
+    """MindSpeed-LLM pads num_layers with identity layers to fill the stages; mindrl runs the real ones."""
+    cfg = load_trainer_config("grpo_tiny_cpu", ["+actor_config.num_layers=6", "+actor_config.noop_layers='2,5'",
+                                                "actor_config.pipeline_model_parallel_size=2"])
+    assert cfg.actor_config.arch.num_layers == 4 and cfg.actor_config.parallel.layers_per_stage(
+        cfg.actor_config.arch) == [2, 2]
+    with pytest.raises(ConfigError, match="sets both noop_layers and num_layer_list"):
+        load_trainer_config("grpo_tiny_cpu", ["+actor_config.num_layers=6", "+actor_config.noop_layers='2,5'",
+                                              "actor_config.pipeline_model_parallel_size=2",
+                                              "+actor_config.num_layer_list='2,2'"])
+
+
+@pytest.mark.parametrize("heads, groups, tp, allowed", [(4, 2, 4, True), (8, 2, 4, True), (6, 2, 3, False),
+                                                      (12, 4, 6, False), (8, 8, 4, True), (32, 4, 8, True)])
+def test_an_engine_cuts_key_value_heads_or_copies_them_as_vllm_does(heads, groups, tp, allowed):
+    """vLLM gives each of TP > groups ranks a copy of one key-value head, so TP need only divide or be a multiple of
+    the groups (Qwen3-30B-A3B's 4 at MindSpeed-RL's expert split of 8)."""
+    arch = dataclasses.replace(load_model_arch("tiny_qwen"), num_attention_heads=heads, num_query_groups=groups,
+                               ffn_hidden_size=96, hidden_size=96)
+    gen = GenerateConfig(infer_tensor_parallel_size=tp)
+    if allowed:
+        gen.check_engine_layout(arch, 2 * tp)
+        return
+    with pytest.raises(ConfigError, match=rf"infer_tensor_parallel_size={tp} neither divides "
+                                          rf"num_query_groups={groups} .* nor is a multiple of it"):
+        gen.check_engine_layout(arch, 2 * tp)
+
+
+def test_an_expert_split_wider_than_the_engine_widens_it_with_a_notice():
+    """MindSpeed-RL's infer_expert_parallel_size = k × infer_tensor_parallel_size (vLLM's data-parallel attention)
+    becomes engines of that many ranks holding the same expert share; the key-value heads are then copied."""
+    cfg = load_trainer_config("grpo_tiny_cpu", [*MOE, "+generate_config.enable_expert_parallel=true",
+                                                "+generate_config.infer_expert_parallel_size=4",
+                                                "generate_config.infer_tensor_parallel_size=2",
+                                                "~rl_config.actor_resource", "+rl_config.actor_resource={num_gpus: 4}"])
+    gen = cfg.generate_config
+    assert (gen.infer_tensor_parallel_size, gen.infer_expert_parallel_size, gen.widened_from) == (4, 4, 2)
+    assert cfg.actor_config.arch.query_groups < 4
+    [notice] = [n for n in cfg.notices if "infer_expert_parallel_size" in n]
+    assert "over infer_tensor_parallel_size=2" in notice and "each engine spans 4 ranks" in notice
+    assert not [n for n in load_trainer_config("grpo_tiny_cpu", MOE).notices if "infer_expert" in n]
+
+
 # (overrides, words the one-sentence message must contain)
 #: grpo_tiny_cpu turned into PPO with a critic in the actor's processes
 PPO = ["megatron_training.stage=ray_ppo", "rl_config.adv_estimator=gae"]
@@ -190,9 +235,13 @@ MISTAKES = {
                                          "generate_config.backend=megatron"], ["rollout_routing_replay", "has none"]),
     "vLLM EP without the switch": (["+generate_config.infer_expert_parallel_size=2"],
                                    ["infer_expert_parallel_size=2", "enable_expert_parallel: true"]),
-    "vLLM EP wider than an engine": (["+generate_config.enable_expert_parallel=true",
-                                      "+generate_config.infer_expert_parallel_size=2"],
-                                     ["must equal infer_tensor_parallel_size=1, got 2", "data parallelism"]),
+    "vLLM EP not a multiple of the engine": (["+generate_config.enable_expert_parallel=true",
+                                              "generate_config.infer_tensor_parallel_size=2",
+                                              "+generate_config.infer_expert_parallel_size=3"],
+                                             ["must equal infer_tensor_parallel_size=2 or a multiple of it", "got 3"]),
+    "noop layers inside a stage": (["+actor_config.num_layers=6", "+actor_config.noop_layers=1",
+                                    "actor_config.pipeline_model_parallel_size=2"],
+                                   ["noop_layers puts layer 1 inside pipeline stage 0", "end of its stage"]),
     "vLLM EP on a dense model": (["+generate_config.enable_expert_parallel=true", "generate_config.backend=vllm"],
                                  ["enable_expert_parallel", "tiny_qwen has none"]),
     "vLLM EP on CPU": ([*MOE, "+generate_config.enable_expert_parallel=true",
@@ -349,16 +398,10 @@ def _reference(name: str) -> Path:
 
 
 PATHS = ["megatron_training.tokenizer_name_or_path=data/tok", "megatron_training.data_path=data/prompts"]
-#: MindSpeed-RL's recipes that do not load yet, with what stops them: a model family or a rollout layout mindrl does
-#: not build, or a trainer whose file layout is not mapped
-NOT_LOADING = {
-    **dict.fromkeys(("grpo_deepseek_r1_671b_A2", "grpo_deepseek_r1_671b_A3", "grpo_deepseek_r1_671b_A3_eplb"),
-                    r"spec mindspeed_llm\.tasks\.models\.spec\.deepseek_spec\.layer_spec names a MindSpeed-LLM layer "
-                    r"that mindrl does not build yet"),
-    **dict.fromkeys(("dapo_qwen3_30b_a3b_A3", "grpo_qwen3_235b_a22b_A2"),
-                    r"infer_expert_parallel_size must equal infer_tensor_parallel_size=\d, got 8 \(a wider split would "
-                    r"need vLLM's data parallelism across engines"),
-}
+#: MindSpeed-RL's recipes that do not load yet, with what stops them: DeepSeek-V3's model family
+NOT_LOADING = dict.fromkeys(("grpo_deepseek_r1_671b_A2", "grpo_deepseek_r1_671b_A3", "grpo_deepseek_r1_671b_A3_eplb"),
+                           r"spec mindspeed_llm\.tasks\.models\.spec\.deepseek_spec\.layer_spec names a MindSpeed-LLM "
+                           r"layer that mindrl does not build yet")
 #: the reasons a MindSpeed-RL key may be dropped for: a kernel choice or behaviour mindrl fixes, never a feature
 DROPPABLE = ("picks a fused kernel or memory layout", "is fixed in mindrl", "is never read by MindSpeed-RL",
              "asks for vLLM's asynchronous engine")
@@ -403,6 +446,13 @@ def test_mindspeed_recipes_load_with_only_paths_changed_dropping_no_feature(name
     assert cfg.stage == {"dapo": "ray_dapo", "ppo": "ray_ppo"}.get(name.split("_")[0], "ray_grpo")
     if name.endswith("k"):
         assert (cfg.actor_config.parallel.cp, cfg.actor_config.parallel.cp_algo) == (2, "ring")
+    if name in ("dapo_qwen3_30b_a3b_A3", "grpo_qwen3_235b_a22b_A2"):  # vLLM's data-parallel attention, widened
+        assert cfg.generate_config.infer_tensor_parallel_size == 8
+        assert [n for n in cfg.notices if "each engine spans 8 ranks at tensor parallel 8" in n]
+    if name == "grpo_qwen3_235b_a22b_A2":  # 94 layers padded to 96 by two no-op layers, an optimizer in host memory
+        actor = cfg.actor_config
+        assert (actor.arch.num_layers, actor.parallel.layers_per_stage(actor.arch)) == (94, [5, *[6] * 14, 5])
+        assert actor.swap_optimizer and [n for n in cfg.notices if n.startswith("moe_tp_extend_ep: true has no")]
         assert "context_parallel" not in named and "attention_mask_type" not in named
 
 
@@ -446,7 +496,8 @@ def test_an_imported_recipe_is_a_mindrl_config_equal_to_the_recipe(name, tmp_pat
 
 
 @pytest.mark.parametrize("key", ["+rl_config.lora_r=16", "+megatron_training.lerning_rate=1",
-                                 "+megatron_training.noop_layers=[1]", "+rl_config.swap_optimizer=true"])
+                                 "+actor_config.num_layers_per_virtual_pipeline_stage=2",
+                                 "+rl_config.swap_optimizer=true"])
 def test_an_import_leaves_out_no_feature_key_typo_or_key_in_the_wrong_section(key):
     """Only kernel choices and fixed behaviour may be left out: any other key would train something else."""
     from mindrl.trainer.mindspeed_import import import_recipe

@@ -21,12 +21,17 @@ COMMON_FILE = "common.pt"
 CONFIG_FILE = "metadata.json"
 
 
-def check_ckpt_format(ckpt_format: str, async_save: bool, section: str) -> None:
+def check_ckpt_format(ckpt_format: str, async_save: bool, section: str, swap_optimizer: bool = False) -> None:
+    """The save settings, with swap_optimizer's: a background save would still be reading the optimizer state when
+    the swap moves it to host memory (on a CPU that frees what the writer reads)."""
     if ckpt_format not in FORMATS:
         raise ConfigError(f"{section}.ckpt_format must be one of {', '.join(FORMATS)}, got {ckpt_format!r}.")
     if async_save and ckpt_format != FORMAT:
         raise ConfigError(f"{section}.async_save writes megatron-core's distributed checkpoints in the background, "
                           f"but ckpt_format is {ckpt_format}; set ckpt_format: torch_dist or async_save: false.")
+    if async_save and swap_optimizer:
+        raise ConfigError(f"{section}.async_save writes the optimizer state in the background, but swap_optimizer "
+                          f"moves it to host memory as soon as the save returns; set one of them to false.")
 
 
 def is_dist(where: str | Path) -> bool:

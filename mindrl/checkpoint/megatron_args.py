@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
+from mindrl.config.parallel import without_noop_layers
 from mindrl.models import arch_fields as af
 
 # Megatron-LM / MindSpeed-LLM args that change the weights or the numbers in ways mindrl
@@ -23,7 +24,6 @@ from mindrl.models import arch_fields as af
 _UNSUPPORTED = {
     "multi_latent_attention": "multi-latent attention",
     "mtp_num_layers": "multi-token-prediction layers",
-    "noop_layers": "no-op layers (MindSpeed-LLM)",
     "use_rope_scaling": "RoPE scaling",
     "rope_scaling_type": "RoPE scaling",
     "rotary_interleaved": "interleaved rotary embeddings",
@@ -31,6 +31,7 @@ _UNSUPPORTED = {
     "layernorm_zero_centered_gamma": "zero-centered layer-norm weights",
     "apply_residual_connection_post_layernorm": "post-layernorm residuals",
     "post_norm": "post-norm layers (MindSpeed-LLM)",
+    "moe_tp_extend_ep": "whole experts spread over the tensor-parallel ranks (MindSpeed-LLM)",
     "embed_layernorm": "an embedding layer norm",
     "add_dense_bias": "a bias on the attention output projection",
     "heterogeneous_layers_config_path": "heterogeneous layers",
@@ -98,6 +99,8 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
         raise ConfigError(f"{name} was trained with rotary_percent={args.rotary_percent} (partial rotary "
                           f"embeddings), which mindrl does not convert.")
     values, missing = af.arch_values_from_megatron(args)
+    if _noop_split(args) is not None:
+        values["num_layers"] = _noop_split(args)[0]
     if missing:
         raise ArgsIncomplete(f"{name}'s args lack {', '.join(missing)}, so they do not describe the architecture; "
                           f"pass --hf-config-dir with the model's HF config.json and --model-type-hf.")
@@ -117,6 +120,8 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
     last = getattr(args, "decoder_last_pipeline_num_layers", None)
     if not layers and (first or last) and pp > 1:
         layers = _uneven_split(int(args.num_layers), pp, first, last)
+    if _noop_split(args) is not None:
+        layers = ",".join(map(str, _noop_split(args)[1]))
     ep = int(getattr(args, "expert_model_parallel_size", None) or 1)
     expert_tp = getattr(args, "expert_tensor_parallel_size", None)
     if expert_tp not in (None, tp):
@@ -124,6 +129,17 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
                           f"tensor_model_parallel_size={tp}; mindrl reads experts cut like the dense layers, so "
                           f"re-shard it with expert_tensor_parallel_size = tensor_model_parallel_size first.")
     return ParallelConfig(tp, pp, num_layer_list=layers or None, expert_model_parallel_size=ep)
+
+
+def _noop_split(args: Any) -> tuple[int, tuple[int, ...]] | None:
+    """MindSpeed-LLM's no-op layers as the real layer count and each stage's layers (None without them): its
+    checkpoints hold no weights for them, and a stage's layers are numbered as in a stage of that many."""
+    noops = getattr(args, "noop_layers", None)
+    if noops is None or noops == "" or (isinstance(noops, list | tuple | set) and not noops) or \
+            getattr(args, "num_layers", None) is None:
+        return None
+    return without_noop_layers(noops, int(args.num_layers), int(getattr(args, "pipeline_model_parallel_size", None)
+                                                                  or 1))
 
 
 def virtual_stages(args: Any) -> int:

@@ -28,9 +28,7 @@ MINDSPEED_REASONS: dict[str, str] = {
         "use_ascend_coc", "coc_mode", "coc_parallel_num", "coc_fused_kernel", "shape_order", "reuse_fp32_param",
         "swap_attention", "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
         "moe_alltoall_overlap_comm", "transformer_impl", "lora_fusion"), _KERNEL),
-    "moe_tp_extend_ep": _NOT_BUILT.format("experts spread over the tensor-parallel group (moe_tp_extend_ep)"),
     "num_layers_per_virtual_pipeline_stage": _NOT_BUILT.format("virtual pipeline stages"),
-    "noop_layers": _NOT_BUILT.format("no-op padding layers"),
     **dict.fromkeys(("lora_target_modules", "lora_r", "lora_alpha", "lora_ckpt_filter"),
                     _ELSEWHERE.format("the Megatron sections (megatron_training or a role's, docs/lora.md)")),
     "share_backbone": _ELSEWHERE.format("rl_config or dpo_config (docs/lora.md)"),
@@ -69,9 +67,6 @@ MINDSPEED_REASONS: dict[str, str] = {
                     _FIXED.format("the held-out split is scored every test_interval steps of rl_config, sft_config or "
                                   "dpo_config")),
     "profiler_config": "traces the RL trainers' phases (docs/profiling.md), not SFT's or DPO's",
-    "swap_optimizer": "moves optimizer state to host memory inside each step, which megatron-core's optimizer does "
-                      "not do here (generate_config.offload_train_optimizer moves it there while the engine "
-                      "generates, docs/rollout.md)",
     **dict.fromkeys((
         "actor_rollout_dispatch_size", "actor_logprob_dispatch_size", "ref_dispatch_size", "reward_dispatch_size",
         "adv_dispatch_size", "actor_update_dispatch_size", "dynamic_sampling_dispatch_size"),

@@ -103,14 +103,42 @@ class ParallelConfig:
         return [sum(counts[:i]) for i in range(len(counts))]
 
 
-def parse_layer_list(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+def parse_layer_list(text: str | tuple[int, ...] | list[int] | int, key: str = "num_layer_list") -> tuple[int, ...]:
     """`"10,14"` (MindSpeed-RL's string form, also a YAML list) → (10, 14)."""
-    items = text.split(",") if isinstance(text, str) else list(text)
+    items = text.split(",") if isinstance(text, str) else [text] if isinstance(text, int) else list(text)
     try:
         return tuple(int(str(item).strip()) for item in items)
     except ValueError:
-        raise ConfigError(f"num_layer_list must be comma-separated integers such as '10,14', "
-                          f"got {text!r}.") from None
+        raise ConfigError(f"{key} must be comma-separated integers such as '10,14', got {text!r}.") from None
+
+
+def without_noop_layers(noop_layers: str | list[int] | int, num_layers: int, pp: int) -> tuple[int, tuple[int, ...]]:
+    """MindSpeed-LLM's no-op layers (identity layers padding num_layers to a multiple of the pipeline stages) as
+    the real layer count and the layers of each stage (num_layer_list). A stage's no-op layers must be its last ones:
+    MindSpeed-LLM's checkpoints then number a stage's layers as a stage of that many layers does, so they load."""
+    noops = sorted(set(parse_layer_list(noop_layers, "noop_layers")))
+    if num_layers % pp:
+        raise ConfigError(f"noop_layers pads num_layers to fill the pipeline stages, but num_layers={num_layers} is "
+                          f"not a multiple of pipeline_model_parallel_size={pp}; count the no-op layers in "
+                          f"num_layers.")
+    per = num_layers // pp
+    counts = [per] * pp
+    for layer in noops:
+        if not 0 <= layer < num_layers:
+            raise ConfigError(f"noop_layers names layer {layer}, but the model has layers 0 to {num_layers - 1}; "
+                              f"fix the index.")
+        counts[layer // per] -= 1
+    for layer in noops:
+        stage = layer // per
+        if layer < (stage + 1) * per - (per - counts[stage]):
+            raise ConfigError(f"noop_layers puts layer {layer} inside pipeline stage {stage} (layers {stage * per} "
+                              f"to {(stage + 1) * per - 1}); mindrl reads no-op layers as a stage with fewer layers, "
+                              f"which keeps a checkpoint's layer numbers only where they are the stage's last; "
+                              f"move it to the end of its stage.")
+    if min(counts) < 1:
+        raise ConfigError(f"noop_layers leaves pipeline stage {counts.index(min(counts))} without a real layer; "
+                          f"every stage needs at least one.")
+    return num_layers - len(noops), tuple(counts)
 
 
 def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | None = None) -> None:

@@ -85,7 +85,8 @@ class GenerateConfig:
     #: vLLM's expert parallelism: each MoE layer gives every rank of an engine a share of the experts instead of
     #: a TP cut of every expert; the share spans the engine's infer_tensor_parallel_size ranks
     enable_expert_parallel: bool = False
-    #: MindSpeed-RL's name for the width of that split: with enable_expert_parallel, infer_tensor_parallel_size
+    #: MindSpeed-RL's name for the width of that split: with enable_expert_parallel, infer_tensor_parallel_size or
+    #: a multiple of it, which widens each engine to that many ranks (`widened_from`)
     infer_expert_parallel_size: int = 1
     #: the engine's weights; auto: the actor's training precision (bfloat16 where it trains in bf16, else float32)
     dtype: str = "auto"
@@ -111,6 +112,8 @@ class GenerateConfig:
     #: a vision-language model: the most images one prompt may hold (vLLM's limit_mm_per_prompt for images)
     limit_mm_per_prompt: int = 1
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+    #: the infer_tensor_parallel_size the file gave where a wider expert split widened the engine, else None
+    widened_from: int | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         check_types("generate_config", self)
@@ -160,16 +163,54 @@ class GenerateConfig:
         return cls(**kwargs)
 
     def _check_expert_split(self) -> None:
+        """MindSpeed-RL's wider split (infer_expert_parallel_size = k × infer_tensor_parallel_size) is vLLM's
+        data-parallel attention: k engines, each holding all of attention, share their experts. mindrl's engines
+        split experts over their own TP ranks, so the engine is widened to the expert split: every rank holds the
+        same share of the experts and samples the same tokens, attention is cut where it was copied (less memory,
+        one all-reduce more per layer). widening_notice says so."""
         ep, tp = self.infer_expert_parallel_size, self.infer_tensor_parallel_size
         if ep > 1 and not self.enable_expert_parallel:
             raise ConfigError(f"generate_config.infer_expert_parallel_size={ep} splits experts over vLLM's ranks, "
                               f"which vLLM does only with enable_expert_parallel: true; set it too (or the size "
                               f"back to 1).")
-        if self.enable_expert_parallel and ep != tp:
+        if self.enable_expert_parallel and ep % tp:
             raise ConfigError(f"vLLM splits a mixture of experts over the ranks of one engine, so "
                               f"generate_config.infer_expert_parallel_size must equal infer_tensor_parallel_size="
-                              f"{tp}, got {ep} (a wider split would need vLLM's data parallelism across engines, "
-                              f"which mindrl's rollout does not use).")
+                              f"{tp} or a multiple of it (which widens the engine to that many ranks), got {ep}.")
+        if self.enable_expert_parallel and ep > tp:
+            object.__setattr__(self, "widened_from", tp)
+            object.__setattr__(self, "infer_tensor_parallel_size", ep)
+
+    def check_engine_layout(self, arch: ModelArch, world_size: int) -> None:
+        """vLLM's rules for an engine of infer_tensor_parallel_size ranks over `world_size` devices: whole query heads
+        on each rank; key-value heads cut, or each copied to TP / groups ranks where TP exceeds them (as vLLM does);
+        the MLP cut evenly; the devices filled with whole engines."""
+        tp, where = self.infer_tensor_parallel_size, "generate_config.infer_tensor_parallel_size"
+        if arch.num_attention_heads % tp:
+            raise ConfigError(f"{where}={tp} does not divide num_attention_heads={arch.num_attention_heads} of model "
+                              f"{arch.name}; choose a TP that divides it.")
+        groups = arch.query_groups
+        if groups % tp and tp % groups:
+            raise ConfigError(f"{where}={tp} neither divides num_query_groups={groups} (key-value heads) of model "
+                              f"{arch.name} nor is a multiple of it (each head then goes to TP / {groups} ranks); "
+                              f"choose one that is.")
+        if arch.ffn_hidden_size % tp:
+            raise ConfigError(f"{where}={tp} does not divide ffn_hidden_size={arch.ffn_hidden_size} of model "
+                              f"{arch.name}; choose a TP that divides it.")
+        if world_size % tp:
+            raise ConfigError(f"{where}={tp} does not divide the actor's {world_size} devices, which the engines "
+                              f"share; use a multiple of {tp} devices or another TP.")
+
+    def widening_notice(self) -> list[str]:
+        """The sentence saying that the engine was widened to the expert split (none where it was not)."""
+        if self.widened_from is None:
+            return []
+        ep = self.infer_expert_parallel_size
+        return [f"generate_config.infer_expert_parallel_size={ep} over infer_tensor_parallel_size="
+                f"{self.widened_from} asks for vLLM's data-parallel attention; mindrl's engines split experts over "
+                f"their own ranks, so each engine spans {ep} ranks at tensor parallel {ep}: the same share of the "
+                f"experts per rank and the same samples, with attention cut {ep} ways instead of copied "
+                f"(docs/rollout.md)."]
 
     def check_vllm_on(self, arch: ModelArch, platform: Platform | type[Platform]) -> None:
         """What vLLM cannot do on `platform`: on some (CPU) split a seeded prompt's prefill over steps, so one
@@ -247,7 +288,7 @@ def _is_off(value: Any) -> bool:
 
 
 def _field_names(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+    return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
 def check_megatron_rollout(arch: ModelArch, par: ParallelConfig, record_routes: bool = False) -> None:

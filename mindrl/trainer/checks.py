@@ -111,13 +111,7 @@ def check_layouts(cfg: TrainerConfig) -> None:
                 raise ConfigError(f"rl_config.prompt_packing: true packs a prompt's samples into one row, but "
                                   f"{section} runs sequence-parallel, whose rows are padded to a multiple of TP "
                                   f"instead; set prompt_packing to auto (it then stays off there) or false.")
-    actor, gen = cfg.actor_config, cfg.generate_config
-    try:
-        validate_parallel(actor.arch, ParallelConfig(gen.infer_tensor_parallel_size),
-                          world_size=cfg.rl_config.resources["actor_resource"].count)
-    except ConfigError as err:
-        raise ConfigError(str(err).replace("tensor_model_parallel_size", "generate_config.infer_tensor_parallel_size",
-                                           1)) from None
+    cfg.generate_config.check_engine_layout(actor.arch, cfg.rl_config.resources["actor_resource"].count)
 
 
 def check_rollout(cfg: TrainerConfig) -> None:

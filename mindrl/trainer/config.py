@@ -49,7 +49,8 @@ def build_trainer_config(data: Mapping[str, Any], notes: list[KeyNote] | None = 
     checks.check_lengths(cfg)
     checks.check_rewards(cfg)
     budgets = checks.check_packing(cfg)
-    return replace(cfg, notices=(*cfg.notices, *tool_warnings, *budgets, *checks.inert_keys(cfg)))
+    return replace(cfg, notices=(*cfg.notices, *tool_warnings, *budgets, *cfg.generate_config.widening_notice(),
+                                 *checks.inert_keys(cfg)))
 
 
 def check_resources(cfg: TrainerConfig, cluster: Cluster | None = None) -> None:

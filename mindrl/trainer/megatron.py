@@ -19,7 +19,7 @@ from mindrl.checkpoint import files
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.keys import Keys, normalise
 from mindrl.config.lora import LoraConfig
-from mindrl.config.parallel import CP_ALGORITHMS, parse_layer_list
+from mindrl.config.parallel import CP_ALGORITHMS, parse_layer_list, without_noop_layers
 from mindrl.config.recompute import Recompute
 from mindrl.config.values import check_types, positive
 
@@ -76,6 +76,13 @@ class MegatronConfig:
     ckpt_format: str = "torch"
     #: torch_dist only: checkpoints are written in the background while training goes on (Megatron-LM's key)
     async_save: bool = False
+    #: MindSpeed's key: the optimizer state (Adam's moments, fp32 master weights) stays in host memory except
+    #: during the optimizer step and a checkpoint's save or load, freeing it from the device for the forward and
+    #: backward passes and the rollout (docs/memory_plan.md)
+    swap_optimizer: bool = False
+    #: MindSpeed's moe_tp_extend_ep (whole experts over the TP × EP ranks); no effect: each expert is cut over the
+    #: TP ranks, megatron-core's layout, with the same share of expert weights per rank (docs/moe.md)
+    moe_tp_extend_ep: bool = False
     #: load a checkpoint in whichever format its files are, not only ckpt_format's (Megatron-LM's key)
     auto_detect_ckpt_format: bool = False
     seed: int = 1234
@@ -189,7 +196,7 @@ class MegatronConfig:
         if self.num_layer_list is not None:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
         self.lora.check(section)
-        files.check_ckpt_format(self.ckpt_format, self.async_save, section)
+        files.check_ckpt_format(self.ckpt_format, self.async_save, section, self.swap_optimizer)
         full = self.recompute_granularity == "full" and self.arch is not None
         self.recompute.check(section, max(self.parallel.layers_per_stage(self.arch)) if full else None)
         if self.recompute_activation_function:
@@ -232,6 +239,7 @@ class MegatronConfig:
                            override_opt_param_scheduler=self.override_opt_param_scheduler,
                            use_checkpoint_opt_param_scheduler=self.use_checkpoint_opt_param_scheduler,
                            lora=self.lora, ckpt_format=self.ckpt_format, async_save=self.async_save,
+                           swap_optimizer=self.swap_optimizer,
                            recompute=self.recompute, **update)
 
     def check_full_checkpoints(self, section: str) -> None:
@@ -250,6 +258,11 @@ class MegatronConfig:
                            f"checkpoints every {self.save_interval} steps.")
         if self.sequence_parallel_is_inert:
             notices.append(SEQUENCE_PARALLEL_AT_TP1)
+        if self.moe_tp_extend_ep:
+            notices.append("moe_tp_extend_ep: true has no effect: mindrl cuts each expert over the tensor-parallel "
+                           "ranks (megatron-core's layout) instead of giving each rank whole experts, so each rank "
+                           "holds the same share of the expert weights and computes the same numbers, in narrower "
+                           "matmuls (docs/moe.md).")
         if self.load is None and self.ckpt_step is not None:
             notices.append(f"ckpt_step={self.ckpt_step} has no effect without load; set load to the checkpoint "
                            f"folder it picks an iteration of.")
@@ -269,6 +282,7 @@ class MegatronConfig:
     def from_dict(cls, section: str, values: Mapping[str, Any], models: Mapping[str, Any],
                   keys: Keys, stage: str = "ray_grpo") -> MegatronConfig:
         values = normalise(values)
+        noop_layers = values.pop("noop_layers", None)
         fields = {f.name for f in dataclasses.fields(cls)} - {"arch"}
         own = {k: v for k, v in values.items() if k in fields}
         arch_values = {k: v for k, v in values.items() if k not in fields}
@@ -286,9 +300,27 @@ class MegatronConfig:
                 overrides[key] = value
             else:
                 keys.unknown(section, key, fields | _ARCH_KEYS)
+        if noop_layers not in (None, "", []):
+            _drop_noop_layers(section, noop_layers, own, overrides, base)
         cfg = cls(**own, arch=ModelArch.from_dict(name, {**base, **overrides}))
         cfg.check(section, stage)
         return cfg
+
+
+def _drop_noop_layers(section: str, noop_layers: Any, own: dict[str, Any], overrides: dict[str, Any],
+                      base: Mapping[str, Any]) -> None:
+    """MindSpeed-LLM's `noop_layers` (layers doing nothing, padding num_layers to fill the pipeline stages) as the
+    model's real num_layers and a num_layer_list with fewer layers on their stages: the same model, without
+    running identity layers."""
+    if own.get("num_layer_list") not in (None, "", []):
+        raise ConfigError(f"{section} sets both noop_layers and num_layer_list, two ways of sizing the pipeline "
+                          f"stages; keep one.")
+    total = overrides.get("num_layers", base.get("num_layers"))
+    if not isinstance(total, int):
+        raise ConfigError(f"{section}.noop_layers needs the model's num_layers (the no-op layers counted in); set it.")
+    overrides["num_layers"], counts = without_noop_layers(noop_layers, total, own.get("pipeline_model_parallel_size",
+                                                                                      1))
+    own["num_layer_list"] = ",".join(map(str, counts))
 
 
 def _accepted_by_model_yaml(name: str, base: Mapping[str, Any], key: str, value: Any) -> bool:

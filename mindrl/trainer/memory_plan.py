@@ -413,8 +413,12 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
     offloadable: dict[str, float] = {}
     offload_keys = {"weights": "offload_train_param", "gradients": "offload_train_grad",
                     "optimizer": "offload_train_optimizer"}
+    swapped: dict[str, str] = {}  # swap_optimizer: a model's optimizer state is on the device for its step only
     for model in models:
         for name, value in model.state(model.stage()).items():
+            if name == "optimizer" and model.cfg.swap_optimizer:
+                swapped[model.label] = _state_fix(model, name)
+                continue
             resident.append(Term(f"{model.label} {name}", value, _state_fix(model, name)))
             offloadable[f"{model.label} {name}"] = value if getattr(gen, offload_keys[name]) else 0.0
     phases = []
@@ -439,6 +443,9 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
         if worst == model.par.pp - 1:
             terms.append(Term(f"{model.label} logits", logits_bytes(model.arch, model.par.tp, tokens, True), fix))
         phases.append(Phase(f"{model.label} update", tuple(terms)))
+        if model.label in swapped:
+            step = Term(f"{model.label} optimizer", model.state(worst)["optimizer"], swapped[model.label])
+            phases.append(Phase(f"{model.label} optimizer step", (*terms[:len(resident)], step)))
     forward = _forward_phase(cfg, models, resident, prompt, response, shares_prompt, core)
     if forward is not None:
         phases.append(forward)

@@ -125,10 +125,9 @@ def _layout(sections: list[Mapping[str, Any]], moe: bool, ranks: int) -> dict[st
 
 
 def _tiny_parallel(section: dict[str, Any], layout: Mapping[str, int]) -> None:
-    # moe_tp_extend_ep spreads experts over the TP ranks (a shrunk run has one), swap_optimizer saves memory a tiny
-    # model does not need, noop_layers pad layers to the pipeline stages it has not
+    # noop_layers pad layers to the pipeline stages a shrunk run has not; swap_optimizer and moe_tp_extend_ep stay
     for key in ("num_layer_list", "noop_layers", "sequence_parallel", "num_layers_per_virtual_pipeline_stage",
-                "micro_batch_size", "moe_tp_extend_ep", "swap_optimizer", *_SIZE_KEYS):
+                "micro_batch_size", *_SIZE_KEYS):
         section.pop(key, None)
     for key, size in layout.items():
         if key in section or size > 1:

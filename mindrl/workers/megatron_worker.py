@@ -20,7 +20,8 @@ stages get None.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,7 +58,7 @@ from mindrl.workers.logprob import (
     vocab_parallel_entropy,
     vocab_parallel_log_probs,
 )
-from mindrl.workers.offload import StorageOffloader, storage_ptrs
+from mindrl.workers.offload import StorageOffloader, storage_keys, storage_ptrs
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ class ActorConfig:
     ckpt_format: str = "torch"
     #: torch_dist saves are written while training goes on, published once every rank's writes are done
     async_save: bool = False
+    #: the optimizer state lives in host memory, on the device only for the optimizer step and a checkpoint's save
+    #: or load (MindSpeed's swap_optimizer, moved whole rather than in overlapped pieces)
+    swap_optimizer: bool = False
     #: adapters on the linear layers (mindrl/models/lora.py); the base weights then take no gradient or optimizer state
     lora: LoraConfig = field(default_factory=LoraConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -126,7 +130,7 @@ class ActorConfig:
                               "a resume takes either the config's LR schedule or the checkpoint's; set one of them "
                               "to false.")
         self.lora.check("actor")
-        files.check_ckpt_format(self.ckpt_format, self.async_save, "actor")
+        files.check_ckpt_format(self.ckpt_format, self.async_save, "actor", self.swap_optimizer)
 
 
 PROMPT_PACKING = ("auto", "on", "off")
@@ -692,13 +696,15 @@ class ActorWorker(MegatronWorker):
         rank) or the global gradient norm is not finite: the optimizer's grad scaler (mindrl.models.optimizer)
         finds the latter, as Megatron's does for fp16, so the weights, Adam's moments and the LR schedule stay
         as they were (mindrl/trainer/nonfinite.py)."""
+        self._swap_optimizer_out()
         outputs, num_microbatches = self._backward(batch, rows, loss_of, entropy)
         metrics = self._global_metrics(outputs)
         loss = metrics.pop(_LOSS)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; the scheduler moves it after
         updated, grad_norm = False, None
         if math.isfinite(loss):
-            updated, grad_norm, _ = self.optimizer.step()
+            with self._optimizer_on_device():
+                updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)
         metrics.update({"grad_norm": float(grad_norm) if grad_norm is not None else math.nan, "lr": lr,
@@ -776,6 +782,30 @@ class ActorWorker(MegatronWorker):
             self._base_digest = lora.base_digest(self.model)
         return self._base_digest
 
+    def onload(self) -> int:
+        """Bring back what offload freed; with swap_optimizer the optimizer's own state stays in host memory (not
+        what it shares with the model's parameters: fp32 master weights can be views of them)."""
+        if not self.cfg.swap_optimizer:
+            return self.offloader.onload()
+        return self.offloader.onload(storage_keys(self._optimizer_tensors()) - storage_keys(self.model.parameters()))
+
+    def _swap_optimizer_out(self) -> None:
+        """With swap_optimizer, the optimizer state to host memory (nothing to do where it is there already)."""
+        if self.cfg.swap_optimizer:
+            self.offload(params=False, grads=False, optimizer=True)
+
+    @contextmanager
+    def _optimizer_on_device(self) -> Iterator[None]:
+        """With swap_optimizer, the optimizer state on the device for the duration, back in host memory after."""
+        if not self.cfg.swap_optimizer:
+            yield
+            return
+        self.offloader.onload()
+        try:
+            yield
+        finally:
+            self._swap_optimizer_out()
+
     def _train_state(self, action: str) -> training.TrainState:
         if self.offloader.offloaded_bytes:
             raise RuntimeError(f"the actor's training state is offloaded; call onload() before {action}.")
@@ -787,10 +817,11 @@ class ActorWorker(MegatronWorker):
         calls it. `extra` is the caller's state to get back on resume (data position, trainer step, seeds). An
         asynchronous save is published later (`finish_saves`); the one before it is waited for first."""
         self.finish_saves()
-        state = self._train_state("save_checkpoint")
-        if self.cfg.ckpt_format != files.FORMAT:
-            return training.save(state, root, iteration, extra)
-        pending = dist_ckpt.save(state, root, iteration, extra, self.cfg.async_save)
+        with self._optimizer_on_device():
+            state = self._train_state("save_checkpoint")
+            if self.cfg.ckpt_format != files.FORMAT:
+                return training.save(state, root, iteration, extra)
+            pending = dist_ckpt.save(state, root, iteration, extra, self.cfg.async_save)
         self._saving = pending if self.cfg.async_save else None
         return Path(root) / mg.iteration_dir_name(iteration)
 
@@ -826,12 +857,13 @@ class ActorWorker(MegatronWorker):
                         load_rng: bool = True) -> training.Resumed:
         """Resume from the tracker's (or the given) iteration; `load_optim` / `load_rng` false are
         Megatron's no_load_optim / no_load_rng. Returns the iteration and the saved extra state."""
-        state = self._train_state("load_checkpoint")
-        iteration = mg.read_tracker(root) if iteration is None else iteration
-        if files.format_of(root, iteration) == files.FORMAT and iteration != "release":
-            resumed = dist_ckpt.load(state, root, iteration, load_optim, load_rng)
-        else:
-            resumed = training.load(state, root, iteration, load_optim, load_rng)
+        with self._optimizer_on_device():
+            state = self._train_state("load_checkpoint")
+            iteration = mg.read_tracker(root) if iteration is None else iteration
+            if files.format_of(root, iteration) == files.FORMAT and iteration != "release":
+                resumed = dist_ckpt.load(state, root, iteration, load_optim, load_rng)
+            else:
+                resumed = training.load(state, root, iteration, load_optim, load_rng)
         self.offloader.forget_copies()
         self._base_digest = None  # a checkpoint with its base weights may have brought others
         self.updates = resumed.updates

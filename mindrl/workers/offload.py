@@ -87,12 +87,15 @@ class StorageOffloader:
             self._host[key] = host
         return host
 
-    def onload(self) -> int:
-        """Reallocate and refill every freed storage (zeros where discarded); returns bytes restored."""
-        if not self._saved:
+    def onload(self, keep_off: set[int] | frozenset[int] = frozenset()) -> int:
+        """Reallocate and refill every freed storage but those in `keep_off` (storage_keys; zeros where discarded);
+        returns bytes restored."""
+        back = [key for key in self._saved if key not in keep_off]
+        if not back:
             return 0  # called for every worker after every rollout, offloaded or not: no device sync for nothing
         restored = 0
-        for storage, size, host in self._saved.values():
+        for key in back:
+            storage, size, host = self._saved.pop(key)
             storage.resize_(size)
             if host is None:
                 _bytes_view(storage).zero_()
@@ -100,8 +103,12 @@ class StorageOffloader:
                 _bytes_view(storage).copy_(host, non_blocking=True)
             restored += size
         self.platform.synchronize()
-        self._saved.clear()
         return restored
+
+
+def storage_keys(tensors: Iterable[torch.Tensor]) -> set[int]:
+    """The identities of the tensors' storages, the same whether they are on the device or offloaded."""
+    return {_key(t.untyped_storage()) for t in tensors}
 
 
 def storage_ptrs(tensors: Iterable[torch.Tensor]) -> set[int]:
