@@ -24,6 +24,10 @@ PUBLISHED = {
                        query_groups=8, padded_vocab_size=152064, tied_embeddings=False),
     "llama3_8b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                       query_groups=8, padded_vocab_size=128256, tied_embeddings=False, rotary_base=500000),
+    "llama31_8b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                       query_groups=8, padded_vocab_size=128256, tied_embeddings=False, rotary_base=500000,
+                       max_position_embeddings=131072, rope_scaling_type="llama3", rope_scaling_factor=8.0,
+                       rope_scaling_original_max_position_embeddings=8192),
 }
 
 

@@ -16,6 +16,9 @@ from mindrl.trainer.experience import rollout_batch
 TEMPERATURE = 0.7
 MAX_MODEL_LEN = 64
 NEW_TOKENS = 16
+ROPE_SCALED = {"llama3_scaled": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8},
+               "qwen2_yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}}
 # Different lengths, one of a single token; the last leaves room for only 4 new tokens.
 PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [11, 2], [200, 150, 100, 50, 25, 1, 2, 3, 4, 5, 6], [33]]
 LONG_PROMPT = [(7 * i) % 250 for i in range(MAX_MODEL_LEN - 4)]
@@ -29,6 +32,20 @@ def _hf_greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[in
             generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
                                        max_new_tokens=new_tokens, min_new_tokens=new_tokens)
             out.append(generated[0, len(prompt):].tolist())
+    return out
+
+
+def _hf_greedy_forward(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Greedy tokens from HF's whole-sequence forward, one token at a time: generate's min_new_tokens forbids the
+    config's eos token (Llama's default id 2), which the scaled Llama's greedy path reaches, while the engine here
+    is told no eos and takes it."""
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = list(prompt)
+            for _ in range(new_tokens):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            out.append(ids[len(prompt):])
     return out
 
 
@@ -120,14 +137,18 @@ def models(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("models")
     hf = {kind: build_hf_model(kind, seed=seed) for kind, seed in (("qwen2", 0), ("llama3", 7), ("qwen3", 1))}
+    # RoPE scaling in effect past the 8th position
+    hf.update(llama3_scaled=build_hf_model("llama3", seed=7, rope_scaling=ROPE_SCALED["llama3_scaled"]),
+              qwen2_yarn=build_hf_model("qwen2", seed=0, rope_scaling=ROPE_SCALED["qwen2_yarn"]))
     saved = {kind: save_hf_model(model, folder / f"{kind}_hf") for kind, model in hf.items()}
 
     def convert(kind: str, tp: int, pp: int) -> str:
-        return str(hf_to_mcore(saved[kind], folder / f"{kind}_tp{tp}pp{pp}", kind, tp, pp,
+        return str(hf_to_mcore(saved[kind], folder / f"{kind}_tp{tp}pp{pp}", kind.split("_")[0], tp, pp,
                                params_dtype=torch.float32, progress=False))
 
     checkpoints = {layout: convert("qwen2", *layout) for layout in ((1, 1), (2, 1), (1, 2))}
-    checkpoints.update(llama3=convert("llama3", 2, 1), qwen3=convert("qwen3", 1, 1), qwen3_tp2=convert("qwen3", 2, 1))
+    checkpoints.update(llama3=convert("llama3", 2, 1), qwen3=convert("qwen3", 1, 1), qwen3_tp2=convert("qwen3", 2, 1),
+                       llama3_scaled=convert("llama3_scaled", 2, 1), qwen2_yarn=convert("qwen2_yarn", 2, 1))
     return hf, checkpoints
 
 
@@ -147,7 +168,8 @@ def runs(models):
     launch."""
     checkpoints = models[1]
     ranks = run_ranks(_in_turn, 2, [(checkpoints[(1, 1)], {"qwen3": checkpoints["qwen3"]}, True),
-                                    (checkpoints[(2, 1)], {"llama3": checkpoints["llama3"]}, False),
+                                    (checkpoints[(2, 1)], {name: checkpoints[name] for name in (
+                                        "llama3", "llama3_scaled", "qwen2_yarn")}, False),
                                     (checkpoints[(1, 2)], {}, False),
                                     (checkpoints[(2, 1)], {"qwen3": checkpoints["qwen3_tp2"]}, False, True)])
     return {layout: [results[i] for results in ranks]
@@ -176,6 +198,13 @@ def test_greedy_equals_hf_generate(models, runs):
 def test_untied_llama3_greedy_equals_hf_generate_at_tp2(models, runs):
     expected = _hf_greedy(models[0]["llama3"], PROMPTS, NEW_TOKENS)
     assert [rank["llama3_greedy"].responses for rank in runs["tp2"]] == [expected, expected]
+
+
+@pytest.mark.parametrize("name", sorted(ROPE_SCALED))
+def test_rope_scaled_greedy_equals_hf_generate_at_tp2(models, runs, name):
+    """Llama-3.1's scaling and Qwen2's YaRN (its attention factor in the softmax scale), past the original context."""
+    expected = _hf_greedy_forward(models[0][name], PROMPTS, NEW_TOKENS)
+    assert [rank[f"{name}_greedy"].responses for rank in runs["tp2"]] == [expected, expected]
 
 
 def test_qwen3_greedy_equals_hf_generate(models, runs):

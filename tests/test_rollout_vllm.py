@@ -331,3 +331,34 @@ def test_an_expert_parallel_moe_actor_syncs_into_vllm_and_its_samples_score_the_
         print(f"moe engine vs actor: max {r['max']:.2e} mean {r['mean']:.2e}")
         assert r["metrics"]["sync/differing_tensors"] == 0 and r["metrics"]["sync/checked_tensors"] > 0
         assert r["max"] <= 1e-4
+
+
+#: RoPE scalings in effect within the engine's 64 positions (an original context of 8)
+ROPE_SCALED = {"llama3": dict(rope_scaling_type="llama3", rope_scaling_factor=8.0,
+                              rope_scaling_original_max_position_embeddings=8),
+               "yarn": dict(rope_scaling_type="yarn", rope_scaling_factor=4.0,
+                            rope_scaling_original_max_position_embeddings=8)}
+
+
+def _rope_scaled_engines(rank: int) -> dict:
+    out = {}
+    for name, scaling in ROPE_SCALED.items():  # one engine after the other in the same ranks
+        actor = _actor(dataclasses.replace(_arch(), **scaling), ParallelConfig(1, 1))
+        rollout = _colocated(actor)
+        try:
+            result, metrics = rollout.generate(PROMPTS, n=2)
+        finally:
+            rollout.engine.close()
+        batch = rollout_batch(PROMPTS, result, 2)
+        scored = actor.compute_log_prob({"tokens": batch["tokens"]})
+        diff = ((scored["log_probs"] - batch["engine_log_probs"]) * batch["loss_mask"]).abs().max().item()
+        out[name] = {"diff": diff, "probe": metrics["sync/probe_max_abs_diff"]}
+    return out
+
+
+def test_rope_scaled_models_score_in_vllm_as_in_the_actor():
+    """vLLM computes the scaling from the config.json mindrl writes for the engine; its samples score as the actor's
+    beyond the original context (checked against HF in tests/test_rope_scaling.py)."""
+    out = run_ranks(_rope_scaled_engines, 1)[0]
+    for name, result in out.items():
+        assert result["diff"] <= 1e-4 and result["probe"] < 1e-4, (name, result)

@@ -24,8 +24,6 @@ from mindrl.models import arch_fields as af
 _UNSUPPORTED = {
     "multi_latent_attention": "multi-latent attention",
     "mtp_num_layers": "multi-token-prediction layers",
-    "use_rope_scaling": "RoPE scaling",
-    "rope_scaling_type": "RoPE scaling",
     "rotary_interleaved": "interleaved rotary embeddings",
     "apply_layernorm_1p": "zero-centered layer-norm weights",
     "layernorm_zero_centered_gamma": "zero-centered layer-norm weights",

@@ -51,8 +51,10 @@ _UNSUPPORTED_PREFIXES = {
     "multi_latent_attention": "multi-latent attention",
     "q_lora_rank": "multi-latent attention",
     "kv_lora_rank": "multi-latent attention",
-    "rope_scaling": "RoPE scaling",
 }
+
+#: RoPE scalings mindrl builds (HF's rope_type names; mindrl/models/rope.py)
+ROPE_SCALINGS = ("llama3", "yarn", "linear", "dynamic")
 
 #: MindSpeed-LLM's layer specs (`spec: [module, function]`) that describe a layer mindrl builds from the model's own
 #: keys, each with the key that must say so: the Qwen3 spec is the GPT layer with Qwen3's per-head q/k RMSNorm
@@ -110,6 +112,23 @@ class ModelArch:
     mrope_section: tuple[int, ...] | None = None
     #: the vision tower of a vision-language model (a mapping in the yaml); null: a text-only model
     vision: VisionArch | None = None
+    #: RoPE scaling, in MindSpeed-LLM's keys (HF's rope_scaling / rope_parameters): llama3, yarn, linear or dynamic
+    #: (within max_position_embeddings, where it is plain RoPE); null: none. docs/configuration.md#rope-scaling
+    rope_scaling_type: str | None = None
+    rope_scaling_factor: float = 1.0
+    #: the context the model was pre-trained at (llama3, yarn); null: max_position_embeddings
+    rope_scaling_original_max_position_embeddings: int | None = None
+    #: llama3: wavelengths beyond original / low_freq_factor are divided by the factor, below original /
+    #: high_freq_factor kept, between them blended
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    #: yarn: the correction range between beta_fast and beta_slow rotations over the original context
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    #: yarn: the attention factor is mscale(factor, rope_scaling_mscale) / mscale(factor,
+    #: rope_scaling_mscale_all_dim) where both are set (DeepSeek-V3), else 0.1 · ln(factor) + 1
+    rope_scaling_mscale: float | None = None
+    rope_scaling_mscale_all_dim: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.vision, Mapping):  # as the yaml and a checkpoint's args hold it
@@ -161,6 +180,31 @@ class ModelArch:
         if self.vision is not None and (self.is_moe or self.has_score_head):
             raise ConfigError(f"{where}: a vision tower on a mixture of experts or a reward model is not built; "
                               f"drop vision: or use a dense causal LM.")
+        self._check_rope_scaling()
+
+    def _check_rope_scaling(self) -> None:
+        where = f"model {self.name}"
+        if self.rope_scaling_type is None:
+            given = [key for key in ROPE_SCALING_KEYS if getattr(self, key) != _DEFAULTS[key]]
+            if given:
+                raise ConfigError(f"{where}: {given[0]} is set but rope_scaling_type is not, so it would do nothing; "
+                                  f"set rope_scaling_type ({', '.join(ROPE_SCALINGS)}) or remove it.")
+            return
+        if self.rope_scaling_type not in ROPE_SCALINGS:
+            raise ConfigError(f"{where}: rope_scaling_type={self.rope_scaling_type!r} is not a RoPE scaling mindrl "
+                              f"builds; choose one of {', '.join(ROPE_SCALINGS)}.")
+        if self.position_embedding_type == "mrope":
+            raise ConfigError(f"{where}: RoPE scaling of multimodal RoPE is not built; remove rope_scaling_type.")
+        if not self.rope_scaling_factor >= 1:
+            raise ConfigError(f"{where}: rope_scaling_factor must be at least 1 (it stretches the context), got "
+                              f"{self.rope_scaling_factor!r}.")
+        original = self.rope_scaling_original_max_position_embeddings
+        if original is not None and (not isinstance(original, int) or original < 1):
+            raise ConfigError(f"{where}: rope_scaling_original_max_position_embeddings must be a positive integer, "
+                              f"got {original!r}.")
+        if self.rope_scaling_type == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ConfigError(f"{where}: llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                              f"{self.low_freq_factor!r} and {self.high_freq_factor!r}.")
 
     def _check_moe(self) -> None:
         where = f"model {self.name}"
@@ -274,6 +318,9 @@ class ModelArch:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelArch)}
+#: the fields that configure rope_scaling_type
+ROPE_SCALING_KEYS = ("rope_scaling_factor", "rope_scaling_original_max_position_embeddings", "low_freq_factor",
+                     "high_freq_factor", "beta_fast", "beta_slow", "rope_scaling_mscale", "rope_scaling_mscale_all_dim")
 
 
 def _check_spec(name: str, spec: object, values: Mapping[str, Any]) -> None:

@@ -117,7 +117,33 @@ LINKS: dict[str, Link] = {
     # its fields are kept as one mapping. An HF config nests both (hf_mapping reads and writes them).
     "mrope_section": Link(("mrope_section",), "mrope_section", megatron_default=None, structural=False),
     "vision": Link(("vision_config",), megatron_default=None),
+    # RoPE scaling, in MindSpeed-LLM's args names (Megatron-LM's use_rope_scaling is read below); an HF config nests
+    # them in rope_scaling / rope_parameters under its own names (_HF_ROPE)
+    "rope_scaling_type": Link(("rope_scaling_type",), megatron_default=None, structural=False),
+    "rope_scaling_factor": Link(("rope_scaling_factor",), megatron_default=1.0, structural=False, cast=float),
+    "rope_scaling_original_max_position_embeddings": Link(("rope_scaling_original_max_position_embeddings",),
+                                                          megatron_default=None, structural=False),
+    "low_freq_factor": Link(("low_freq_factor",), megatron_default=1.0, structural=False, cast=float),
+    "high_freq_factor": Link(("high_freq_factor",), megatron_default=4.0, structural=False, cast=float),
+    "beta_fast": Link(("beta_fast",), megatron_default=32.0, structural=False, cast=float),
+    "beta_slow": Link(("beta_slow",), megatron_default=1.0, structural=False, cast=float),
+    "rope_scaling_mscale": Link(("rope_scaling_mscale",), megatron_default=None, structural=False, cast=float),
+    "rope_scaling_mscale_all_dim": Link(("rope_scaling_mscale_all_dim",), megatron_default=None, structural=False,
+                                        cast=float),
 }
+
+#: ModelArch's RoPE-scaling fields → their keys in HF's rope_scaling, and the keys HF's initialiser of each
+#: rope_type reads (what is written for it)
+_HF_ROPE = {"rope_scaling_factor": "factor",
+            "rope_scaling_original_max_position_embeddings": "original_max_position_embeddings",
+            "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor", "beta_fast": "beta_fast",
+            "beta_slow": "beta_slow", "rope_scaling_mscale": "mscale", "rope_scaling_mscale_all_dim": "mscale_all_dim"}
+_HF_ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                 "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                          "mscale_all_dim"),
+                 "linear": ("factor",), "dynamic": ("factor",)}
+#: keys of an HF rope dict that are not scaling parameters
+_HF_ROPE_OTHER = ("rope_type", "type", "rope_theta", "mrope_section")
 
 # Values every other side holds in place of the raw field: the effective count or size.
 _EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
@@ -132,18 +158,56 @@ _EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
 }
 
 
+def _hf_rope(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """An HF config's RoPE type and parameters: rope_parameters (transformers >= 5) or rope_scaling (before)."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return params.get("rope_type") or params.get("type") or "default", params
+
+
 def rope_theta(config: Mapping[str, Any]) -> float:
     """RoPE base of an HF config: top level (transformers < 5) or in rope_parameters."""
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type not in ("default", "mrope"):  # Qwen2.5-VL's published configs call their sections "mrope"
-        raise ConfigError(f"HF config uses RoPE scaling {rope_type!r}, which mindrl does not convert yet; "
-                          f"use a model without rope scaling.")
-    theta = params.get("rope_theta", config.get("rope_theta"))
+    theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))
     if theta is None:
         raise ConfigError("HF config has no rope_theta (top level or in rope_parameters); add it.")
     return float(theta)
+
+
+def rope_scaling_from_hf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelArch's RoPE-scaling fields from an HF config (none for plain RoPE; Qwen2.5-VL's published configs call
+    theirs "mrope"); a scaling or a parameter mindrl does not build is one sentence."""
+    rope_type, params = _hf_rope(config)
+    if rope_type in ("default", "mrope"):
+        return {}
+    if rope_type not in _HF_ROPE_KEYS:
+        raise ConfigError(f"HF config uses RoPE scaling {rope_type!r}, which mindrl does not build; it builds "
+                          f"{', '.join(_HF_ROPE_KEYS)}.")
+    unknown = sorted(key for key, value in params.items() if key not in (*_HF_ROPE_OTHER, *_HF_ROPE_KEYS[rope_type])
+                     and value is not None and not (key == "truncate" and value is True))
+    if unknown:
+        raise ConfigError(f"HF config's {rope_type} RoPE scaling sets {', '.join(unknown)}, which mindrl does not "
+                          f"build; only {', '.join(_HF_ROPE_KEYS[rope_type])} are read.")
+    out = {"rope_scaling_type": rope_type}
+    for name, key in _HF_ROPE.items():
+        if key in _HF_ROPE_KEYS[rope_type] and params.get(key) is not None:
+            out[name] = _read(name, HF, params[key])
+    return out
+
+
+def hf_rope_scaling(arch: ModelArch) -> dict[str, Any] | None:
+    """HF's rope_scaling for `arch` (None without scaling), as the published configs write it: the keys HF's
+    initialiser of that type reads, YaRN's correction bounds only where they are not HF's defaults."""
+    rope_type = arch.rope_scaling_type
+    if rope_type is None:
+        return None
+    out: dict[str, Any] = {"rope_type": rope_type}
+    for name, key in _HF_ROPE.items():
+        value = getattr(arch, name)
+        if key == "original_max_position_embeddings" and value is None:
+            value = arch.max_position_embeddings
+        if key in _HF_ROPE_KEYS[rope_type] and value is not None and \
+                not (key in ("beta_fast", "beta_slow") and value == LINKS[name].megatron_default):
+            out[key] = value
+    return out
 
 
 def _hf_head_dim(config: Mapping[str, Any]) -> int | None:
@@ -202,6 +266,8 @@ def transformer_config_kwargs(arch: ModelArch) -> dict[str, Any]:
 def hf_config_values(arch: ModelArch) -> dict[str, Any]:
     """The architecture's entries of an HF config.json (family keys are the caller's)."""
     values = {link.hf: _side_value(arch, name, HF) for name, link in _links(arch).items() if link.hf}
+    if arch.rope_scaling_type is not None:
+        values["rope_scaling"] = hf_rope_scaling(arch)
     # an absent MoE option (Qwen3-MoE's shared expert) is no key in HF's configs
     return {key: value for key, value in values.items() if value is not None or not _moe_hf_key(key)}
 
@@ -224,6 +290,7 @@ def arch_values_from_hf(config: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _FROM_HF[name](config)
         else:
             out[name] = _read(name, HF, config.get(link.hf, link.hf_default))
+    out.update(rope_scaling_from_hf(config))
     return _dense_without_moe_fields(out)
 
 
@@ -253,9 +320,23 @@ def arch_values_from_megatron(args: argparse.Namespace) -> tuple[dict[str, Any],
             out[name] = _read(name, MEGATRON, link.megatron_default)
     if getattr(args, "group_query_attention", True) is False:
         out["num_query_groups"] = None  # Megatron ignores num_query_groups (default 1) without GQA
+    out.update(_megatron_rope_scaling(args, out))
     if getattr(args, "padded_vocab_size", None) is None:
         missing.append("padded_vocab_size")
     return _dense_without_moe_fields(out), missing
+
+
+def _megatron_rope_scaling(args: argparse.Namespace, read: Mapping[str, Any]) -> dict[str, Any]:
+    """The RoPE scaling of Megatron args: MindSpeed-LLM's rope_scaling_type with its keys, or Megatron-LM's
+    use_rope_scaling (llama3's with megatron-core's fixed bounds: 1, 4 over 8192 positions). Without either,
+    Megatron-LM's rope_scaling_factor (8 by default) means nothing, so none of the keys is kept."""
+    if read.get("rope_scaling_type") is not None:
+        return {}
+    defaults = {name: LINKS[name].megatron_default for name in _HF_ROPE}
+    if getattr(args, "use_rope_scaling", False):
+        return {**defaults, "rope_scaling_type": "llama3", "rope_scaling_original_max_position_embeddings": 8192,
+                "rope_scaling_factor": float(getattr(args, "rope_scaling_factor", 8.0))}
+    return defaults
 
 
 def vocab_from_megatron(args: argparse.Namespace, tp: int, hf_vocab: int | None) -> tuple[int, int]:

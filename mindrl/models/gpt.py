@@ -10,6 +10,7 @@ mindrl/models/rmsnorm.py).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -24,6 +25,7 @@ from mindrl.config.parallel import validate_sequence_parallel
 from mindrl.config.recompute import Recompute
 from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
+from mindrl.models import rope
 from mindrl.models.attention import SDPAttention
 from mindrl.models.moe import mlp_submodules, moe_config_kwargs
 from mindrl.models.recompute import RecomputedBlock
@@ -71,6 +73,9 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
     )
     if arch.is_moe:
         kwargs.update(moe_config_kwargs(par))
+    if rope.attention_factor(arch) != 1.0:
+        # YaRN scales the rotated queries and keys alike (HF: cos and sin), which scales the scores by its square
+        kwargs["softmax_scale"] = rope.attention_factor(arch) ** 2 / math.sqrt(arch.head_dim)
     kwargs.update(platform.transformer_config_overrides())
     kwargs.update(overrides)
     with warnings.catch_warnings():
@@ -218,6 +223,8 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         # megatron-core would cut the rotary table for its own context-parallel split; mindrl's shares carry each
         # token's position and are rotated by it
         model.rotary_pos_emb.cp_group = None
+        if arch.rope_scaling_type is not None:  # megatron-core's own scaling is llama3's with fixed bounds only
+            model.rotary_pos_emb.inv_freq = rope.inv_freq(arch).to(model.rotary_pos_emb.inv_freq.device)
     if config.recompute_granularity == "full":
         # GPTModel builds megatron-core's block itself; mindrl's differs only in how it recomputes
         model.decoder.__class__ = RecomputedBlock
