@@ -110,6 +110,11 @@ def test_noop_layers_are_read_as_a_layer_list_of_the_real_layers():
                                                 "actor_config.pipeline_model_parallel_size=2"])
     assert cfg.actor_config.arch.num_layers == 4 and cfg.actor_config.parallel.layers_per_stage(
         cfg.actor_config.arch) == [2, 2]
+    # in megatron_training, which has no stages, with the roles' stages: each section runs the real layers
+    cfg = load_trainer_config("grpo_tiny_cpu", ["+megatron_training.num_layers=6", "+megatron_training.noop_layers='2,5'",
+                                                "actor_config.pipeline_model_parallel_size=2"])
+    assert (cfg.megatron_training.arch.num_layers, cfg.ref_config.arch.num_layers) == (4, 4)
+    assert cfg.actor_config.parallel.layers_per_stage(cfg.actor_config.arch) == [2, 2]
     with pytest.raises(ConfigError, match="sets both noop_layers and num_layer_list"):
         load_trainer_config("grpo_tiny_cpu", ["+actor_config.num_layers=6", "+actor_config.noop_layers='2,5'",
                                               "actor_config.pipeline_model_parallel_size=2",
@@ -446,6 +451,7 @@ def test_mindspeed_recipes_load_with_only_paths_changed_dropping_no_feature(name
     assert cfg.stage == {"dapo": "ray_dapo", "ppo": "ray_ppo"}.get(name.split("_")[0], "ray_grpo")
     if name.endswith("k"):
         assert (cfg.actor_config.parallel.cp, cfg.actor_config.parallel.cp_algo) == (2, "ring")
+        assert "context_parallel" not in named and "attention_mask_type" not in named
     if name in ("dapo_qwen3_30b_a3b_A3", "grpo_qwen3_235b_a22b_A2"):  # vLLM's data-parallel attention, widened
         assert cfg.generate_config.infer_tensor_parallel_size == 8
         assert [n for n in cfg.notices if "each engine spans 8 ranks at tensor parallel 8" in n]
@@ -453,7 +459,6 @@ def test_mindspeed_recipes_load_with_only_paths_changed_dropping_no_feature(name
         actor = cfg.actor_config
         assert (actor.arch.num_layers, actor.parallel.layers_per_stage(actor.arch)) == (94, [5, *[6] * 14, 5])
         assert actor.swap_optimizer and [n for n in cfg.notices if n.startswith("moe_tp_extend_ep: true has no")]
-        assert "context_parallel" not in named and "attention_mask_type" not in named
 
 
 def _check_the_dpo_recipe(cfg, named: str) -> None:

@@ -119,6 +119,9 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
     if not layers and (first or last) and pp > 1:
         layers = _uneven_split(int(args.num_layers), pp, first, last)
     if _noop_split(args) is not None:
+        if layers:
+            raise ConfigError(f"checkpoint args have both noop_layers={args.noop_layers!r} and a per-stage layer "
+                              f"split ({layers}); they disagree on how the stages are sized, so fix the args.")
         layers = ",".join(map(str, _noop_split(args)[1]))
     ep = int(getattr(args, "expert_model_parallel_size", None) or 1)
     expert_tp = getattr(args, "expert_tensor_parallel_size", None)

@@ -114,8 +114,9 @@ def parse_layer_list(text: str | tuple[int, ...] | list[int] | int, key: str = "
 
 def without_noop_layers(noop_layers: str | list[int] | int, num_layers: int, pp: int) -> tuple[int, tuple[int, ...]]:
     """MindSpeed-LLM's no-op layers (identity layers padding num_layers to a multiple of the pipeline stages) as
-    the real layer count and the layers of each stage (num_layer_list). A stage's no-op layers must be its last ones:
-    MindSpeed-LLM's checkpoints then number a stage's layers as a stage of that many layers does, so they load."""
+    the real layer count and the layers of each stage (num_layer_list). A stage's no-op layers must be its last
+    ones: MindSpeed-LLM's checkpoints then number a stage's layers as a stage of that many layers
+    does, so they load."""
     noops = sorted(set(parse_layer_list(noop_layers, "noop_layers")))
     if num_layers % pp:
         raise ConfigError(f"noop_layers pads num_layers to fill the pipeline stages, but num_layers={num_layers} is "

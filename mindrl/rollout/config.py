@@ -166,8 +166,9 @@ class GenerateConfig:
         """MindSpeed-RL's wider split (infer_expert_parallel_size = k × infer_tensor_parallel_size) is vLLM's
         data-parallel attention: k engines, each holding all of attention, share their experts. mindrl's engines
         split experts over their own TP ranks, so the engine is widened to the expert split: every rank holds the
-        same share of the experts and samples the same tokens, attention is cut where it was copied (less memory,
-        one all-reduce more per layer). widening_notice says so."""
+        same share of the experts of the same model, attention is cut where it was copied (less memory, one
+        all-reduce more per layer; sums in another order). widening_notice says so. `widened_from` is the file's
+        value for that sentence; a copy made by dataclasses.replace has none, its TP being the widened one."""
         ep, tp = self.infer_expert_parallel_size, self.infer_tensor_parallel_size
         if ep > 1 and not self.enable_expert_parallel:
             raise ConfigError(f"generate_config.infer_expert_parallel_size={ep} splits experts over vLLM's ranks, "
@@ -184,8 +185,11 @@ class GenerateConfig:
     def check_engine_layout(self, arch: ModelArch, world_size: int) -> None:
         """vLLM's rules for an engine of infer_tensor_parallel_size ranks over `world_size` devices: whole query heads
         on each rank; key-value heads cut, or each copied to TP / groups ranks where TP exceeds them (as vLLM does);
-        the MLP cut evenly; the devices filled with whole engines."""
-        tp, where = self.infer_tensor_parallel_size, "generate_config.infer_tensor_parallel_size"
+        the MLPs cut evenly (the experts' only where they are not split whole); the devices filled with whole
+        engines. A widened engine's width is named by the key that set it."""
+        tp = self.infer_tensor_parallel_size
+        where = ("generate_config.infer_tensor_parallel_size" if self.widened_from is None
+                 else "generate_config.infer_expert_parallel_size (the widened engine's TP)")
         if arch.num_attention_heads % tp:
             raise ConfigError(f"{where}={tp} does not divide num_attention_heads={arch.num_attention_heads} of model "
                               f"{arch.name}; choose a TP that divides it.")
@@ -194,9 +198,14 @@ class GenerateConfig:
             raise ConfigError(f"{where}={tp} neither divides num_query_groups={groups} (key-value heads) of model "
                               f"{arch.name} nor is a multiple of it (each head then goes to TP / {groups} ranks); "
                               f"choose one that is.")
-        if arch.ffn_hidden_size % tp:
-            raise ConfigError(f"{where}={tp} does not divide ffn_hidden_size={arch.ffn_hidden_size} of model "
-                              f"{arch.name}; choose a TP that divides it.")
+        widths = {"ffn_hidden_size": arch.ffn_hidden_size,
+                  "moe_shared_expert_intermediate_size": arch.moe_shared_expert_intermediate_size}
+        if arch.is_moe and not self.enable_expert_parallel:
+            widths["moe_ffn_hidden_size"] = arch.expert_ffn_hidden_size
+        for key, width in widths.items():
+            if width and width % tp:
+                raise ConfigError(f"{where}={tp} does not divide {key}={width} of model {arch.name}; choose a TP "
+                                  f"that divides it.")
         if world_size % tp:
             raise ConfigError(f"{where}={tp} does not divide the actor's {world_size} devices, which the engines "
                               f"share; use a multiple of {tp} devices or another TP.")
@@ -209,7 +218,7 @@ class GenerateConfig:
         return [f"generate_config.infer_expert_parallel_size={ep} over infer_tensor_parallel_size="
                 f"{self.widened_from} asks for vLLM's data-parallel attention; mindrl's engines split experts over "
                 f"their own ranks, so each engine spans {ep} ranks at tensor parallel {ep}: the same share of the "
-                f"experts per rank and the same samples, with attention cut {ep} ways instead of copied "
+                f"experts per rank and the same model, with attention cut {ep} ways instead of copied "
                 f"(docs/rollout.md)."]
 
     def check_vllm_on(self, arch: ModelArch, platform: Platform | type[Platform]) -> None:

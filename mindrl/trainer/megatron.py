@@ -261,8 +261,8 @@ class MegatronConfig:
         if self.moe_tp_extend_ep:
             notices.append("moe_tp_extend_ep: true has no effect: mindrl cuts each expert over the tensor-parallel "
                            "ranks (megatron-core's layout) instead of giving each rank whole experts, so each rank "
-                           "holds the same share of the expert weights and computes the same numbers, in narrower "
-                           "matmuls (docs/moe.md).")
+                           "holds the same share of the expert weights of the same model, in narrower matmuls "
+                           "(docs/moe.md).")
         if self.load is None and self.ckpt_step is not None:
             notices.append(f"ckpt_step={self.ckpt_step} has no effect without load; set load to the checkpoint "
                            f"folder it picks an iteration of.")
@@ -318,8 +318,11 @@ def _drop_noop_layers(section: str, noop_layers: Any, own: dict[str, Any], overr
     total = overrides.get("num_layers", base.get("num_layers"))
     if not isinstance(total, int):
         raise ConfigError(f"{section}.noop_layers needs the model's num_layers (the no-op layers counted in); set it.")
-    overrides["num_layers"], counts = without_noop_layers(noop_layers, total, own.get("pipeline_model_parallel_size",
-                                                                                      1))
+    pp = own.get("pipeline_model_parallel_size", 1)
+    if pp == 1:  # a section without stages (megatron_training, whose roles set them): the real layers only
+        overrides["num_layers"] = total - len(set(parse_layer_list(noop_layers, "noop_layers")))
+        return
+    overrides["num_layers"], counts = without_noop_layers(noop_layers, total, pp)
     own["num_layer_list"] = ",".join(map(str, counts))
 
 

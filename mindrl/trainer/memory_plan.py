@@ -443,9 +443,9 @@ def _training_group(cfg: TrainerConfig, group: str, kind: str, ranks: int, capac
         if worst == model.par.pp - 1:
             terms.append(Term(f"{model.label} logits", logits_bytes(model.arch, model.par.tp, tokens, True), fix))
         phases.append(Phase(f"{model.label} update", tuple(terms)))
-        if model.label in swapped:
-            step = Term(f"{model.label} optimizer", model.state(worst)["optimizer"], swapped[model.label])
-            phases.append(Phase(f"{model.label} optimizer step", (*terms[:len(resident)], step)))
+        if model.label in swapped:  # on the stage holding the most state, as the resident terms are counted
+            step = Term(f"{model.label} optimizer", model.state(model.stage())["optimizer"], swapped[model.label])
+            phases.append(Phase(f"{model.label} optimizer step", (*resident, step)))
     forward = _forward_phase(cfg, models, resident, prompt, response, shares_prompt, core)
     if forward is not None:
         phases.append(forward)

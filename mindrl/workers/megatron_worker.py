@@ -590,6 +590,7 @@ class ActorWorker(MegatronWorker):
         self._saving: dist_ckpt.PendingSave | None = None
         self.expert_load = (ExpertLoad(self.model, arch.num_layers, arch.num_experts, self.platform.device())
                             if arch.is_moe else None)
+        self._swap_optimizer_out()  # the fp32 masters exist already: off the device before the engine starts
 
     def update(self, batch: dict) -> dict[str, float]:
         """`epochs` passes over the batch in mini-batches; one optimizer step per mini-batch.
