@@ -111,7 +111,8 @@ def test_noop_layers_are_read_as_a_layer_list_of_the_real_layers():
     assert cfg.actor_config.arch.num_layers == 4 and cfg.actor_config.parallel.layers_per_stage(
         cfg.actor_config.arch) == [2, 2]
     # in megatron_training, which has no stages, with the roles' stages: each section runs the real layers
-    cfg = load_trainer_config("grpo_tiny_cpu", ["+megatron_training.num_layers=6", "+megatron_training.noop_layers='2,5'",
+    cfg = load_trainer_config("grpo_tiny_cpu", ["+megatron_training.num_layers=6",
+                                                "+megatron_training.noop_layers='2,5'",
                                                 "actor_config.pipeline_model_parallel_size=2"])
     assert (cfg.megatron_training.arch.num_layers, cfg.ref_config.arch.num_layers) == (4, 4)
     assert cfg.actor_config.parallel.layers_per_stage(cfg.actor_config.arch) == [2, 2]
