@@ -333,11 +333,12 @@ def test_an_expert_parallel_moe_actor_syncs_into_vllm_and_its_samples_score_the_
         assert r["max"] <= 1e-4
 
 
-#: RoPE scalings in effect within the engine's 64 positions (an original context of 8)
+#: RoPE scalings in effect past the 8th and 16th position (the samples reach about 22); YaRN's reach, 16 × 4, is the
+#: engine's max_model_len
 ROPE_SCALED = {"llama3": dict(rope_scaling_type="llama3", rope_scaling_factor=8.0,
                               rope_scaling_original_max_position_embeddings=8),
                "yarn": dict(rope_scaling_type="yarn", rope_scaling_factor=4.0,
-                            rope_scaling_original_max_position_embeddings=8)}
+                            rope_scaling_original_max_position_embeddings=16)}
 
 
 def _rope_scaled_engines(rank: int) -> dict:
@@ -358,7 +359,14 @@ def _rope_scaled_engines(rank: int) -> dict:
 
 def test_rope_scaled_models_score_in_vllm_as_in_the_actor():
     """vLLM computes the scaling from the config.json mindrl writes for the engine; its samples score as the actor's
-    beyond the original context (checked against HF in tests/test_rope_scaling.py)."""
+    beyond the original context (checked against HF in tests/test_rope_scaling.py). A YaRN engine longer than the
+    scaling's reach is refused before it starts."""
     out = run_ranks(_rope_scaled_engines, 1)[0]
     for name, result in out.items():
         assert result["diff"] <= 1e-4 and result["probe"] < 1e-4, (name, result)
+    from mindrl.rollout.vllm_engine import VllmEngine
+
+    too_long = dataclasses.replace(_arch(), **ROPE_SCALED["yarn"])
+    too_long = dataclasses.replace(too_long, rope_scaling_original_max_position_embeddings=8)
+    with pytest.raises(ConfigError, match=r"max_model_len=64 runs past the 32 positions"):
+        VllmEngine(too_long, GENERATE)

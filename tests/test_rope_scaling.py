@@ -5,6 +5,7 @@ round trips that keep the scaling, and one sentence for a scaling mindrl does no
 import argparse
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -107,6 +108,20 @@ def test_without_the_scaling_the_logits_differ(converted, tmp_path):
         assert (plain(tokens).logits - expected["llama3"]).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("name", sorted(SCALINGS))
+def test_an_hf_config_written_from_the_arch_reads_back_to_it(name):
+    """hf_config_from_arch (the engines' config.json, mcore2hf without the original config) keeps the scaling:
+    transformers computes the same frequencies from it, and it reads back to the same architecture."""
+    kind, scaling = SCALINGS[name]
+    arch = hfm.arch_from_hf_config(_hf_config(name).to_dict(), kind)
+    written = hfm.hf_config_from_arch(arch, kind, torch.float32)
+    assert {k: v for k, v in written["rope_scaling"].items() if k in scaling} == scaling
+    assert hfm.arch_from_hf_config(written, kind) == arch
+    config = transformers.AutoConfig.for_model(**written)
+    expected, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+    assert torch.allclose(rope.inv_freq(arch), expected, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("name", ["llama3", "yarn_mscale"])
 def test_hf_to_megatron_to_hf_keeps_weights_and_scaling(converted, tmp_path, name):
     hf, _, _, root = converted
@@ -127,6 +142,7 @@ def test_hf_to_megatron_to_hf_keeps_weights_and_scaling(converted, tmp_path, nam
                                                r"llama3, yarn, linear, dynamic"),
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "attention_factor": 1.2},
      r"yarn RoPE scaling sets attention_factor, which mindrl does not build"),
+    ({"rope_type": "yarn", "original_max_position_embeddings": 32}, r"yarn RoPE scaling has no factor; add it"),
 ])
 def test_a_scaling_mindrl_does_not_build_is_one_sentence(scaling, message):
     config = {**build_hf_model("qwen2").config.to_dict(), "rope_parameters": {"rope_theta": 1e4, **scaling}}
@@ -137,6 +153,14 @@ def test_a_scaling_mindrl_does_not_build_is_one_sentence(scaling, message):
 
 @pytest.mark.parametrize("values, message", [
     (dict(rope_scaling_type="ntk"), r"rope_scaling_type='ntk' is not a RoPE scaling mindrl builds"),
+    (dict(rope_scaling_type="yarn", rope_scaling_factor=4.0, low_freq_factor=2.0),
+     r"low_freq_factor does nothing with rope_scaling_type yarn, which reads rope_scaling_factor"),
+    (dict(rope_scaling_type="linear", rope_scaling_factor=2.0, rope_scaling_original_max_position_embeddings=64),
+     r"rope_scaling_original_max_position_embeddings does nothing with rope_scaling_type linear"),
+    (dict(rope_scaling_type="yarn", rope_scaling_factor=4.0, rope_scaling_mscale=0.7),
+     r"rope_scaling_mscale and rope_scaling_mscale_all_dim set YaRN's attention factor together"),
+    (dict(rope_scaling_type="yarn", rope_scaling_factor=4.0, beta_fast=1.0, beta_slow=32.0),
+     r"beta_fast > beta_slow > 0"),
     (dict(rope_scaling_factor=4.0), r"rope_scaling_factor is set but rope_scaling_type is not"),
     (dict(rope_scaling_type="linear", rope_scaling_factor=0.5), r"rope_scaling_factor must be at least 1"),
     (dict(rope_scaling_type="llama3", low_freq_factor=4.0, high_freq_factor=1.0), r"low_freq_factor < high_freq"),
@@ -160,3 +184,51 @@ def test_megatron_lm_use_rope_scaling_reads_as_llama3_with_megatron_cores_bounds
     assert [scaled[key] for key in ("rope_scaling_type", "rope_scaling_factor",
                                     "rope_scaling_original_max_position_embeddings", "low_freq_factor",
                                     "high_freq_factor")] == ["llama3", 16.0, 8192, 1.0, 4.0]
+
+
+def _mindspeed_args(**rope) -> argparse.Namespace:
+    """MindSpeed-LLM's args of a tiny model: every RoPE-scaling name at its argparse default, then `rope`."""
+    arch = load_model_arch("tiny_qwen")
+    values = {key: value for key, value in af.megatron_arch_args(arch, 1).items()
+              if key not in (*ROPE_SCALING_KEYS, "rope_scaling_type")}
+    defaults = dict(rope_scaling_type=None, rope_scaling_factor=1.0, original_max_position_embeddings=None,
+                    rope_scaling_original_max_position_embeddings=None, low_freq_factor=None, high_freq_factor=None,
+                    rope_scaling_beta_fast=32, rope_scaling_beta_slow=1, rope_scaling_mscale=1.0,
+                    rope_scaling_mscale_all_dim=0.0)
+    return argparse.Namespace(**values, **{**defaults, **rope})
+
+
+def test_mindspeed_llm_checkpoint_args_read_as_its_scripts_set_them():
+    """Its Llama-3.1 scripts give llama3's original context as original_max_position_embeddings; its argparse keeps
+    YaRN's mscale pair at 1 and 0, which do nothing; llama3 without an original context is refused."""
+    llama, _ = af.arch_values_from_megatron(_mindspeed_args(
+        rope_scaling_type="llama3", rope_scaling_factor=8.0, original_max_position_embeddings=8192,
+        low_freq_factor=1.0, high_freq_factor=4.0))
+    arch = ModelArch(name="m", **{**llama, "padded_vocab_size": 1024})
+    assert (arch.rope_scaling_type, arch.rope_scaling_original_max_position_embeddings) == ("llama3", 8192)
+    yarn, _ = af.arch_values_from_megatron(_mindspeed_args(
+        rope_scaling_type="yarn", rope_scaling_factor=4.0, rope_scaling_original_max_position_embeddings=256))
+    arch = ModelArch(name="m", **{**yarn, "padded_vocab_size": 1024})
+    assert (arch.rope_scaling_mscale, arch.rope_scaling_mscale_all_dim, rope.attention_factor(arch)) == (
+        None, None, pytest.approx(0.1 * math.log(4.0) + 1))
+    with pytest.raises(ConfigError, match=r"llama3 RoPE scaling without its original context"):
+        af.arch_values_from_megatron(_mindspeed_args(rope_scaling_type="llama3", rope_scaling_factor=8.0))
+
+
+def test_a_model_file_may_name_llama3_s_original_context_as_mindspeed_llm_does():
+    arch = ModelArch.from_dict("m", dict(num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4,
+                                         padded_vocab_size=256, max_position_embeddings=1024,
+                                         rope_scaling_type="llama3", rope_scaling_factor=8.0,
+                                         original_max_position_embeddings=128))
+    assert arch.rope_scaling_original_max_position_embeddings == 128
+
+
+def test_a_rollout_longer_than_yarn_s_reach_is_refused():
+    """vLLM's YaRN table has original context × factor rows and reads past them unchecked (NaN log-probs on CPU)."""
+    from mindrl.trainer.config import load_trainer_config
+
+    scaled = ["+model.tiny_qwen.rope_scaling_type=yarn", "+model.tiny_qwen.rope_scaling_factor=4.0",
+              "+model.tiny_qwen.rope_scaling_original_max_position_embeddings=128"]
+    with pytest.raises(ConfigError, match=r"max_model_len=768 runs past the 512 positions model tiny_qwen's YaRN "
+                                          r"scaling reaches"):
+        load_trainer_config("grpo_tiny_cpu", scaled)

@@ -53,8 +53,17 @@ _UNSUPPORTED_PREFIXES = {
     "kv_lora_rank": "multi-latent attention",
 }
 
-#: RoPE scalings mindrl builds (HF's rope_type names; mindrl/models/rope.py)
-ROPE_SCALINGS = ("llama3", "yarn", "linear", "dynamic")
+#: RoPE scalings mindrl builds (HF's rope_type names; mindrl/models/rope.py), each with the keys it reads
+ROPE_SCALINGS = {
+    "llama3": ("rope_scaling_factor", "rope_scaling_original_max_position_embeddings", "low_freq_factor",
+               "high_freq_factor"),
+    "yarn": ("rope_scaling_factor", "rope_scaling_original_max_position_embeddings", "beta_fast", "beta_slow",
+             "rope_scaling_mscale", "rope_scaling_mscale_all_dim"),
+    "linear": ("rope_scaling_factor",),
+    "dynamic": ("rope_scaling_factor",),
+}
+#: other names of a key in MindSpeed-LLM's model files (its llama3 scaling reads original_max_position_embeddings)
+_ALIASES = {"original_max_position_embeddings": "rope_scaling_original_max_position_embeddings"}
 
 #: MindSpeed-LLM's layer specs (`spec: [module, function]`) that describe a layer mindrl builds from the model's own
 #: keys, each with the key that must say so: the Qwen3 spec is the GPT layer with Qwen3's per-head q/k RMSNorm
@@ -193,6 +202,17 @@ class ModelArch:
         if self.rope_scaling_type not in ROPE_SCALINGS:
             raise ConfigError(f"{where}: rope_scaling_type={self.rope_scaling_type!r} is not a RoPE scaling mindrl "
                               f"builds; choose one of {', '.join(ROPE_SCALINGS)}.")
+        idle = [key for key in ROPE_SCALING_KEYS if key not in ROPE_SCALINGS[self.rope_scaling_type]
+                and getattr(self, key) != _DEFAULTS[key]]
+        if idle:
+            raise ConfigError(f"{where}: {idle[0]} does nothing with rope_scaling_type {self.rope_scaling_type}, "
+                              f"which reads {', '.join(ROPE_SCALINGS[self.rope_scaling_type])}; remove it.")
+        if (self.rope_scaling_mscale is None) != (self.rope_scaling_mscale_all_dim is None):
+            raise ConfigError(f"{where}: rope_scaling_mscale and rope_scaling_mscale_all_dim set YaRN's attention "
+                              f"factor together (alone either does nothing); set both or neither.")
+        if self.rope_scaling_type == "yarn" and not self.beta_fast > self.beta_slow > 0:
+            raise ConfigError(f"{where}: yarn RoPE scaling needs beta_fast > beta_slow > 0 (rotations bounding its "
+                              f"ramp), got {self.beta_fast!r} and {self.beta_slow!r}.")
         if self.position_embedding_type == "mrope":
             raise ConfigError(f"{where}: RoPE scaling of multimodal RoPE is not built; remove rope_scaling_type.")
         if not self.rope_scaling_factor >= 1:
@@ -283,6 +303,7 @@ class ModelArch:
         fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
+            key = _ALIASES.get(key, key)
             if key in fields:
                 kwargs[key] = value
             elif key in _NO_EFFECT_KEYS:

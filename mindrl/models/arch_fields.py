@@ -121,12 +121,14 @@ LINKS: dict[str, Link] = {
     # them in rope_scaling / rope_parameters under its own names (_HF_ROPE)
     "rope_scaling_type": Link(("rope_scaling_type",), megatron_default=None, structural=False),
     "rope_scaling_factor": Link(("rope_scaling_factor",), megatron_default=1.0, structural=False, cast=float),
-    "rope_scaling_original_max_position_embeddings": Link(("rope_scaling_original_max_position_embeddings",),
+    # MindSpeed-LLM's llama3 scaling reads original_max_position_embeddings, its yarn the rope_scaling_ name
+    "rope_scaling_original_max_position_embeddings": Link(("rope_scaling_original_max_position_embeddings",
+                                                           "original_max_position_embeddings"),
                                                           megatron_default=None, structural=False),
     "low_freq_factor": Link(("low_freq_factor",), megatron_default=1.0, structural=False, cast=float),
     "high_freq_factor": Link(("high_freq_factor",), megatron_default=4.0, structural=False, cast=float),
-    "beta_fast": Link(("beta_fast",), megatron_default=32.0, structural=False, cast=float),
-    "beta_slow": Link(("beta_slow",), megatron_default=1.0, structural=False, cast=float),
+    "beta_fast": Link(("beta_fast", "rope_scaling_beta_fast"), megatron_default=32.0, structural=False, cast=float),
+    "beta_slow": Link(("beta_slow", "rope_scaling_beta_slow"), megatron_default=1.0, structural=False, cast=float),
     "rope_scaling_mscale": Link(("rope_scaling_mscale",), megatron_default=None, structural=False, cast=float),
     "rope_scaling_mscale_all_dim": Link(("rope_scaling_mscale_all_dim",), megatron_default=None, structural=False,
                                         cast=float),
@@ -155,12 +157,17 @@ _EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
                                                else arch.moe_token_dispatcher_type),
     "mrope_section": lambda arch: list(arch.mrope_section) if arch.mrope_section else None,
     "vision": lambda arch: dataclasses.asdict(arch.vision) if arch.vision else None,
+    # the context the scaling was pre-trained at, where the scaling reads one (null means max_position_embeddings)
+    "rope_scaling_original_max_position_embeddings": lambda arch: (
+        arch.rope_scaling_original_max_position_embeddings or arch.max_position_embeddings
+        if arch.rope_scaling_type in ("llama3", "yarn") else None),
 }
 
 
 def _hf_rope(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
-    """An HF config's RoPE type and parameters: rope_parameters (transformers >= 5) or rope_scaling (before)."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    """An HF config's RoPE type and parameters: rope_scaling (transformers < 5; transformers 5 too takes it first
+    where a config has both) or rope_parameters."""
+    params = config.get("rope_scaling") or config.get("rope_parameters") or {}
     return params.get("rope_type") or params.get("type") or "default", params
 
 
@@ -181,6 +188,8 @@ def rope_scaling_from_hf(config: Mapping[str, Any]) -> dict[str, Any]:
     if rope_type not in _HF_ROPE_KEYS:
         raise ConfigError(f"HF config uses RoPE scaling {rope_type!r}, which mindrl does not build; it builds "
                           f"{', '.join(_HF_ROPE_KEYS)}.")
+    if params.get("factor") is None:
+        raise ConfigError(f"HF config's {rope_type} RoPE scaling has no factor; add it (vLLM needs it too).")
     unknown = sorted(key for key, value in params.items() if key not in (*_HF_ROPE_OTHER, *_HF_ROPE_KEYS[rope_type])
                      and value is not None and not (key == "truncate" and value is True))
     if unknown:
@@ -201,9 +210,7 @@ def hf_rope_scaling(arch: ModelArch) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"rope_type": rope_type}
     for name, key in _HF_ROPE.items():
-        value = getattr(arch, name)
-        if key == "original_max_position_embeddings" and value is None:
-            value = arch.max_position_embeddings
+        value = effective(arch, name)
         if key in _HF_ROPE_KEYS[rope_type] and value is not None and \
                 not (key in ("beta_fast", "beta_slow") and value == LINKS[name].megatron_default):
             out[key] = value
@@ -330,7 +337,14 @@ def _megatron_rope_scaling(args: argparse.Namespace, read: Mapping[str, Any]) ->
     """The RoPE scaling of Megatron args: MindSpeed-LLM's rope_scaling_type with its keys, or Megatron-LM's
     use_rope_scaling (llama3's with megatron-core's fixed bounds: 1, 4 over 8192 positions). Without either,
     Megatron-LM's rope_scaling_factor (8 by default) means nothing, so none of the keys is kept."""
-    if read.get("rope_scaling_type") is not None:
+    rope_type = read.get("rope_scaling_type")
+    if rope_type is not None:
+        if rope_type == "llama3" and read.get("rope_scaling_original_max_position_embeddings") is None:
+            raise ConfigError("checkpoint args set llama3 RoPE scaling without its original context "
+                              "(original_max_position_embeddings); pass --hf-config-dir with the model's HF config.")
+        if not (read.get("rope_scaling_mscale") and read.get("rope_scaling_mscale_all_dim")):
+            # MindSpeed-LLM stores its defaults, 1 and 0, which YaRN's attention factor reads only as a pair
+            return {"rope_scaling_mscale": None, "rope_scaling_mscale_all_dim": None}
         return {}
     defaults = {name: LINKS[name].megatron_default for name in _HF_ROPE}
     if getattr(args, "use_rope_scaling", False):

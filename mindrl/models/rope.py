@@ -78,3 +78,11 @@ def attention_factor(arch: ModelArch) -> float:
     if mscale and all_dim:
         return _mscale(factor, mscale) / _mscale(factor, all_dim)
     return _mscale(factor)
+
+
+def yarn_positions(arch: ModelArch) -> int | None:
+    """The positions a YaRN model's scaling reaches, original context × factor (vLLM's rotary table has that many
+    rows and reads past them unchecked); None for every other scaling."""
+    if arch.rope_scaling_type != "yarn":
+        return None
+    return int(_original(arch) * arch.rope_scaling_factor)

@@ -222,9 +222,17 @@ class GenerateConfig:
                 f"(docs/rollout.md)."]
 
     def check_vllm_on(self, arch: ModelArch, platform: Platform | type[Platform]) -> None:
-        """What vLLM cannot do on `platform`: on some (CPU) split a seeded prompt's prefill over steps, so one
-        step must hold a whole sequence, or run a share of the experts (vLLM-CPU's grouped-GEMM kernel runs
-        every expert on every rank: with a share it crashes); and the expert split needs experts to split."""
+        """What vLLM cannot do: rotate YaRN positions past original context × factor (its table ends there); on
+        some platforms (CPU) split a seeded prompt's prefill over steps, so one step must hold a whole sequence,
+        or run a share of the experts (vLLM-CPU's grouped-GEMM kernel runs every expert on every rank: with a
+        share it crashes); and the expert split needs experts to split."""
+        from mindrl.models.rope import yarn_positions  # torch: loaded when an engine is checked, not with the config
+
+        reach = yarn_positions(arch)
+        if reach is not None and self.max_model_len > reach:
+            raise ConfigError(f"generate_config.max_model_len={self.max_model_len} runs past the {reach} positions "
+                              f"model {arch.name}'s YaRN scaling reaches (its original context times "
+                              f"rope_scaling_factor), where vLLM's rotary table ends; lower it.")
         if not platform.vllm_chunks_seeded_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(f"on {platform.name} vLLM cannot split a seeded prompt's prefill over steps, so "
                               f"generate_config.max_num_batched_tokens={self.max_num_batched_tokens} must be at "
