@@ -159,3 +159,22 @@ def load_converted(root: str):
     ranks = (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank())
     load_stage_weights(model, mg.load_rank(root, *ranks, arch, par)["model"])
     return model, arch
+
+
+def megatron_logits(rank: int, checkpoints: list[str], tokens: torch.Tensor) -> list:
+    """The full-vocabulary logits of `tokens` under each converted checkpoint, on the ranks of its last pipeline
+    stage (None on the others); every rank of the launch runs this."""
+    from mindrl.models.forward import gather_logits, run_microbatches
+
+    results = []
+    for root in checkpoints:
+        model, arch = load_converted(root)
+        captured = []
+
+        def keep(logits, batch, captured=captured):
+            captured.append(gather_logits(logits).detach().clone())
+            return logits.sum() * 0, {}
+
+        run_microbatches(model, [{"tokens": tokens}], keep, forward_only=True)
+        results.append(captured[0][..., :arch.padded_vocab_size] if captured else None)
+    return results

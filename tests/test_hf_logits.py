@@ -5,28 +5,12 @@ import torch
 
 from mindrl.ckpt_convert import hf_to_mcore
 from mindrl.launch import run_ranks
-from mindrl.models.forward import gather_logits, run_microbatches
-from tests.hf_models import build_hf_model, load_converted, save_hf_model
+from tests.hf_models import build_hf_model, megatron_logits, save_hf_model
 
 KINDS = ("qwen2", "llama3", "qwen3")
 # A fractional RoPE base as HF keeps it: Megatron's rotary embedding must not round it (at 2.5 an
 # integer base moved logits by over 1).
 OVERRIDES = {"llama3": {"rope_theta": 2.5}}
-
-
-def _megatron_logits(rank: int, checkpoints: list[str], tokens: torch.Tensor) -> list:
-    results = []
-    for root in checkpoints:
-        model, arch = load_converted(root)
-        captured = []
-
-        def keep(logits, batch, captured=captured):
-            captured.append(gather_logits(logits).detach().clone())
-            return logits.sum() * 0, {}
-
-        run_microbatches(model, [{"tokens": tokens}], keep, forward_only=True)
-        results.append(captured[0][..., :arch.padded_vocab_size] if captured else None)
-    return results
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +25,7 @@ def compared(tmp_path_factory):
         hf_dir = save_hf_model(model, root / f"hf_{kind}")
         checkpoints.append(str(hf_to_mcore(hf_dir, root / f"mg_{kind}", kind, 2, 2,
                                            params_dtype=torch.float32, progress=False)))
-    per_rank = run_ranks(_megatron_logits, 4, checkpoints, tokens)
+    per_rank = run_ranks(megatron_logits, 4, checkpoints, tokens)
     last_stage = [r for r in per_rank if r[0] is not None]
     assert len(last_stage) == 2  # the two TP ranks of the last pipeline stage
     return {kind: (expected[kind], last_stage[0][i], last_stage[1][i]) for i, kind in enumerate(KINDS)}

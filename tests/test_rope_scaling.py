@@ -19,8 +19,7 @@ from mindrl.launch import run_ranks
 from mindrl.models import arch_fields as af
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import rope
-from mindrl.models.forward import gather_logits, run_microbatches
-from tests.hf_models import build_hf_model, load_converted, save_hf_model
+from tests.hf_models import build_hf_model, megatron_logits, save_hf_model
 
 #: model kind → HF rope_scaling: each in effect within the tiny models' 128 positions (original contexts of 16–32)
 SCALINGS = {
@@ -53,21 +52,6 @@ def test_frequencies_and_attention_factor_are_hf_transformers(name):
         assert not torch.allclose(rope.inv_freq(arch), plain)
 
 
-def _logits(rank: int, roots: list[str], tokens: torch.Tensor) -> list:
-    out = []
-    for root in roots:
-        model, arch = load_converted(root)
-        kept = []
-
-        def keep(logits, batch, kept=kept):
-            kept.append(gather_logits(logits).detach().clone())
-            return logits.sum() * 0, {}
-
-        run_microbatches(model, [{"tokens": tokens}], keep, forward_only=True)
-        out.append(kept[0][..., :arch.padded_vocab_size])
-    return out
-
-
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """Each scaled tiny model in HF and converted at TP1 and TP2; 96-token rows run far past the original context."""
@@ -82,7 +66,7 @@ def converted(tmp_path_factory):
         for tp in (1, 2):
             roots.append(str(hf_to_mcore(hf[name], root / f"mg_{name}_tp{tp}", kind, tp, 1,
                                          params_dtype=torch.float32, progress=False)))
-    per_tp = {tp: run_ranks(_logits, tp, roots[tp - 1::2], tokens)[0] for tp in (1, 2)}
+    per_tp = {tp: run_ranks(megatron_logits, tp, roots[tp - 1::2], tokens)[0] for tp in (1, 2)}
     return hf, expected, per_tp, root
 
 

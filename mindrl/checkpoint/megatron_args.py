@@ -97,8 +97,9 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
         raise ConfigError(f"{name} was trained with rotary_percent={args.rotary_percent} (partial rotary "
                           f"embeddings), which mindrl does not convert.")
     values, missing = af.arch_values_from_megatron(args)
-    if _noop_split(args) is not None:
-        values["num_layers"] = _noop_split(args)[0]
+    noop_split = _noop_split(args)
+    if noop_split is not None:
+        values["num_layers"] = noop_split[0]
     if missing:
         raise ArgsIncomplete(f"{name}'s args lack {', '.join(missing)}, so they do not describe the architecture; "
                           f"pass --hf-config-dir with the model's HF config.json and --model-type-hf.")
@@ -118,11 +119,12 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
     last = getattr(args, "decoder_last_pipeline_num_layers", None)
     if not layers and (first or last) and pp > 1:
         layers = _uneven_split(int(args.num_layers), pp, first, last)
-    if _noop_split(args) is not None:
+    noop_split = _noop_split(args)
+    if noop_split is not None:
         if layers:
             raise ConfigError(f"checkpoint args have both noop_layers={args.noop_layers!r} and a per-stage layer "
                               f"split ({layers}); they disagree on how the stages are sized, so fix the args.")
-        layers = ",".join(map(str, _noop_split(args)[1]))
+        layers = ",".join(map(str, noop_split[1]))
     ep = int(getattr(args, "expert_model_parallel_size", None) or 1)
     expert_tp = getattr(args, "expert_tensor_parallel_size", None)
     if expert_tp not in (None, tp):

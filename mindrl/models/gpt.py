@@ -73,9 +73,10 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
     )
     if arch.is_moe:
         kwargs.update(moe_config_kwargs(par))
-    if rope.attention_factor(arch) != 1.0:
+    attention_factor = rope.attention_factor(arch)
+    if attention_factor != 1.0:
         # YaRN scales the rotated queries and keys alike (HF: cos and sin), which scales the scores by its square
-        kwargs["softmax_scale"] = rope.attention_factor(arch) ** 2 / math.sqrt(arch.head_dim)
+        kwargs["softmax_scale"] = attention_factor ** 2 / math.sqrt(arch.head_dim)
     kwargs.update(platform.transformer_config_overrides())
     kwargs.update(overrides)
     with warnings.catch_warnings():
