@@ -154,9 +154,10 @@ def rendezvous_store(world_size: int, timeout_s: float = 600.0, host: str = "127
 
 
 def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str | None,
-               args: tuple, results: mp.Queue, environment: dict[str, str] | None) -> None:
+               packed_args: bytes, results: mp.Queue, environment: dict[str, str] | None) -> None:
     """One rank; `environment` is its launch's, for a rank forked from the rank server (None: spawned)."""
     try:
+        args = torch.load(io.BytesIO(packed_args), weights_only=False)
         if environment is not None:
             _fresh_process_state(environment)
         from mindrl.platform import get_platform
@@ -223,8 +224,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, device: str |
     results = ctx.Queue()
     store = rendezvous_store(world_size, timeout_s)
     environment = dict(os.environ) if forked else None
-    procs = [process(target=_rank_main, args=(fn, rank, world_size, store.port, device, args, results, environment),
-                     daemon=True) for rank in range(world_size)]
+    # as plain bytes: pickled by multiprocessing, each tensor would travel as a file descriptor, and a start
+    # carries at most a few hundred of them
+    packed = io.BytesIO()
+    torch.save(args, packed)
+    procs = [process(target=_rank_main, args=(fn, rank, world_size, store.port, device, packed.getvalue(), results,
+                                              environment), daemon=True) for rank in range(world_size)]
     for proc in procs:
         proc.start()
     outputs: dict[int, Any] = {}

@@ -29,6 +29,14 @@ KINDS = {
                                                     num_experts_per_tok=2, moe_intermediate_size=32,
                                                     shared_expert_intermediate_size=48, norm_topk_prob=False,
                                                     decoder_sparse_step=1, mlp_only_layers=[])),
+    # GLM-4.5: 2 dense layers then experts (4 layers), sigmoid routing with the expert bias over 2 groups of 4
+    # experts (one chosen), a routing scale, an un-gated shared expert, QKV bias, half the head rotated
+    "glm4_moe": (transformers.Glm4MoeConfig, dict(vocab_size=256, tie_word_embeddings=False, head_dim=32,
+                                                  n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                  n_shared_experts=1, first_k_dense_replace=2, n_group=2,
+                                                  topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                                                  attention_bias=True, partial_rotary_factor=0.5,
+                                                  num_nextn_predict_layers=0)),
 }
 
 
@@ -51,6 +59,9 @@ def build_hf_model(kind: str, seed: int = 0, reward_model: bool = False, **overr
             param.normal_(0.0, 0.1)
             if "norm" in name:
                 param.add_(1.0)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a weight of the checkpoint, zero at HF's init
+                buffer.normal_(0.0, 0.1)
     return model.eval()
 
 
@@ -122,8 +133,9 @@ def hf_to_mcore_state(state: dict[str, torch.Tensor], arch) -> dict[str, torch.T
         full[hfm.OUTPUT[1]] = state[hfm.OUTPUT[0]]
     full.update({mg: state[hf] for hf, mg in hfm.vision_names(arch)})
     for i in range(arch.num_layers):
-        layer = {n: state[hfm.hf_layer_prefix(i) + n] for n in hfm.hf_layer_names(arch)}
-        full.update({hfm.mcore_layer_prefix(i) + n: t for n, t in hfm.hf_to_mcore_layer(layer, arch).items()})
+        layer = {n: state[hfm.hf_layer_prefix(i) + n] for n in hfm.hf_layer_names(arch.layer_arch(i))}
+        full.update({hfm.mcore_layer_prefix(i) + n: t
+                     for n, t in hfm.hf_to_mcore_layer(layer, arch.layer_arch(i)).items()})
     return {name: full[name] for name in sharding.full_param_shapes(arch)}
 
 
@@ -139,8 +151,9 @@ def mcore_to_hf_state(full: dict[str, torch.Tensor], arch) -> dict[str, torch.Te
         state[hfm.OUTPUT[0]] = full[hfm.OUTPUT[1]]
     state.update({hf: full[mg] for hf, mg in hfm.vision_names(arch)})
     for i in range(arch.num_layers):
-        layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch)}
-        state.update({hfm.hf_layer_prefix(i) + n: t for n, t in hfm.mcore_to_hf_layer(layer, arch).items()})
+        layer = {s: full[hfm.mcore_layer_prefix(i) + s] for s in sharding.layer_param_shapes(arch.layer_arch(i))}
+        state.update({hfm.hf_layer_prefix(i) + n: t
+                      for n, t in hfm.mcore_to_hf_layer(layer, arch.layer_arch(i)).items()})
     return state
 
 

@@ -1,6 +1,7 @@
-"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE) on megatron-core: HF transformers' logits and
-gradients at EP=1, EP=2, EP=2×TP=2 and PP=2, and expert-parallel gradients equal EP=1's with the
-load-balancing loss on (fp32, 4 gloo ranks, each data-parallel rank on its own rows)."""
+"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, GLM-4.5's DeepSeek-style routing with dense layers first) on
+megatron-core: HF transformers' logits and gradients at EP=1, TP=2, EP=2, EP=2×TP=2 and PP=2, and expert-parallel
+gradients equal EP=1's with the load-balancing loss on (fp32, 4 gloo ranks, each data-parallel rank on its own
+rows)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 from megatron.core import parallel_state
+from megatron.core.transformer.moe import moe_utils
 
 from mindrl.config import ConfigError, ModelArch, ParallelConfig, load_model_arch, validate_parallel
 from mindrl.distributed import init_model_parallel, release_model_parallel
@@ -22,15 +24,20 @@ from mindrl.platform import get_platform
 from mindrl.rollout.weight_sync import hf_tensors
 from tests.hf_models import build_hf_model, checkpoint_state, hf_to_mcore_state, mcore_to_hf_state
 
-KINDS = ("qwen3_moe", "qwen2_moe")
+KINDS = ("qwen3_moe", "qwen2_moe", "glm4_moe")
+#: layers of each kind's tiny model: GLM-4.5's keeps its first two dense
+LAYERS = {"qwen3_moe": 2, "qwen2_moe": 2, "glm4_moe": 4}
 LAYOUTS = {
     "ep1": ParallelConfig(1, 1),
+    "tp2": ParallelConfig(2, 1),
     "ep2": ParallelConfig(1, 1, expert_model_parallel_size=2),
     "ep2tp2": ParallelConfig(2, 1, expert_model_parallel_size=2),
     "pp2": ParallelConfig(1, 2),
     "ep2pp2": ParallelConfig(1, 2, expert_model_parallel_size=2),
 }
 ROWS, SEQ, MICRO = 8, 16, 2
+#: the expert bias: a weight of the checkpoint that training leaves as it is
+FROZEN = "mlp.gate.e_score_correction_bias"
 AUX = 0.01
 
 
@@ -38,6 +45,7 @@ def _run_layout(arch: ModelArch, par: ParallelConfig, full: dict, tokens: torch.
     """One layout on this rank: its data-parallel rank's rows through DDP (gradients all-reduced over the
     data-parallel and expert-data-parallel groups as in training); logits, losses and gradients back."""
     release_model_parallel()
+    moe_utils.get_moe_layer_wise_logging_tracker().clear()  # sized by the first model's layers
     init_model_parallel(par, arch=arch)
     model = build_gpt_model(arch, par)
     tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
@@ -59,7 +67,9 @@ def _run_layout(arch: ModelArch, par: ParallelConfig, full: dict, tokens: torch.
     synced = [(name, tensor.cpu()) for name, tensor in hf_tensors(model, arch, par, torch.float32)]
     return {"tp": tp, "pp": pp, "ep": ep, "dp": dp, "synced": synced,
             "logits": torch.cat(captured).cpu() if captured else None,
-            "grads": {n: p.main_grad.detach().cpu() for n, p in model.named_parameters()}}
+            # the expert bias is frozen: a weight without a gradient
+            "grads": {n: p.main_grad.detach().cpu() if p.requires_grad else torch.zeros_like(p, device="cpu")
+                      for n, p in model.named_parameters()}}
 
 
 def _all_layouts(rank: int, cases: list, layouts: list[ParallelConfig]) -> list:
@@ -87,7 +97,8 @@ def _hf_reference(model, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
         (loss / (ROWS // MICRO)).backward()
         logits.append(out.detach())
     grads = checkpoint_state(model, {n: p.grad for n, p in model.named_parameters()})
-    return torch.cat(logits), grads
+    frozen = [name for name in grads if name.endswith(FROZEN)]  # saved as the buffer's value, not a gradient
+    return torch.cat(logits), {name: grad for name, grad in grads.items() if name not in frozen}
 
 
 def hf_cases() -> tuple[list, dict]:
@@ -96,7 +107,7 @@ def hf_cases() -> tuple[list, dict]:
     tokens = torch.randint(0, 250, (ROWS, SEQ), generator=torch.Generator().manual_seed(3))
     cases, expected = [], {}
     for kind in KINDS:
-        hf = build_hf_model(kind, seed=7, num_hidden_layers=2)
+        hf = build_hf_model(kind, seed=7, num_hidden_layers=LAYERS[kind])
         arch = dataclasses.replace(hfm.arch_from_hf_config(hf.config.to_dict(), kind, name=kind),
                                    moe_router_dtype="fp32")
         state = checkpoint_state(hf)
@@ -143,7 +154,8 @@ def test_logits_and_gradients_equal_hf(results, kind, layout):
     diff = (logits - hf_logits).abs().max().item()
     print(f"{kind} {layout}: max |logits - HF| = {diff:.2e}")
     assert diff <= 1e-5
-    assert grads.keys() == hf_grads.keys()
+    assert {name for name in grads if not name.endswith(FROZEN)} == hf_grads.keys()
+    assert all(not grads[name].any() for name in grads if name.endswith(FROZEN))
     for name, grad in hf_grads.items():
         scale = grad.abs().max().item()
         assert scale > 0, f"{name} got no gradient from HF"
@@ -157,7 +169,7 @@ def test_expert_parallel_gradients_equal_ep1_with_the_aux_loss(results, kind, la
     _, reference = out[(kind, True, "ep1")]
     _, without_aux = out[(kind, False, "ep1")]
     _, grads = out[(kind, True, layout)]
-    router = "model.layers.0.mlp.gate.weight"
+    router = f"model.layers.{LAYERS[kind] // 2 if kind == 'glm4_moe' else 0}.mlp.gate.weight"
     # the load-balancing loss reaches the router: its gradient is not the one without it
     assert (reference[router] - without_aux[router]).abs().max() > 1e-6
     for name, grad in reference.items():

@@ -27,8 +27,9 @@ def _mapped_shards(arch, state: dict, tp: int) -> dict[str, list[torch.Tensor]]:
     if not arch.tied_embeddings:
         full[hfm.OUTPUT[1]] = state[hfm.OUTPUT[0]]
     for i in range(arch.num_layers):
-        layer = {n: state[hfm.hf_layer_prefix(i) + n] for n in hfm.hf_layer_names(arch)}
-        full.update({hfm.mcore_layer_prefix(i) + s: t for s, t in hfm.hf_to_mcore_layer(layer, arch).items()})
+        layer_arch = arch.layer_arch(i)
+        layer = {n: state[hfm.hf_layer_prefix(i) + n] for n in hfm.hf_layer_names(layer_arch)}
+        full.update({hfm.mcore_layer_prefix(i) + s: t for s, t in hfm.hf_to_mcore_layer(layer, layer_arch).items()})
     return {name: sharding.split_full_tensor(name, tensor, arch, par) for name, tensor in full.items()}
 
 
@@ -71,4 +72,4 @@ def test_layer_suffixes_are_the_mappings_names_in_its_order(kind):
     """A converter writing in this order writes the rank files the mapping would."""
     arch, state = _hf_state(kind)
     layer = {n: state[hfm.hf_layer_prefix(0) + n] for n in hfm.hf_layer_names(arch)}
-    assert tp_layout.layer_suffixes(arch) == list(hfm.hf_to_mcore_layer(layer, arch))
+    assert tp_layout.layer_suffixes(arch, 0) == list(hfm.hf_to_mcore_layer(layer, arch))

@@ -119,7 +119,7 @@ def _build_rank(weights: HFWeights, arch: ModelArch, par: ParallelConfig, chunk:
             put(name, name)
     for local in range(chunk.num_layers):
         index = chunk.first_layer + local
-        for suffix in tp_layout.layer_suffixes(arch):
+        for suffix in tp_layout.layer_suffixes(arch, index):
             name = hfm.mcore_layer_prefix(index) + suffix
             if name in names:  # an expert-parallel rank holds its own experts only
                 put(name, names[name])

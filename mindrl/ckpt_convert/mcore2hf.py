@@ -98,8 +98,9 @@ def _write_stage(states: list[dict[str, torch.Tensor]], source: MegatronSource, 
             add([name], [hf_name])
     for local in range(chunk.num_layers):
         index = chunk.first_layer + local
-        add([hfm.mcore_layer_prefix(index) + s for s in sharding.layer_param_shapes(arch)],
-            [hfm.hf_layer_prefix(index) + n for n in hfm.hf_layer_names(arch)])
+        layer = arch.layer_arch(index)
+        add([hfm.mcore_layer_prefix(index) + s for s in sharding.layer_param_shapes(layer)],
+            [hfm.hf_layer_prefix(index) + n for n in hfm.hf_layer_names(layer)])
         bar.update(1)
     if chunk.last:
         add([hfm.FINAL_NORM[1]], [hfm.FINAL_NORM[0]])

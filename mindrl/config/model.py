@@ -10,6 +10,7 @@ loss curve.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +43,10 @@ MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 #: is megatron-core's alltoall today
 MOE_DISPATCHERS = ("alltoall", "allgather", "alltoall_seq")
 MOE_ROUTER_DTYPES = ("fp32", "fp64")
+MOE_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 _UNSUPPORTED_PREFIXES = {
-    "moe_": "a mixture-of-experts option beyond Qwen2-MoE / Qwen3-MoE routing",
-    "n_shared_experts": "DeepSeek-style shared experts (Qwen2-MoE's is moe_shared_expert_intermediate_size)",
-    "first_k_dense_replace": "dense layers between mixture-of-experts layers",
-    "seq_aux": "DeepSeek's sequence-level auxiliary loss (moe_router_load_balancing_type: seq_aux_loss)",
+    "moe_": "a mixture-of-experts option beyond Qwen-MoE and DeepSeek-style routing",
     "multi_latent_attention": "multi-latent attention",
     "q_lora_rank": "multi-latent attention",
     "kv_lora_rank": "multi-latent attention",
@@ -95,6 +94,8 @@ class ModelArch:
     swiglu: bool = True
     position_embedding_type: str = "rope"
     rotary_base: float = 10000.0
+    #: the share of each head's dimensions RoPE rotates, the first ones (GLM-4.5: 0.5); the rest carry no position
+    rotary_percent: float = 1.0
     attention_softmax_in_fp32: bool = True
     #: outputs of a sequence-classification head in place of the LM head (a reward model has 1); null: a causal LM
     num_labels: int | None = None
@@ -116,6 +117,21 @@ class ModelArch:
     moe_token_dispatcher_type: str = "alltoall"
     #: precision of the router's logits and softmax; null: the model's
     moe_router_dtype: str | None = None
+    #: the first k layers keep a dense MLP (ffn_hidden_size), the others are mixtures of experts (DeepSeek-V3: 3,
+    #: GLM-4.5: 3); MindSpeed-LLM's `moe_layer_freq: 1` and `n_shared_experts` go with it
+    first_k_dense_replace: int = 0
+    #: routing scores: softmax over the experts (Qwen) or each expert's sigmoid (DeepSeek-V3, GLM-4.5), whose top-k
+    #: are renormalised to sum to one
+    moe_router_score_function: str = "softmax"
+    #: sigmoid routing picks experts by score + a per-expert bias (DeepSeek-V3's aux-loss-free balancing) and
+    #: weighs them by the score alone. The bias is a weight of the checkpoint, frozen in training (docs/moe.md)
+    moe_router_enable_expert_bias: bool = False
+    #: group-limited routing: the experts in moe_router_num_groups equal groups, each token choosing among the
+    #: moe_router_group_topk groups whose top two scores sum highest; null: no groups
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    #: the chosen experts' routing weights multiplied by this (DeepSeek-V3: 2.5); null: 1
+    moe_router_topk_scaling_factor: float | None = None
     #: with position_embedding_type mrope: the rotary frequencies (head_dim / 2 of them) given to the temporal,
     #: height and width position, in that order (Qwen2.5-VL's [16, 24, 24])
     mrope_section: tuple[int, ...] | None = None
@@ -189,6 +205,12 @@ class ModelArch:
         if self.vision is not None and (self.is_moe or self.has_score_head):
             raise ConfigError(f"{where}: a vision tower on a mixture of experts or a reward model is not built; "
                               f"drop vision: or use a dense causal LM.")
+        rotated = self.head_dim * self.rotary_percent if isinstance(self.rotary_percent, int | float) else 0.5
+        if not 0 < self.rotary_percent <= 1 or rotated != int(rotated) or int(rotated) % 2:
+            raise ConfigError(f"{where}: rotary_percent={self.rotary_percent!r} must be in (0, 1] and rotate an even "
+                              f"number of each head's {self.head_dim} dimensions.")
+        if mrope and self.rotary_percent != 1:
+            raise ConfigError(f"{where}: partial rotary (rotary_percent) of multimodal RoPE is not built; remove it.")
         self._check_rope_scaling()
 
     def _check_rope_scaling(self) -> None:
@@ -230,7 +252,7 @@ class ModelArch:
         where = f"model {self.name}"
         if self.num_experts is None:
             moe_keys = [f.name for f in dataclasses.fields(self) if f.name.startswith("moe_") or
-                        f.name == "norm_topk_prob"]
+                        f.name in ("norm_topk_prob", "first_k_dense_replace")]
             given = [k for k in moe_keys if getattr(self, k) != _DEFAULTS[k]]
             if given:
                 raise ConfigError(f"{where}: {given[0]} is set but num_experts is not; set num_experts for a "
@@ -250,14 +272,63 @@ class ModelArch:
                               f"moe_shared_expert_intermediate_size or drop the gate.")
         for key, allowed in (("moe_router_load_balancing_type", MOE_LOAD_BALANCING),
                              ("moe_token_dispatcher_type", MOE_DISPATCHERS),
-                             ("moe_router_dtype", (None, *MOE_ROUTER_DTYPES))):
+                             ("moe_router_dtype", (None, *MOE_ROUTER_DTYPES)),
+                             ("moe_router_score_function", MOE_SCORE_FUNCTIONS)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{where}: {key}={getattr(self, key)!r} is not one mindrl builds; choose one "
                                   f"of {', '.join(map(str, allowed))}.")
+        k = self.first_k_dense_replace
+        if not isinstance(k, int) or not 0 <= k < self.num_layers:
+            raise ConfigError(f"{where}: first_k_dense_replace={k!r} must be a count of dense layers from 0 to "
+                              f"num_layers - 1 = {self.num_layers - 1}.")
+        self._check_sigmoid_routing()
+
+    def _check_sigmoid_routing(self) -> None:
+        where = f"model {self.name}"
+        sigmoid = self.moe_router_score_function == "sigmoid"
+        if self.moe_router_enable_expert_bias and not sigmoid:
+            raise ConfigError(f"{where}: moe_router_enable_expert_bias biases sigmoid scores; set "
+                              f"moe_router_score_function: sigmoid or drop the bias.")
+        if sigmoid and self.moe_router_topk > 1 and not self.norm_topk_prob:
+            raise ConfigError(f"{where}: sigmoid routing renormalises its top-k weights (megatron-core always does), "
+                              f"so norm_topk_prob must be true.")
+        factor = self.moe_router_topk_scaling_factor
+        if factor is not None and not (isinstance(factor, int | float) and factor > 0):
+            raise ConfigError(f"{where}: moe_router_topk_scaling_factor must be a positive number or null, got "
+                              f"{factor!r}.")
+        groups, chosen = self.moe_router_num_groups, self.moe_router_group_topk
+        if (groups is None) != (chosen is None):
+            raise ConfigError(f"{where}: moe_router_num_groups and moe_router_group_topk set group-limited routing "
+                              f"together; set both or neither.")
+        if groups is None:
+            return
+        if not (isinstance(groups, int) and isinstance(chosen, int) and 1 <= chosen <= groups):
+            raise ConfigError(f"{where}: moe_router_group_topk={chosen!r} must be a count of groups from 1 to "
+                              f"moe_router_num_groups={groups!r}.")
+        if self.num_experts % groups:
+            raise ConfigError(f"{where}: moe_router_num_groups={groups} does not divide num_experts="
+                              f"{self.num_experts} into equal groups; choose a divisor of it.")
+        if self.moe_router_topk // chosen != 2 or self.moe_router_topk > chosen * (self.num_experts // groups):
+            raise ConfigError(f"{where}: group-limited routing ranks each group by its top moe_router_topk // "
+                              f"moe_router_group_topk scores (megatron-core), which HF and vLLM fix at two, and picks "
+                              f"the top-k from the chosen groups' experts; with moe_router_group_topk={chosen} set "
+                              f"moe_router_topk to {2 * chosen} or {2 * chosen + 1}, within the chosen groups' "
+                              f"{chosen * (self.num_experts // groups)} experts.")
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts is not None
+
+    def layer_arch(self, index: int) -> ModelArch:
+        """Layer `index` alone: an MoE model's first `first_k_dense_replace` layers are those of the dense model of
+        the same shapes, so what is named, cut or counted per layer (the HF mapping, the TP cut, FLOPs) reads one
+        kind of layer at a time."""
+        return _dense_layers(self) if self.is_moe and index < self.first_k_dense_replace else self
+
+    @property
+    def moe_layers(self) -> range:
+        """The layers holding experts."""
+        return range(self.first_k_dense_replace, self.num_layers) if self.is_moe else range(0)
 
     @property
     def expert_ffn_hidden_size(self) -> int:
@@ -271,6 +342,11 @@ class ModelArch:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head RoPE rotates (the first ones)."""
+        return round(self.head_dim * self.rotary_percent)
 
     @property
     def has_score_head(self) -> bool:
@@ -310,6 +386,10 @@ class ModelArch:
                 continue
             elif key == "spec":
                 _check_spec(name, value, values)
+            elif key in _LAYER_PATTERN_KEYS:
+                _check_layer_pattern(name, key, value, values)
+            elif key == "n_shared_experts":
+                continue  # read below, with the expert width it multiplies
             else:
                 feature = next((what for prefix, what in _UNSUPPORTED_PREFIXES.items()
                                 if key.startswith(prefix)), None)
@@ -318,6 +398,8 @@ class ModelArch:
                                       f"does not build yet; remove it or pick a dense architecture.")
                 raise ConfigError(f"model {name}: unknown key {key!r}; known keys are "
                                   f"{', '.join(sorted(fields | _NO_EFFECT_KEYS))}.")
+        if values.get("n_shared_experts"):
+            kwargs.update(_shared_experts(name, values))
         if values.get("use_mcore_models") is False:
             raise ConfigError(f"model {name}: use_mcore_models: false is not supported; mindrl always "
                               f"builds megatron-core models, so set it to true or remove it.")
@@ -339,6 +421,45 @@ class ModelArch:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelArch)}
+#: the fields only a mixture of experts has
+MOE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelArch) if f.name.startswith("moe_") or
+                   f.name in ("num_experts", "norm_topk_prob", "first_k_dense_replace"))
+
+
+@functools.lru_cache(maxsize=32)
+def _dense_layers(arch: ModelArch) -> ModelArch:
+    return dataclasses.replace(arch, **{name: _DEFAULTS[name] for name in MOE_FIELDS})
+
+
+#: MindSpeed-LLM's keys placing the MoE layers: mindrl builds experts in every layer after first_k_dense_replace
+_LAYER_PATTERN_KEYS = ("moe_layer_freq", "seq_aux")
+
+
+def _check_layer_pattern(name: str, key: str, value: object, values: Mapping[str, Any]) -> None:
+    """`moe_layer_freq: 1` (experts in every layer after the dense ones) and `seq_aux` (MindSpeed-LLM's switch for
+    the sequence-level balancing loss, which moe_router_load_balancing_type: seq_aux_loss chooses here) are read;
+    what else they could say is not built."""
+    if key == "moe_layer_freq" and value != 1:
+        raise ConfigError(f"model {name}: moe_layer_freq={value!r} places experts every few layers, which mindrl "
+                          f"does not build; it builds dense layers first (first_k_dense_replace) and experts in every "
+                          f"layer after them (moe_layer_freq: 1).")
+    if key == "seq_aux" and value and values.get("moe_router_load_balancing_type") != "seq_aux_loss":
+        raise ConfigError(f"model {name}: seq_aux: true asks for the sequence-level balancing loss; set "
+                          f"moe_router_load_balancing_type: seq_aux_loss (with moe_aux_loss_coeff) instead.")
+
+
+def _shared_experts(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """MindSpeed-LLM's `n_shared_experts` (DeepSeek's count of expert-sized shared experts, un-gated) as the width
+    of one shared expert."""
+    count, expert = values["n_shared_experts"], values.get("moe_ffn_hidden_size") or values.get("ffn_hidden_size")
+    if not isinstance(count, int) or count < 1 or not isinstance(expert, int):
+        raise ConfigError(f"model {name}: n_shared_experts={count!r} must be a positive count of shared experts, "
+                          f"each moe_ffn_hidden_size wide.")
+    width = values.get("moe_shared_expert_intermediate_size")
+    if width is not None and width != count * expert:
+        raise ConfigError(f"model {name}: n_shared_experts={count} makes a shared expert {count * expert} wide, but "
+                          f"moe_shared_expert_intermediate_size={width}; keep one of the two.")
+    return {"moe_shared_expert_intermediate_size": count * expert}
 #: the fields that configure rope_scaling_type
 ROPE_SCALING_KEYS = ("rope_scaling_factor", "rope_scaling_original_max_position_embeddings", "low_freq_factor",
                      "high_freq_factor", "beta_fast", "beta_slow", "rope_scaling_mscale", "rope_scaling_mscale_all_dim")

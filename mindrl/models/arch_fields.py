@@ -113,6 +113,21 @@ LINKS: dict[str, Link] = {
                                       megatron_default="allgather", structural=False, moe=True),
     "moe_router_dtype": Link(("moe_router_dtype",), "moe_router_dtype", megatron_default=None, structural=False,
                              moe=True),
+    # DeepSeek-style routing (DeepSeek-V3, GLM-4.5), in MindSpeed-LLM's args names; an HF config names them by family
+    # (hf_mapping reads and writes them)
+    "first_k_dense_replace": Link(("first_k_dense_replace",), megatron_default=0, moe=True),
+    "moe_router_score_function": Link(("moe_router_score_function",), "moe_router_score_function",
+                                      megatron_default="softmax", structural=False, moe=True),
+    "moe_router_enable_expert_bias": Link(("moe_router_enable_expert_bias",), "moe_router_enable_expert_bias",
+                                          megatron_default=False, moe=True),
+    "moe_router_num_groups": Link(("moe_router_num_groups",), "moe_router_num_groups", megatron_default=None,
+                                  structural=False, moe=True),
+    "moe_router_group_topk": Link(("moe_router_group_topk",), "moe_router_group_topk", megatron_default=None,
+                                  structural=False, moe=True),
+    "moe_router_topk_scaling_factor": Link(("moe_router_topk_scaling_factor",), "moe_router_topk_scaling_factor",
+                                           megatron_default=None, structural=False, cast=float, moe=True),
+    # megatron-core takes it as the GPTModel's rotary_percent; an HF config as partial_rotary_factor (hf_mapping)
+    "rotary_percent": Link(("rotary_percent",), megatron_default=1.0, structural=False, cast=float),
     # Vision-language (Qwen2.5-VL): Megatron-LM's --mrope-section; the vision tower has no Megatron-LM args, so
     # its fields are kept as one mapping. An HF config nests both (hf_mapping reads and writes them).
     "mrope_section": Link(("mrope_section",), "mrope_section", megatron_default=None, structural=False),
@@ -145,7 +160,7 @@ _HF_ROPE_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "or
                           "mscale_all_dim"),
                  "linear": ("factor",), "dynamic": ("factor",)}
 #: keys of an HF rope dict that are not scaling parameters
-_HF_ROPE_OTHER = ("rope_type", "type", "rope_theta", "mrope_section")
+_HF_ROPE_OTHER = ("rope_type", "type", "rope_theta", "mrope_section", "partial_rotary_factor")
 
 # Values every other side holds in place of the raw field: the effective count or size.
 _EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
@@ -225,7 +240,8 @@ def _hf_head_dim(config: Mapping[str, Any]) -> int | None:
 
 # HF values that are not a plain copy of one key.
 _FROM_HF: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "num_experts": lambda config: config.get("num_experts") or config.get("num_local_experts"),
+    "num_experts": lambda config: (config.get("num_experts") or config.get("num_local_experts")
+                                   or config.get("n_routed_experts")),
     "num_query_groups": lambda config: config.get("num_key_value_heads") or config["num_attention_heads"],
     "kv_channels": _hf_head_dim,
     "rotary_base": rope_theta,

@@ -27,7 +27,7 @@ from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
 from mindrl.models import rope
 from mindrl.models.attention import SDPAttention
-from mindrl.models.moe import mlp_submodules, moe_config_kwargs
+from mindrl.models.moe import freeze_expert_bias, mlp_submodules, moe_config_kwargs, routers_of
 from mindrl.models.recompute import RecomputedBlock
 from mindrl.models.rmsnorm import RMSNorm
 from mindrl.models.swiglu import SwiGLU
@@ -72,7 +72,7 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
         persist_layer_norm=False,
     )
     if arch.is_moe:
-        kwargs.update(moe_config_kwargs(par))
+        kwargs.update(moe_config_kwargs(arch, par))
     attention_factor = rope.attention_factor(arch)
     if attention_factor != 1.0:
         # YaRN scales the rotated queries and keys alike (HF: cos and sin), which scales the scores by its square
@@ -192,26 +192,18 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     config = transformer_config(arch, par, params_dtype, platform,
                                 **{"use_te_activation_func": arch.swiglu,
                                    **(recompute or Recompute()).transformer_config_kwargs(), **config_overrides})
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Apex is not installed.*")
-        spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
-                                        qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
-    spec.submodules.self_attention.submodules.core_attention = SDPAttention
-    if config.use_te_activation_func:
-        for mlp in mlp_submodules(spec):
-            mlp.activation_func = SwiGLU
-    block: ModuleSpec | TransformerBlockSubmodules = spec
+    block: ModuleSpec | TransformerBlockSubmodules = _layer_spec(arch, config)
     if arch.normalization == "RMSNorm":
-        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
-        if config.sequence_parallel and arch.qk_layernorm:
-            # torch's norm refuses sequence parallelism (the QK norms see whole sequences either way)
-            attention = spec.submodules.self_attention.submodules
-            attention.q_layernorm = attention.k_layernorm = RMSNorm
-        # the final norm comes from the block's submodules, which the layer spec alone leaves at torch's
-        block = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+        # the final norm comes from the block's submodules, which the layer spec alone leaves at torch's; an MoE
+        # model's dense layers come first (the stage's layers from its first one)
+        first = par.first_layer_of_stages(arch)[parallel_state.get_pipeline_model_parallel_rank()]
+        specs = {kind: _layer_spec(kind, config) for kind in {arch.layer_arch(0), arch}}
+        block = TransformerBlockSubmodules(layer_norm=RMSNorm, layer_specs=[
+            specs[arch.layer_arch(first + i)] for i in range(get_num_layers_to_build(config))])
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
                   pre_process=parallel_state.is_pipeline_first_stage(),
-                  post_process=parallel_state.is_pipeline_last_stage(), rotary_base=arch.rotary_base)
+                  post_process=parallel_state.is_pipeline_last_stage(), rotary_base=arch.rotary_base,
+                  rotary_percent=arch.rotary_percent)
     if arch.vision is not None:
         model = VisionLanguageModel(config, block, arch.vision,
                                     share_embeddings_and_output_weights=arch.tied_embeddings, **kwargs)
@@ -229,9 +221,33 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     if config.recompute_granularity == "full":
         # GPTModel builds megatron-core's block itself; mindrl's differs only in how it recomputes
         model.decoder.__class__ = RecomputedBlock
+    freeze_expert_bias(model)
     # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
-    # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one.
-    return model.to(device=platform.device(), dtype=params_dtype)
+    # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one (but for the expert bias).
+    model = model.to(device=platform.device(), dtype=params_dtype)
+    for router in routers_of(model):
+        router._maintain_float32_expert_bias()
+    return model
+
+
+def _layer_spec(arch: ModelArch, config: TransformerConfig) -> ModuleSpec:
+    """megatron-core's local layer spec for `arch`'s layers (a dense one for a dense layer of an MoE model), with
+    mindrl's attention core, SwiGLU and RMSNorm."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Apex is not installed.*")
+        spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
+                                        qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    if config.use_te_activation_func:
+        for mlp in mlp_submodules(spec):
+            mlp.activation_func = SwiGLU
+    if arch.normalization == "RMSNorm":
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm
+        if config.sequence_parallel and arch.qk_layernorm:
+            # torch's norm refuses sequence parallelism (the QK norms see whole sequences either way)
+            attention = spec.submodules.self_attention.submodules
+            attention.q_layernorm = attention.k_layernorm = RMSNorm
+    return spec
 
 
 def load_stage_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], only: set[str] | None = None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -35,16 +36,26 @@ from mindrl.models.vision import vision_param_shapes
 # HF model_type of each --model-type-hf name the converter accepts (qwen25: MindSpeed-LLM's name).
 HF_MODEL_TYPES = {"qwen2": "qwen2", "qwen25": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3",
                   "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "qwen2_5_vl": "qwen2_5_vl",
-                  "qwen25_vl": "qwen2_5_vl"}
+                  "qwen25_vl": "qwen2_5_vl", "glm4_moe": "glm4_moe", "glm45": "glm4_moe"}
 HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+                    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "glm4_moe": "Glm4MoeForCausalLM"}
 _CAUSAL_LM, _SEQ_CLS = "ForCausalLM", "ForSequenceClassification"
 # The optional tensors each HF family has: (QKV-only biases, QK layer norms, experts, a gated shared expert,
-# a vision tower).
-_FAMILY_TENSORS = {"qwen2": (True, False, False, False, False), "llama": (False, False, False, False, False),
-                   "qwen3": (False, True, False, False, False), "qwen2_moe": (True, False, True, True, False),
-                   "qwen3_moe": (False, True, True, False, False), "qwen2_5_vl": (True, False, False, False, True)}
+# a vision tower, DeepSeek-style routing: the sigmoid router's expert bias, un-gated shared experts, dense layers
+# first). None: as the family's config says (GLM-4.5's attention_bias, use_qk_norm).
+_FAMILY_TENSORS = {"qwen2": (True, False, False, False, False, False),
+                   "llama": (False, False, False, False, False, False),
+                   "qwen3": (False, True, False, False, False, False),
+                   "qwen2_moe": (True, False, True, True, False, False),
+                   "qwen3_moe": (False, True, True, False, False, False),
+                   "qwen2_5_vl": (True, False, False, False, True, False),
+                   "glm4_moe": (None, None, True, False, False, True)}
+#: the families' config keys of the tensors they may or may not have
+_FAMILY_SWITCHES = {"glm4_moe": ("attention_bias", "use_qk_norm")}
+#: tensors kept in fp32 whatever the model's dtype: the expert bias picks experts by differences far below bf16's
+#: resolution (megatron-core and HF both keep it so)
+FP32_TENSORS = ("mlp.router.expert_bias", "mlp.gate.e_score_correction_bias")
 
 EMBEDDING = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
 FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
@@ -72,21 +83,29 @@ def mcore_layer_prefix(index: int) -> str:
     return f"decoder.layers.{index}."
 
 
+def _hf_shared_prefix(arch: ModelArch) -> str:
+    """Qwen2-MoE's gated shared expert is `shared_expert`, DeepSeek's un-gated ones `shared_experts`."""
+    return "mlp.shared_expert." if arch.moe_shared_expert_gate else "mlp.shared_experts."
+
+
 def _hf_mlp_names(arch: ModelArch) -> list[str]:
     if not arch.is_moe:
         return ["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
     names = ["mlp.gate.weight"]
+    if arch.moe_router_enable_expert_bias:
+        names.append("mlp.gate.e_score_correction_bias")
     for e in range(arch.num_experts):
         names += [f"mlp.experts.{e}.{proj}.weight" for proj in ("gate_proj", "up_proj", "down_proj")]
     if arch.moe_shared_expert_intermediate_size:
-        names += [f"mlp.shared_expert.{proj}.weight" for proj in ("gate_proj", "up_proj", "down_proj")]
+        names += [f"{_hf_shared_prefix(arch)}{proj}.weight" for proj in ("gate_proj", "up_proj", "down_proj")]
         if arch.moe_shared_expert_gate:
             names.append("mlp.shared_expert_gate.weight")
     return names
 
 
 def hf_layer_names(arch: ModelArch) -> list[str]:
-    """HF tensor names inside one decoder layer of `arch` (without the layer prefix)."""
+    """HF tensor names inside one decoder layer of `arch` (without the layer prefix); of an MoE model with dense
+    layers first, pass the layer's own architecture (`arch.layer_arch(index)`)."""
     names = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
              "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
              *_hf_mlp_names(arch)]
@@ -99,6 +118,25 @@ def hf_layer_names(arch: ModelArch) -> list[str]:
 
 def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     """Every HF tensor of `arch` with its shape, in checkpoint order."""
+    shapes = {EMBEDDING[0]: (arch.padded_vocab_size, arch.hidden_size)}
+    for i in range(arch.num_layers):
+        layer = hf_layer_shapes(arch.layer_arch(i))
+        shapes.update({hf_layer_prefix(i) + n: layer[n] for n in hf_layer_names(arch.layer_arch(i))})
+    shapes[FINAL_NORM[0]] = (arch.hidden_size,)
+    if arch.has_output_layer:
+        shapes[OUTPUT[0]] = (arch.padded_vocab_size, arch.hidden_size)
+    if arch.has_score_head:
+        shapes[SCORE[0]] = (arch.num_labels, arch.hidden_size)
+    if arch.vision is not None:
+        shapes.update({VISION[0] + name: shape
+                       for name, shape in vision_param_shapes(arch.vision, arch.hidden_size).items()})
+    return shapes
+
+
+@lru_cache(maxsize=32)
+def hf_layer_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor a decoder layer of `arch` might hold, by name inside the layer (hf_layer_names picks
+    from them)."""
     h, hd, ffn = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
     q_rows, kv_rows = arch.num_attention_heads * hd, arch.query_groups * hd
     layer = {
@@ -113,23 +151,14 @@ def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     if arch.is_moe:
         expert, shared = arch.expert_ffn_hidden_size, arch.moe_shared_expert_intermediate_size or 0
         layer["mlp.gate.weight"] = (arch.num_experts, h)
+        layer["mlp.gate.e_score_correction_bias"] = (arch.num_experts,)
         for e in range(arch.num_experts):
             layer.update({f"mlp.experts.{e}.gate_proj.weight": (expert, h), f"mlp.experts.{e}.up_proj.weight":
                           (expert, h), f"mlp.experts.{e}.down_proj.weight": (h, expert)})
-        layer.update({"mlp.shared_expert.gate_proj.weight": (shared, h), "mlp.shared_expert.up_proj.weight":
-                      (shared, h), "mlp.shared_expert.down_proj.weight": (h, shared),
-                      "mlp.shared_expert_gate.weight": (1, h)})
-    shapes = {EMBEDDING[0]: (arch.padded_vocab_size, h)}
-    for i in range(arch.num_layers):
-        shapes.update({hf_layer_prefix(i) + n: layer[n] for n in hf_layer_names(arch)})
-    shapes[FINAL_NORM[0]] = (h,)
-    if arch.has_output_layer:
-        shapes[OUTPUT[0]] = (arch.padded_vocab_size, h)
-    if arch.has_score_head:
-        shapes[SCORE[0]] = (arch.num_labels, h)
-    if arch.vision is not None:
-        shapes.update({VISION[0] + name: shape for name, shape in vision_param_shapes(arch.vision, h).items()})
-    return shapes
+        shared_prefix = _hf_shared_prefix(arch)
+        layer.update({f"{shared_prefix}gate_proj.weight": (shared, h), f"{shared_prefix}up_proj.weight": (shared, h),
+                      f"{shared_prefix}down_proj.weight": (h, shared), "mlp.shared_expert_gate.weight": (1, h)})
+    return layer
 
 
 def vision_names(arch: ModelArch) -> list[tuple[str, str]]:
@@ -166,7 +195,7 @@ def _mlp_pairs(arch: ModelArch) -> list[tuple[str, str]]:
         return [("mlp.", "mlp.")]
     pairs = [(f"mlp.experts.{e}.", sharding.expert_prefix(e)) for e in range(arch.num_experts)]
     if arch.moe_shared_expert_intermediate_size:
-        pairs.append(("mlp.shared_expert.", "mlp.shared_experts."))
+        pairs.append((_hf_shared_prefix(arch), "mlp.shared_experts."))
     return pairs
 
 
@@ -177,6 +206,7 @@ def _renames(arch: ModelArch) -> dict[str, str]:
     renames.update({hf + "down_proj.weight": mg + "linear_fc2.weight" for hf, mg in _mlp_pairs(arch)})
     if arch.is_moe:
         renames["mlp.gate.weight"] = "mlp.router.weight"
+        renames["mlp.gate.e_score_correction_bias"] = "mlp.router.expert_bias"
         renames["mlp.shared_expert_gate.weight"] = "mlp.shared_experts.gate_weight"
     return renames
 
@@ -241,16 +271,21 @@ def hf_model_type(model_type_hf: str) -> str:
     return HF_MODEL_TYPES[model_type_hf]
 
 
-def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool, bool]:
+def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool, bool, bool]:
     """`arch`'s optional tensors, as _FAMILY_TENSORS lists them."""
     return (arch.add_qkv_bias, arch.qk_layernorm, arch.is_moe,
-            bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate), arch.vision is not None)
+            bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate), arch.vision is not None,
+            arch.moe_router_enable_expert_bias)
+
+
+def _holds(family: str, arch: ModelArch) -> bool:
+    return all(f is None or f == a for f, a in zip(_FAMILY_TENSORS[family], _tensors_of(arch), strict=True))
 
 
 def model_type_hf_of(arch: ModelArch) -> str:
     """The --model-type-hf whose HF family holds exactly `arch`'s optional tensors."""
-    for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl"):
-        if _FAMILY_TENSORS[HF_MODEL_TYPES[name]] == _tensors_of(arch):
+    for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "glm4_moe"):
+        if _holds(HF_MODEL_TYPES[name], arch):
             return name
     raise ConfigError(f"model {arch.name} has a mix of QKV biases, QK layer norms and experts that no HF family "
                       f"mindrl converts ({', '.join(HF_MODEL_TYPES)}) holds.")
@@ -259,19 +294,30 @@ def model_type_hf_of(arch: ModelArch) -> str:
 def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
     """Refuse an architecture whose weights the HF family could not load (before any work)."""
     family = hf_model_type(model_type_hf)
-    qkv_bias, qk_norm, experts, gated_shared, vision = _FAMILY_TENSORS[family]
-    if arch.add_qkv_bias and not qkv_bias:
+    qkv_bias, qk_norm, experts, gated_shared, vision, deepseek = _FAMILY_TENSORS[family]
+    if arch.add_qkv_bias and qkv_bias is False:
         raise ConfigError(f"HF {family} models have no QKV-only bias, so model {arch.name}'s QKV biases would "
                           f"not load back into HF transformers; a Qwen2-family model takes --model-type-hf qwen2.")
     problems = [what for what, bad in (
         ("no QKV biases (HF qwen2 has them)", qkv_bias and not arch.add_qkv_bias),
-        ("QK layer norms (only HF qwen3 has them)", arch.qk_layernorm and not qk_norm),
+        ("QK layer norms (HF qwen3 and glm4_moe have them)", arch.qk_layernorm and qk_norm is False),
         ("no QK layer norms (HF qwen3 has them)", qk_norm and not arch.qk_layernorm),
+        ("a sigmoid router with an expert bias (only HF glm4_moe has one)",
+         arch.moe_router_enable_expert_bias and not deepseek),
+        ("a router without the expert bias (HF glm4_moe has one)", deepseek and not arch.moe_router_enable_expert_bias),
+        ("dense layers before the experts (only HF glm4_moe has them)", bool(arch.first_k_dense_replace) and
+         not deepseek),
+        ("a gated shared expert (HF glm4_moe's are un-gated)", deepseek and arch.moe_shared_expert_gate),
         ("experts (only HF qwen2_moe / qwen3_moe have them)", arch.is_moe and not experts),
         ("no experts (HF qwen2_moe / qwen3_moe are mixtures of experts)", experts and not arch.is_moe),
         ("no gated shared expert (HF qwen2_moe has one)", experts and gated_shared and not _tensors_of(arch)[3]),
-        ("a shared expert (HF qwen3_moe has none)", experts and not gated_shared and
+        ("a shared expert (HF qwen3_moe has none)", experts and not gated_shared and not deepseek and
          bool(arch.moe_shared_expert_intermediate_size)),
+        ("no shared experts (HF glm4_moe has them)", deepseek and not arch.moe_shared_expert_intermediate_size),
+        ("sigmoid routing, expert groups or a routing scale (only HF glm4_moe has them)", not deepseek and (
+            arch.moe_router_score_function != "softmax" or arch.moe_router_num_groups is not None
+            or arch.moe_router_topk_scaling_factor is not None)),
+        ("partial rotary embeddings (only HF glm4_moe has them)", not deepseek and arch.rotary_percent != 1),
         ("biases on every linear layer", not arch.disable_bias_linear),
         (f"{arch.normalization} instead of RMSNorm", arch.normalization != "RMSNorm"),
         ("an activation other than SwiGLU", not arch.swiglu),
@@ -320,9 +366,12 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if config.get("model_type") != expected:
         raise ConfigError(f"config.json has model_type {config.get('model_type')!r} but --model-type-hf "
                           f"{model_type_hf} expects {expected!r}; pass the matching --model-type-hf.")
-    qkv_bias, qk_norm, experts, gated_shared, vision = _FAMILY_TENSORS[expected]
+    qkv_bias, qk_norm, experts, gated_shared, vision, deepseek = _FAMILY_TENSORS[expected]
     full_config, config = config, (text_config_of(config) if vision else config)
-    if experts:
+    switches = _FAMILY_SWITCHES.get(expected)
+    if switches:
+        qkv_bias, qk_norm = (bool(config.get(key)) for key in switches)
+    if experts and not deepseek:
         _check_every_layer_moe(config)
     if add_qkv_bias and not qkv_bias:
         raise ConfigError(f"--add-qkv-bias does not fit --model-type-hf {model_type_hf}: HF {expected} models "
@@ -331,7 +380,7 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if config.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"HF config has hidden_act {config['hidden_act']!r}; mindrl converts SwiGLU "
                           f"(silu) models only.")
-    if config.get("attention_bias") or config.get("mlp_bias"):
+    if (config.get("attention_bias") and not switches) or config.get("mlp_bias"):
         raise ConfigError("HF config sets attention_bias/mlp_bias (biases on every projection); "
                           "mindrl converts QKV-only biases (Qwen2) or no biases (Llama).")
     sliding = _sliding_window_layers(config)
@@ -343,10 +392,42 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     values = af.arch_values_from_hf(config)
     if gated_shared and values.get("moe_shared_expert_intermediate_size"):
         values["moe_shared_expert_gate"] = True
+    if deepseek:
+        values.update(_deepseek_routing_from_hf(config, values))
     if vision:
         values.update(position_embedding_type="mrope", mrope_section=_mrope_section(config),
                       vision=_vision_from_hf(full_config, values["hidden_size"]))
     return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, num_labels=num_labels, **values)
+
+
+def _deepseek_routing_from_hf(config: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek-style routing and GLM-4.5's partial rotary from an HF config: sigmoid scores with the expert bias,
+    expert groups (one group: none), the routing scale (1: none), `n_shared_experts` expert-sized shared experts."""
+    mtp = config.get("num_nextn_predict_layers") or 0
+    if mtp:
+        raise ConfigError(f"HF config has {mtp} multi-token-prediction layer(s) (num_nextn_predict_layers), which "
+                          f"mindrl does not carry yet; convert a checkpoint without them (num_nextn_predict_layers: "
+                          f"0).")
+    groups, scale = config.get("n_group") or 1, config.get("routed_scaling_factor", 1.0)
+    shared = config.get("n_shared_experts") or 0
+    rotary = config.get("partial_rotary_factor", (config.get("rope_parameters") or {}).get("partial_rotary_factor"))
+    return {"first_k_dense_replace": config.get("first_k_dense_replace", 0), "moe_router_score_function": "sigmoid",
+            "moe_router_enable_expert_bias": True,
+            "moe_router_num_groups": groups if groups > 1 else None,
+            "moe_router_group_topk": config.get("topk_group") if groups > 1 else None,
+            "moe_router_topk_scaling_factor": float(scale) if scale != 1 else None,
+            "moe_shared_expert_intermediate_size": shared * values["moe_ffn_hidden_size"] if shared else None,
+            "rotary_percent": float(rotary) if rotary is not None else 1.0}
+
+
+def _deepseek_routing_to_hf(arch: ModelArch) -> dict[str, Any]:
+    """The HF config keys of _deepseek_routing_from_hf's fields."""
+    return {"n_routed_experts": arch.num_experts, "first_k_dense_replace": arch.first_k_dense_replace,
+            "n_group": arch.moe_router_num_groups or 1, "topk_group": arch.moe_router_group_topk or 1,
+            "routed_scaling_factor": arch.moe_router_topk_scaling_factor or 1.0,
+            "n_shared_experts": arch.moe_shared_expert_intermediate_size // arch.expert_ffn_hidden_size,
+            "partial_rotary_factor": arch.rotary_percent, "attention_bias": arch.add_qkv_bias,
+            "use_qk_norm": arch.qk_layernorm, "num_nextn_predict_layers": 0}
 
 
 def text_config_of(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -426,6 +507,10 @@ def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype)
         **({"decoder_sparse_step": 1, "mlp_only_layers": []} if arch.is_moe else {}),
         "attention_bias": False,
     }
+    if _FAMILY_TENSORS[model_type][5]:
+        for key in ("num_experts", "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size"):
+            text.pop(key, None)
+        text.update(_deepseek_routing_to_hf(arch))
     head = {"architectures": [architecture], "model_type": model_type, **labels}
     dtype_name = str(dtype).removeprefix("torch.")
     if arch.vision is None:

@@ -19,7 +19,7 @@ from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
-from mindrl.config import ParallelConfig
+from mindrl.config import ModelArch, ParallelConfig
 from mindrl.models.recompute import recomputing
 
 # megatron-core 0.16 tests `te_general_gemm is not None` in the router's linear but binds the name only when
@@ -28,16 +28,36 @@ if not hasattr(moe_utils, "te_general_gemm"):
     moe_utils.te_general_gemm = None
 
 
-def moe_config_kwargs(par: ParallelConfig) -> dict[str, Any]:
+def moe_config_kwargs(arch: ModelArch, par: ParallelConfig) -> dict[str, Any]:
     """TransformerConfig keywords of an MoE model under `par`.
 
     megatron-core refuses to train an MoE layer under TP without sequence parallelism (its tokens are
     routed per sequence shard), so at TP > 1 `par.sequence_parallel_for` is always true for it (transformer_config
     sets it); sequences must then divide by TP.
+
+    The expert bias is frozen (update rate 0; freeze_expert_bias makes it a weight without a gradient). It balanced
+    the experts' load over pre-training's trillions of tokens; moved by the sign of each RL step's few thousand, it
+    would change which experts a policy uses without a gradient saying so, between the rollout that sampled the
+    tokens and the update that scores them, and no importance ratio corrects that.
     """
-    return dict(expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp, moe_grouped_gemm=False,
-                # each router gets a RouterReplay, idle (routing as usual) until told to record or replay
-                moe_enable_routing_replay=True)
+    kwargs = dict(expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp, moe_grouped_gemm=False,
+                  # each router gets a RouterReplay, idle (routing as usual) until told to record or replay
+                  moe_enable_routing_replay=True)
+    if arch.first_k_dense_replace:
+        kwargs["moe_layer_freq"] = [int(i in arch.moe_layers) for i in range(arch.num_layers)]
+    if arch.moe_router_enable_expert_bias:
+        kwargs["moe_router_bias_update_rate"] = 0.0
+    return kwargs
+
+
+def freeze_expert_bias(model: torch.nn.Module) -> None:
+    """The routers' expert bias as an fp32 parameter without a gradient: megatron-core keeps it as a buffer, which
+    no checkpoint, weight load or weight sync of mindrl's (all reading parameters) would carry."""
+    for router in routers_of(model):
+        if router.expert_bias is not None and not isinstance(router.expert_bias, torch.nn.Parameter):
+            bias = router.expert_bias.detach().float()
+            del router._buffers["expert_bias"]
+            router.expert_bias = torch.nn.Parameter(bias, requires_grad=False)
 
 
 def mlp_submodules(spec: ModuleSpec) -> list[MLPSubmodules]:
@@ -55,16 +75,17 @@ class ExpertLoad:
     `step_metrics` is a collective over all the model's ranks: each rank routes its own tokens (its data-parallel
     rows, its sequence shard, its pipeline stage's layers), so the counts are summed over the world."""
 
-    def __init__(self, model: torch.nn.Module, num_layers: int, num_experts: int, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, layers: range, num_experts: int, device: torch.device) -> None:
+        self.layers = layers  # the model's MoE layers
         # on the routers' device: a copy to the host in every layer's forward would wait for the device each time
-        self.counts = torch.zeros(num_layers, num_experts, dtype=torch.float32, device=device)
+        self.counts = torch.zeros(len(layers), num_experts, dtype=torch.float32, device=device)
         for module in model.modules():
             if isinstance(module, TopKRouter):
                 module.register_forward_hook(self._count)
 
     def _count(self, router: TopKRouter, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
         if torch.is_grad_enabled() and not recomputing():
-            self.counts[router.layer_number - 1] += output[1].sum(dim=0)
+            self.counts[moe_layer_index(router)] += output[1].sum(dim=0)
 
     def step_metrics(self, num_microbatches: int) -> dict[str, float]:
         """Per layer the busiest expert's tokens over the mean (1: balanced; `num_experts` / top-k: every token
@@ -74,15 +95,23 @@ class ExpertLoad:
         dist.all_reduce(counts)
         self.counts.zero_()
         ratio = (counts.max(dim=1).values / counts.mean(dim=1).clamp(min=1e-9)).tolist()
-        metrics = {f"moe/load_max_over_mean_layer{i:02d}": r for i, r in enumerate(ratio)}
+        metrics = {f"moe/load_max_over_mean_layer{i:02d}": r for i, r in zip(self.layers, ratio, strict=True)}
         metrics["moe/load_max_over_mean"] = max(ratio)
         tracker = moe_utils.get_moe_layer_wise_logging_tracker()
         if tracker:
             moe_utils.reduce_aux_losses_tracker_across_ranks()
-            for name, entry in sorted(tracker.items()):
-                metrics[f"moe/{name}"] = entry["values"].mean().item() / num_microbatches
+            for name, entry in sorted(tracker.items()):  # a value per layer, the dense ones' zero
+                metrics[f"moe/{name}"] = entry["values"][list(self.layers)].mean().item() / num_microbatches
             moe_utils.clear_aux_losses_tracker()
         return metrics
+
+
+def moe_layer_index(router: TopKRouter) -> int:
+    """The router's layer among the model's MoE layers, which is how routes and loads are kept (an MoE model's
+    dense layers come first)."""
+    before = router.layer_number - 1
+    pattern = router.config.moe_layer_freq
+    return before - (pattern[:before].count(0) if isinstance(pattern, list) else 0)
 
 
 def routers_of(model: torch.nn.Module) -> list[TopKRouter]:
@@ -105,7 +134,7 @@ def record_routes(model: torch.nn.Module, on: bool) -> None:
 
 
 def recorded_routes(model: torch.nn.Module, rows: int) -> torch.Tensor:
-    """The experts the last forward of `rows` rows routed each token to, [rows, s, layers of this stage, top-k]
+    """The experts the last forward of `rows` rows routed each token to, [rows, s, MoE layers of this stage, top-k]
     (the routers see the tokens sequence-major)."""
     picks = [router.router_replay.get_recorded_indices() for router in routers_of(model)]
     stacked = torch.stack(picks, dim=1)  # [s * rows, layers, k]
@@ -113,7 +142,7 @@ def recorded_routes(model: torch.nn.Module, rows: int) -> torch.Tensor:
 
 
 def replay_routes(model: torch.nn.Module, routes: torch.Tensor | None) -> None:
-    """Route the next forward's tokens to `routes` [b, s, num_layers, top-k] (global layer numbers) instead of the
+    """Route the next forward's tokens to `routes` [b, s, MoE layers, top-k] (all the model's) instead of the
     routers' own choice — the experts the rollout engine used (rollout routing replay) — or, with None, let the
     routers choose again. Under sequence parallelism each TP rank's routers see their slice of the sequence."""
     routers = routers_of(model)
@@ -132,7 +161,7 @@ def replay_routes(model: torch.nn.Module, routes: torch.Tensor | None) -> None:
         width = routes.shape[1] // tp
         routes = routes[:, rank * width:(rank + 1) * width]
     for router in routers:
-        picks = routes[:, :, router.layer_number - 1].transpose(0, 1).reshape(-1, routes.shape[-1]).long()
+        picks = routes[:, :, moe_layer_index(router)].transpose(0, 1).reshape(-1, routes.shape[-1]).long()
         router.router_replay.clear_indices()
         router.router_replay.set_target_indices(picks)
         router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)

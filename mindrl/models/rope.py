@@ -16,7 +16,7 @@ from mindrl.config import ModelArch
 
 
 def _plain(arch: ModelArch) -> torch.Tensor:
-    dim = arch.head_dim
+    dim = arch.rotary_dim
     return 1.0 / (arch.rotary_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
@@ -38,7 +38,7 @@ def _llama3(arch: ModelArch, inv_freq: torch.Tensor) -> torch.Tensor:
 def _yarn(arch: ModelArch) -> torch.Tensor:
     """Interpolated frequencies (÷ factor) below beta_slow rotations over the original context, the plain ones
     above beta_fast, a linear ramp between (HF's truncated correction range)."""
-    dim, base, factor, original = arch.head_dim, arch.rotary_base, arch.rope_scaling_factor, _original(arch)
+    dim, base, factor, original = arch.rotary_dim, arch.rotary_base, arch.rope_scaling_factor, _original(arch)
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -54,7 +54,7 @@ def _yarn(arch: ModelArch) -> torch.Tensor:
 
 
 def inv_freq(arch: ModelArch) -> torch.Tensor:
-    """The [head_dim / 2] fp32 rotary frequencies of `arch`, its scaling applied."""
+    """The [rotary_dim / 2] fp32 rotary frequencies of `arch`, its scaling applied."""
     kind = arch.rope_scaling_type
     if kind == "yarn":
         return _yarn(arch)

@@ -37,7 +37,8 @@ _VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
 def layer_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
-    """Shapes of one decoder layer's parameters at TP=1, keyed by name inside the layer."""
+    """Shapes of one decoder layer's parameters at TP=1, keyed by name inside the layer (of an MoE model with dense
+    layers first, pass the layer's own architecture: `arch.layer_arch(index)`)."""
     h, hd = arch.hidden_size, arch.head_dim
     qkv_rows = (arch.num_attention_heads + 2 * arch.query_groups) * hd
     fc1_rows = arch.ffn_hidden_size * (2 if arch.swiglu else 1)
@@ -74,6 +75,8 @@ def _moe_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     """An MoE layer's MLP parameters at EP=1 (experts numbered globally), in megatron-core's order."""
     h, ffn = arch.hidden_size, arch.expert_ffn_hidden_size
     shapes: dict[str, tuple[int, ...]] = {"mlp.router.weight": (arch.num_experts, h)}
+    if arch.moe_router_enable_expert_bias:
+        shapes["mlp.router.expert_bias"] = (arch.num_experts,)
     for e in range(arch.num_experts):
         shapes[f"{expert_prefix(e)}linear_fc1.weight"] = (2 * ffn, h)
         shapes[f"{expert_prefix(e)}linear_fc2.weight"] = (h, ffn)
@@ -105,9 +108,8 @@ def _full_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     if arch.vision is not None:
         shapes.update({VISION_PREFIX + name: shape
                        for name, shape in vision_param_shapes(arch.vision, arch.hidden_size).items()})
-    per_layer = layer_param_shapes(arch)
     for i in range(arch.num_layers):
-        shapes.update({f"decoder.layers.{i}.{k}": v for k, v in per_layer.items()})
+        shapes.update({f"decoder.layers.{i}.{k}": v for k, v in layer_param_shapes(arch.layer_arch(i)).items()})
     shapes["decoder.final_layernorm.weight"] = (arch.hidden_size,)
     if arch.normalization == "LayerNorm":
         shapes["decoder.final_layernorm.bias"] = (arch.hidden_size,)

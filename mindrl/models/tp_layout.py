@@ -46,9 +46,7 @@ Layout = dict[str, list[list[Piece]]]
 @lru_cache(maxsize=32)
 def _layer_layout(arch: ModelArch, tp: int) -> Layout:
     """Pieces of one decoder layer, named by suffix (layer prefixes are added by the caller)."""
-    names = hfm.hf_layer_names(arch)
-    model_shapes = hfm.hf_param_shapes(arch)
-    shapes = {n: model_shapes[hfm.hf_layer_prefix(0) + n] for n in names}
+    names, shapes = hfm.hf_layer_names(arch), hfm.hf_layer_shapes(arch)
     rows_probe, cols_probe = {}, {}
     for number, name in enumerate(names):
         rows = torch.arange(shapes[name][0], dtype=torch.int64) | (number << _ROW_BITS)
@@ -110,22 +108,22 @@ def rank_pieces(arch: ModelArch, tp: int, name: str) -> list[list[Piece]]:
     index, suffix = _split_layer_name(name)
     prefix = hfm.hf_layer_prefix(index)
     return [[Piece(prefix + p.hf_name, p.hf_start, p.start, p.count, p.col_block) for p in pieces]
-            for pieces in _layer_layout(arch, tp)[suffix]]
+            for pieces in _layer_layout(arch.layer_arch(index), tp)[suffix]]
 
 
-def layer_suffixes(arch: ModelArch) -> list[str]:
-    """The Megatron names inside one decoder layer, in the order the mapping makes them: a converter
+def layer_suffixes(arch: ModelArch, index: int) -> list[str]:
+    """The Megatron names inside decoder layer `index`, in the order the mapping makes them: a converter
     writing in this order writes the same rank files as one that runs the mapping."""
-    return list(_layer_suffixes(arch))
+    return list(_layer_suffixes(arch.layer_arch(index)))
 
 
 @lru_cache(maxsize=32)
 def _layer_suffixes(arch: ModelArch) -> tuple[str, ...]:
-    shapes = hfm.hf_param_shapes(arch)
+    shapes = hfm.hf_layer_shapes(arch)
     # The mapping fuses and orders by rows: one column per tensor tells it all, at no cost.
     narrow = {}
     for name in hfm.hf_layer_names(arch):
-        rows, *cols = shapes[hfm.hf_layer_prefix(0) + name]
+        rows, *cols = shapes[name]
         narrow[name] = torch.empty(rows, *(1 for _ in cols))
     return tuple(hfm.hf_to_mcore_layer(narrow, arch))
 

@@ -588,7 +588,7 @@ class ActorWorker(MegatronWorker):
             use_checkpoint_opt_param_scheduler=not cfg.override_opt_param_scheduler)
         self.updates = 0
         self._saving: dist_ckpt.PendingSave | None = None
-        self.expert_load = (ExpertLoad(self.model, arch.num_layers, arch.num_experts, self.platform.device())
+        self.expert_load = (ExpertLoad(self.model, arch.moe_layers, arch.num_experts, self.platform.device())
                             if arch.is_moe else None)
         self._swap_optimizer_out()  # the fp32 masters exist already: off the device before the engine starts
 
