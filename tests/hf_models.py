@@ -93,8 +93,13 @@ def build_hf_vl_model(seed: int = 0, tie_word_embeddings: bool = False) -> trans
 
 def save_hf_model(model: transformers.PreTrainedModel, folder: Path, dtype: torch.dtype = torch.float32,
                   max_shard_size: str = "60KB") -> Path:
-    """Save as sharded safetensors (with index) plus a tokenizer file to copy through."""
-    model.to(dtype).save_pretrained(folder, max_shard_size=max_shard_size)
+    """Save as sharded safetensors (with index) plus a tokenizer file to copy through; an expert bias in fp32
+    whatever `dtype`, as the published checkpoints keep it."""
+    model.to(dtype)
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.data = buffer.data.float()
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128, "tag": str(folder)}))
     model.to(torch.float32)
     return folder

@@ -81,9 +81,46 @@ def test_unknown_key_is_an_error_that_lists_known_keys():
 def test_moe_keys_mindrl_does_not_build_are_rejected_not_ignored():
     dense = dict(load_model_arch("tiny_qwen").__dict__)
     dense.pop("name")
-    for key, value in (("moe_layer_freq", 2), ("first_k_dense_replace", 1), ("moe_router_num_groups", 4)):
+    for key, value in (("moe_expert_capacity_factor", 1.5), ("moe_router_bias_update_rate", 1e-3)):
         with pytest.raises(ConfigError, match=f"key '{key}' asks for .*which mindrl does not build"):
             ModelArch.from_dict("m", {**dense, "num_experts": 8, key: value})
+
+
+DEEPSEEK_STYLE = dict(num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32, first_k_dense_replace=2,
+                      moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, norm_topk_prob=True,
+                      moe_router_num_groups=2, moe_router_group_topk=1, moe_router_topk_scaling_factor=2.5)
+
+
+def test_deepseek_style_keys_read_as_mindspeed_llm_writes_them():
+    dense = dict(load_model_arch("tiny_qwen").__dict__)
+    dense.pop("name")
+    arch = ModelArch.from_dict("m", {**dense, **DEEPSEEK_STYLE, "n_shared_experts": 2, "moe_layer_freq": 1,
+                                     "seq_aux": False})
+    assert arch.moe_shared_expert_intermediate_size == 64 and not arch.moe_shared_expert_gate
+    assert list(arch.moe_layers) == [2, 3] and arch.layer_arch(1).num_experts is None and arch.layer_arch(2) is arch
+    assert arch.layer_arch(0).first_k_dense_replace == 0 and arch.layer_arch(0).ffn_hidden_size == arch.ffn_hidden_size
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(moe_layer_freq=2), r"moe_layer_freq=2 places experts every few layers"),
+    (dict(seq_aux=True), r"seq_aux: true asks for the sequence-level balancing loss; set moe_router_load_balancing"),
+    (dict(n_shared_experts=1, moe_shared_expert_intermediate_size=48), r"makes a shared expert 32 wide, but"),
+    (dict(moe_router_num_groups=3), r"moe_router_num_groups=3 does not divide num_experts=8"),
+    (dict(moe_router_group_topk=3), r"moe_router_group_topk=3 must be a count of groups from 1 to"),
+    (dict(moe_router_topk=4), r"with moe_router_group_topk=1 set moe_router_topk to 2 or 3"),
+    (dict(moe_router_group_topk=None), r"set both or neither"),
+    (dict(norm_topk_prob=False), r"sigmoid routing renormalises its top-k weights .* norm_topk_prob must be true"),
+    (dict(moe_router_score_function="softmax"), r"moe_router_enable_expert_bias biases sigmoid scores"),
+    (dict(moe_router_score_function="tanh", moe_router_enable_expert_bias=False), r"'tanh' is not one mindrl builds"),
+    (dict(first_k_dense_replace=4), r"first_k_dense_replace=4 must be a count of dense layers from 0 to"),
+    (dict(moe_router_topk_scaling_factor=0), r"moe_router_topk_scaling_factor must be a positive number"),
+    (dict(rotary_percent=0.3), r"rotary_percent=0.3 must be in \(0, 1\] and rotate an even number"),
+])
+def test_deepseek_style_mistakes_are_one_sentence(bad, message):
+    dense = dict(load_model_arch("tiny_qwen").__dict__)
+    dense.pop("name")
+    with pytest.raises(ConfigError, match=message):
+        ModelArch.from_dict("m", {**dense, **DEEPSEEK_STYLE, **bad})
 
 
 def test_missing_model_names_the_known_ones():

@@ -19,13 +19,14 @@ LAYOUTS = list(itertools.product((1, 2), (1, 2), (1, 2)))  # EP, TP, PP
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe_hf")
-    return {(kind, dtype): save_hf_model(build_hf_model(kind, seed=5, num_hidden_layers=2), root / f"{kind}_{dtype}",
-                                         dtype=dtype)
-            for kind in ("qwen3_moe", "qwen2_moe") for dtype in (torch.float32, torch.bfloat16)}
+    return {(kind, dtype): save_hf_model(build_hf_model(kind, seed=5, num_hidden_layers=4 if kind == "glm4_moe" else 2),
+                                         root / f"{kind}_{dtype}", dtype=dtype)
+            for kind in ("qwen3_moe", "qwen2_moe", "glm4_moe") for dtype in (torch.float32, torch.bfloat16)}
 
 
 @pytest.mark.parametrize("ep, tp, pp", LAYOUTS)
-@pytest.mark.parametrize("kind, dtype", [("qwen3_moe", torch.float32), ("qwen2_moe", torch.bfloat16)])
+@pytest.mark.parametrize("kind, dtype", [("qwen3_moe", torch.float32), ("qwen2_moe", torch.bfloat16),
+                                         ("glm4_moe", torch.bfloat16)])
 def test_hf_to_mcore_to_hf_is_bit_exact(tmp_path, hf_dirs, kind, dtype, ep, tp, pp):
     hf_dir = hf_dirs[(kind, dtype)]
     hf_to_mcore(hf_dir, tmp_path / "mg", kind, tp, pp, params_dtype=dtype, progress=False, ep=ep)
@@ -34,7 +35,9 @@ def test_hf_to_mcore_to_hf_is_bit_exact(tmp_path, hf_dirs, kind, dtype, ep, tp, 
     assert sorted(back) == sorted(original)
     assert any(".mlp.experts.7.down_proj" in name for name in original)
     for name, tensor in original.items():
-        assert back[name].dtype == dtype and torch.equal(back[name], tensor), name
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    # GLM-4.5's expert bias stays fp32 in a bf16 checkpoint, through Megatron's files too
+    assert {t.dtype for t in original.values()} == ({dtype, torch.float32} if kind == "glm4_moe" else {dtype})
 
 
 def test_expert_parallel_rank_folders_are_megatron_lms(tmp_path, hf_dirs):
@@ -60,14 +63,16 @@ def _rank_files(root: Path) -> dict[str, dict]:
             for p in sorted(root.rglob("model_optim_rng.pt"))}
 
 
-@pytest.mark.parametrize("source, target", [((2, 2, 2), (1, 1, 1)), ((1, 1, 2), (2, 2, 1)), ((2, 1, 1), (2, 2, 2))])
-def test_mg_to_mg_to_another_expert_layout_equals_going_through_hf(tmp_path, hf_dirs, source, target):
+@pytest.mark.parametrize("kind, dtype, source, target", [
+    ("qwen2_moe", torch.float32, (2, 2, 2), (1, 1, 1)), ("qwen2_moe", torch.float32, (1, 1, 2), (2, 2, 1)),
+    ("qwen2_moe", torch.float32, (2, 1, 1), (2, 2, 2)), ("glm4_moe", torch.bfloat16, (2, 2, 2), (1, 2, 1)),
+    ("glm4_moe", torch.bfloat16, (1, 1, 2), (2, 1, 4))])
+def test_mg_to_mg_to_another_expert_layout_equals_going_through_hf(tmp_path, hf_dirs, kind, dtype, source, target):
     (ep, tp, pp), (ep2, tp2, pp2) = source, target
-    hf_dir = hf_dirs[("qwen2_moe", torch.float32)]
-    src = hf_to_mcore(hf_dir, tmp_path / "mg", "qwen2_moe", tp, pp, params_dtype=torch.float32, progress=False, ep=ep)
+    hf_dir = hf_dirs[(kind, dtype)]
+    src = hf_to_mcore(hf_dir, tmp_path / "mg", kind, tp, pp, params_dtype=dtype, progress=False, ep=ep)
     direct = mcore_to_mcore(src, tmp_path / "direct", tp2, pp2, progress=False, ep=ep2)
-    via_hf = hf_to_mcore(hf_dir, tmp_path / "via_hf", "qwen2_moe", tp2, pp2, params_dtype=torch.float32,
-                         progress=False, ep=ep2)
+    via_hf = hf_to_mcore(hf_dir, tmp_path / "via_hf", kind, tp2, pp2, params_dtype=dtype, progress=False, ep=ep2)
     a, b = _rank_files(direct), _rank_files(via_hf)
     assert a.keys() == b.keys()
     for path in b:

@@ -111,7 +111,7 @@ def _build_rank(weights: HFWeights, arch: ModelArch, par: ParallelConfig, chunk:
 
     def put(name: str, local: str) -> None:
         pieces = tp_layout.rank_pieces(arch, par.tp, name)[tp_rank]
-        model[local] = _rank_tensor(weights, pieces, shapes[local], dtype, buffers, par.tp)
+        model[local] = _rank_tensor(weights, pieces, shapes[local], hfm.tensor_dtype(name, dtype), buffers, par.tp)
 
     if chunk.first:
         put(hfm.EMBEDDING[1], hfm.EMBEDDING[1])

@@ -90,7 +90,8 @@ def _write_stage(states: list[dict[str, torch.Tensor]], source: MegatronSource, 
     def add(names: list[str], hf_names: list[str]) -> None:
         pieces = tp_layout.hf_pieces(arch, tp, names)
         for hf_name in hf_names:
-            writer.add(hf_name, _hf_tensor(pieces[hf_name], shapes[hf_name], source.dtype, shards, tp))
+            writer.add(hf_name, _hf_tensor(pieces[hf_name], shapes[hf_name], hfm.tensor_dtype(hf_name, source.dtype),
+                                           shards, tp))
 
     if chunk.first:
         add([hfm.EMBEDDING[1]], [hfm.EMBEDDING[0]])

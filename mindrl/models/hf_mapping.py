@@ -57,6 +57,11 @@ _FAMILY_SWITCHES = {"glm4_moe": ("attention_bias", "use_qk_norm")}
 #: resolution (megatron-core and HF both keep it so)
 FP32_TENSORS = ("mlp.router.expert_bias", "mlp.gate.e_score_correction_bias")
 
+
+def tensor_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype tensor `name` (HF's or Megatron's) is kept in by a model or checkpoint of `dtype`."""
+    return torch.float32 if name.endswith(FP32_TENSORS) else dtype
+
 EMBEDDING = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
 FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
 OUTPUT = ("lm_head.weight", "output_layer.weight")

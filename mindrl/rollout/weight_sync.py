@@ -143,12 +143,12 @@ def hf_tensors(model: torch.nn.Module, arch: ModelArch, par: ParallelConfig, dty
             held = params[mine[name]].detach() if stage == pp_rank and name in mine else None
             shape = sharding.shard_shape(name, arch, par.tp)
             owner = _expert_owner(name, arch, par)
-            shards = _shards(held, shape, 1 if replicated else par.tp, stage, par, param_dtype, device, owner,
-                             stage == pp_rank)
+            shards = _shards(held, shape, 1 if replicated else par.tp, stage, par,
+                             hfm.tensor_dtype(name, param_dtype), device, owner, stage == pp_rank)
             stats.gather_s += time.perf_counter() - start
             for hf_name, hf_pieces in pieces.items():
                 start = time.perf_counter()
-                out = torch.empty(shapes[hf_name], dtype=dtype, device=device)
+                out = torch.empty(shapes[hf_name], dtype=hfm.tensor_dtype(hf_name, dtype), device=device)
                 tensor = tp_layout.fill_hf_tensor(out, hf_pieces, {name: shards}, par.tp)
                 stats.convert_s += time.perf_counter() - start
                 yield hf_name, tensor
