@@ -220,3 +220,65 @@ def test_shipped_moe_architectures_have_their_published_sizes(name, total, activ
     assert sum(math.prod(s) for s in sharding.full_param_shapes(arch).values()) == pytest.approx(total, rel=0.005)
     embedding = arch.hidden_size * arch.padded_vocab_size
     assert weight_flops_per_token(arch) / 2 + embedding == pytest.approx(active, rel=0.02)
+
+
+GLM45 = dict(model_type="glm4_moe", hidden_act="silu", head_dim=128, num_key_value_heads=8, num_attention_heads=96,
+             vocab_size=151552, partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False,
+             max_position_embeddings=131072, rope_theta=1000000, norm_topk_prob=True, n_group=1, topk_group=1,
+             num_experts_per_tok=8, n_shared_experts=1, num_nextn_predict_layers=0, rms_norm_eps=1e-5)
+
+
+@pytest.mark.parametrize("config, total, active", [
+    (dict(hidden_size=4096, intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=46,
+          n_routed_experts=128, first_k_dense_replace=1, routed_scaling_factor=1.0, use_qk_norm=False), 106e9, 12e9),
+    (dict(hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536, num_hidden_layers=92,
+          n_routed_experts=160, first_k_dense_replace=3, routed_scaling_factor=2.5, use_qk_norm=True), 355e9, 32e9),
+])
+def test_glm45_configs_have_their_published_sizes(config, total, active):
+    """GLM-4.5-Air and GLM-4.5 from their published HF configs (MTP layer left out): total parameters, and the active
+    ones without the two vocabulary matrices, as the model cards count them (the dense first layers count whole)."""
+    import math
+
+    from mindrl.models.flops import weight_flops_per_token
+
+    arch = hfm.arch_from_hf_config({**GLM45, **config}, "glm4_moe")
+    assert sum(math.prod(s) for s in sharding.full_param_shapes(arch).values()) == pytest.approx(total, rel=0.01)
+    vocab = arch.hidden_size * arch.padded_vocab_size
+    assert weight_flops_per_token(arch) / 2 - vocab == pytest.approx(active, rel=0.02)
+
+
+def test_flops_count_dense_first_layers_and_active_experts_by_hand():
+    arch = hfm.arch_from_hf_config(build_hf_model("glm4_moe", num_hidden_layers=4).config.to_dict(), "glm4_moe")
+    from mindrl.models.flops import weight_flops_per_token
+
+    attention = 64 * (4 * 32 + 2 * 2 * 32) + 4 * 32 * 64  # fused QKV in, output projection
+    dense = attention + 3 * 64 * 96  # layers 0 and 1: SwiGLU of width 96
+    moe = attention + 64 * 8 + 2 * 3 * 64 * 32 + 3 * 64 * 32  # router, top-2 experts of 32, shared expert of 32
+    assert weight_flops_per_token(arch) == 2 * (2 * dense + 2 * moe + 64 * 256)
+
+
+def test_each_routing_part_changes_glm45s_logits():
+    """The HF parity above could not hold by accident: without any one of the expert bias, the groups or the routing
+    scale, HF's own logits move by far more than its tolerance."""
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+
+    hf = build_hf_model("glm4_moe", seed=7, num_hidden_layers=4)
+    tokens = torch.randint(0, 250, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = hf(tokens).logits
+        routers = [m for m in hf.modules() if isinstance(m, Glm4MoeTopkRouter)]
+        for part, value in (("e_score_correction_bias", 0.0), ("num_group", 1), ("routed_scaling_factor", 1.0)):
+            saved = [torch.clone(getattr(r, part)) if part == "e_score_correction_bias" else getattr(r, part)
+                     for r in routers]
+            for router in routers:
+                if part == "e_score_correction_bias":
+                    router.e_score_correction_bias.zero_()
+                else:
+                    setattr(router, part, value)
+            assert (hf(tokens).logits - reference).abs().max() > 1e-3, part
+            for router, old in zip(routers, saved, strict=True):
+                if part == "e_score_correction_bias":
+                    router.e_score_correction_bias.copy_(old)
+                else:
+                    setattr(router, part, old)
+        assert torch.equal(hf(tokens).logits, reference)

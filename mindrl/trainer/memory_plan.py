@@ -133,9 +133,9 @@ def stage_params(arch: ModelArch, par: ParallelConfig, stage: int) -> tuple[floa
     """(dense, expert) parameters one rank of pipeline stage `stage` holds: its layers, the embedding on the first
     stage, the final norm and the output layer (or score head) on the last (a tied LM head is a second copy of the
     embedding there when PP > 1)."""
-    layers = par.layers_per_stage(arch)[stage]
-    dense, expert = layer_params(arch, par.tp, par.ep)
-    dense, expert = dense * layers, expert * layers
+    first, layers = par.first_layer_of_stages(arch)[stage], par.layers_per_stage(arch)[stage]
+    per_layer = [layer_params(arch.layer_arch(i), par.tp, par.ep) for i in range(first, first + layers)]
+    dense, expert = sum(d for d, _ in per_layer), sum(e for _, e in per_layer)
     vocab = arch.vocab_size_for(par.tp) * arch.hidden_size / par.tp
     if stage == 0:
         dense += vocab
