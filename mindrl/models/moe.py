@@ -52,12 +52,15 @@ def moe_config_kwargs(arch: ModelArch, par: ParallelConfig) -> dict[str, Any]:
 
 def freeze_expert_bias(model: torch.nn.Module) -> None:
     """The routers' expert bias as an fp32 parameter without a gradient: megatron-core keeps it as a buffer, which
-    no checkpoint, weight load or weight sync of mindrl's (all reading parameters) would carry."""
+    no checkpoint, weight load or weight sync of mindrl's (all reading parameters) would carry. The routers stop
+    counting tokens for its update too: nothing reads the counts, and megatron-core 0.16 cannot count them under a
+    padding mask ([tokens] against the [tokens, experts] routing map)."""
     for router in routers_of(model):
         if router.expert_bias is not None and not isinstance(router.expert_bias, torch.nn.Parameter):
             bias = router.expert_bias.detach().float()
             del router._buffers["expert_bias"]
             router.expert_bias = torch.nn.Parameter(bias, requires_grad=False)
+            router.enable_expert_bias = False  # routing still adds the bias: it is passed as expert_bias
 
 
 def mlp_submodules(spec: ModuleSpec) -> list[MLPSubmodules]:
