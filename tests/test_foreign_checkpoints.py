@@ -321,10 +321,10 @@ def _write_rank(root: Path, state: dict, rank_dir: str = "mp_rank_00") -> Path:
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(num_experts=8, moe_router_enable_expert_bias=True),
-     r"trained with moe_router_enable_expert_bias=True \(an expert-bias router \(aux-loss-free balancing\)\), "
-     r"which mindrl does not"),
-    (dict(rotary_percent=0.5), r"rotary_percent=0.5 \(partial rotary embeddings\)"),
+    (dict(multi_latent_attention=True), r"trained with multi_latent_attention=True \(multi-latent attention\), "
+                                        r"which mindrl does not"),
+    (dict(num_experts=8, moe_layer_freq=2), r"trained with moe_layer_freq=2 \(experts every few layers\), which "
+                                            r"mindrl does not convert"),
     (dict(noop_layers="0"), r"noop_layers puts layer 0 inside pipeline stage 0 \(layers 0 to 3\); .* move it to "
                             r"the end of its stage"),
     (dict(num_layers=None), r"args lack num_layers, so they do not describe the architecture; pass "

@@ -39,11 +39,6 @@ _UNSUPPORTED = {
     "use_legacy_models": "legacy (non-mcore) models",
     "squared_relu": "a squared-ReLU activation",
     "openai_gelu": "OpenAI's GeLU",
-    "moe_router_enable_expert_bias": "an expert-bias router (aux-loss-free balancing)",
-    "moe_router_num_groups": "group-limited routing",
-    "moe_router_topk_scaling_factor": "scaled routing weights",
-    "first_k_dense_replace": "dense layers between mixture-of-experts layers",
-    "n_shared_experts": "DeepSeek-style shared experts",
 }
 
 
@@ -88,15 +83,13 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
         value = getattr(args, key, None)
         if value not in (None, False, 0, "", "none"):
             raise ConfigError(f"{name} was trained with {key}={value!r} ({feature}), which mindrl does not "
-                              f"convert; only GPT models with RoPE (dense, or with Qwen2-MoE / Qwen3-MoE experts) "
-                              f"are supported.")
+                              f"convert; only GPT models with RoPE (dense, or with Qwen-MoE or DeepSeek-style "
+                              f"experts) are supported.")
     if getattr(args, "use_mcore_models", None) is False and not hasattr(args, "use_legacy_models"):
         raise ConfigError(f"{name} is a legacy (non-mcore) Megatron model (use_mcore_models=False); mindrl reads "
                           f"megatron-core checkpoints only, so convert it to mcore with Megatron-LM first.")
-    if getattr(args, "rotary_percent", 1.0) not in (None, 1.0):
-        raise ConfigError(f"{name} was trained with rotary_percent={args.rotary_percent} (partial rotary "
-                          f"embeddings), which mindrl does not convert.")
     values, missing = af.arch_values_from_megatron(args)
+    values.update(_deepseek_layers(name, args, values))
     noop_split = _noop_split(args)
     if noop_split is not None:
         values["num_layers"] = noop_split[0]
@@ -107,6 +100,26 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
                                               hf_vocab)
     values.update(padded_vocab_size=padded, make_vocab_size_divisible_by=multiple)
     return ModelArch(name=name, **values)
+
+
+def _deepseek_layers(name: str, args: argparse.Namespace, values: dict[str, Any]) -> dict[str, Any]:
+    """MindSpeed-LLM's `n_shared_experts` as the shared expert's width, and Megatron-LM's `moe_layer_freq` pattern as
+    dense layers first (the one pattern mindrl builds)."""
+    out: dict[str, Any] = {}
+    shared = getattr(args, "n_shared_experts", None)
+    if shared and not values.get("moe_shared_expert_intermediate_size"):
+        out["moe_shared_expert_intermediate_size"] = shared * (values.get("moe_ffn_hidden_size")
+                                                               or values["ffn_hidden_size"])
+    freq, layers = getattr(args, "moe_layer_freq", 1), values.get("num_layers")
+    if freq in (None, 1) or not values.get("num_experts") or not isinstance(layers, int):
+        return out
+    pattern = list(freq) if isinstance(freq, list | tuple) else [int(i % freq == 0) for i in range(layers)]
+    dense = pattern.index(1) if 1 in pattern else layers
+    if pattern != [0] * dense + [1] * (layers - dense):
+        raise ConfigError(f"{name} was trained with moe_layer_freq={freq!r} (experts every few layers), which mindrl "
+                          f"does not convert; it builds dense layers first and experts in every layer after them.")
+    out["first_k_dense_replace"] = max(dense, values.get("first_k_dense_replace") or 0)
+    return out
 
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:

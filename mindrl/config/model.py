@@ -206,7 +206,7 @@ class ModelArch:
             raise ConfigError(f"{where}: a vision tower on a mixture of experts or a reward model is not built; "
                               f"drop vision: or use a dense causal LM.")
         rotated = self.head_dim * self.rotary_percent if isinstance(self.rotary_percent, int | float) else 0.5
-        if not 0 < self.rotary_percent <= 1 or rotated != int(rotated) or int(rotated) % 2:
+        if not 0 < self.rotary_percent <= 1 or (self.rotary_percent != 1 and (rotated != int(rotated) or rotated % 2)):
             raise ConfigError(f"{where}: rotary_percent={self.rotary_percent!r} must be in (0, 1] and rotate an even "
                               f"number of each head's {self.head_dim} dimensions.")
         if mrope and self.rotary_percent != 1:

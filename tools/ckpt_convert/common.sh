@@ -37,7 +37,9 @@ hf2mcore() {
               --params-dtype "$DTYPE")
   if [ "$EP" != 1 ]; then args+=(--target-expert-parallel-size "$EP"); fi
   # qwen2 implies the QKV bias; spelled out so the line reads like MindSpeed-LLM's for the same model
-  if [ "$family" = qwen2 ] || [ "$family" = qwen2_moe ] || [ "$family" = qwen2_5_vl ]; then args+=(--add-qkv-bias); fi
+  if [ "$family" = qwen2 ] || [ "$family" = qwen2_moe ] || [ "$family" = qwen2_5_vl ] || [ "$family" = glm4_moe ]; then
+    args+=(--add-qkv-bias)
+  fi
   if [ -n "$NUM_LAYER_LIST" ]; then args+=(--num-layer-list "$NUM_LAYER_LIST"); fi
   convert "${args[@]}" "$@"
 }
