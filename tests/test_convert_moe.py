@@ -10,6 +10,7 @@ import torch
 from mindrl.checkpoint import megatron as mg
 from mindrl.ckpt_convert import hf_to_mcore, mcore_to_hf, mcore_to_mcore
 from mindrl.ckpt_convert.cli import main as cli_main
+from mindrl.config import ConfigError
 from tests.hf_models import build_hf_model, save_hf_model
 from tests.test_convert import read_hf
 
@@ -218,3 +219,58 @@ def test_grouped_expert_weights_that_cannot_be_split_are_one_sentence():
         chunks.normalize_model(weights, "rank file", local_experts=4)
     with pytest.raises(ConfigError, match=r"the checkpoint's args do not name num_experts"):
         chunks.normalize_model(weights, "rank file")
+
+
+def _with_mtp_layer(hf_dir: Path, out: Path) -> Path:
+    """`hf_dir` plus the multi-token-prediction layer a published GLM-4.5 checkpoint stores after its decoder layers
+    (transformers' own save leaves it out): a copy of the last layer's tensors under the next index, and the MTP
+    projection and norms."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(hf_dir, out)
+    state = read_hf(hf_dir)
+    layers = json.loads((hf_dir / "config.json").read_text())["num_hidden_layers"]
+    last, mtp = f"model.layers.{layers - 1}.", f"model.layers.{layers}."
+    gen = torch.Generator().manual_seed(11)
+    extra = {mtp + name.removeprefix(last): torch.randn(t.shape, generator=gen).to(t.dtype)
+             for name, t in state.items() if name.startswith(last)}
+    hidden = state["model.norm.weight"].shape[0]
+    extra.update({mtp + "eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=gen).to(torch.bfloat16),
+                  **{mtp + norm: torch.randn(hidden, generator=gen).to(torch.bfloat16)
+                     for norm in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight")}})
+    save_file(extra, out / "model-mtp.safetensors", metadata={"format": "pt"})
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index["weight_map"].update(dict.fromkeys(extra, "model-mtp.safetensors"))
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    return out
+
+
+def test_glm45s_mtp_layer_is_carried_through_conversion_untrained(tmp_path, hf_dirs):
+    """hf -> mg -> mg (another layout) -> hf gives back every tensor, the MTP layer's too; an export without it (a
+    trained checkpoint's, which does not hold it) says so in its config; a layer past the MTP ones is refused."""
+    import json
+
+    hf_dir = _with_mtp_layer(hf_dirs[("glm4_moe", torch.bfloat16)], tmp_path / "hf")
+    src = hf_to_mcore(hf_dir, tmp_path / "mg", "glm4_moe", 2, 2, params_dtype=torch.bfloat16, progress=False, ep=2)
+    moved = mcore_to_mcore(src, tmp_path / "mg2", 1, 4, progress=False, ep=1)
+    mcore_to_hf(moved, tmp_path / "back", progress=False)
+    original, back = read_hf(hf_dir), read_hf(tmp_path / "back")
+    assert sorted(back) == sorted(original) and any(".layers.4.eh_proj" in name for name in back)
+    for name, tensor in original.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+
+    (src / "hf_assets" / "mtp_layers.safetensors").unlink()
+    mcore_to_hf(src, tmp_path / "without", progress=False)
+    assert not any(".layers.4." in name for name in read_hf(tmp_path / "without"))
+    assert json.loads((tmp_path / "without" / "config.json").read_text())["num_nextn_predict_layers"] == 0
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    with pytest.raises(ConfigError, match=r"tensors the architecture does not use, e.g. model.layers.4."):
+        hf_to_mcore(hf_dir, tmp_path / "refused", "glm4_moe", params_dtype=torch.bfloat16, progress=False)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from mindrl.checkpoint import chunks as ck
@@ -38,13 +39,13 @@ def read_hf_config(folder: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def check_hf_tensors(weights: HFWeights, arch: ModelArch) -> None:
+def check_hf_tensors(weights: HFWeights, arch: ModelArch, mtp: list[str] = ()) -> None:
     """Every tensor the architecture needs is present in the shape config.json gives it, and every
-    present tensor is used: a tensor cut by the config's shape from a differently shaped one
-    would read its neighbour's bytes or drop rows without a word."""
+    present tensor is used (`mtp`: the multi-token-prediction layers', carried as they are): a tensor cut by the
+    config's shape from a differently shaped one would read its neighbour's bytes or drop rows without a word."""
     shapes = hfm.hf_param_shapes(arch)
     expected = set(shapes)
-    present = {n for n in weights.names() if not n.endswith(_IGNORED_SUFFIXES)}
+    present = {n for n in weights.names() if not n.endswith(_IGNORED_SUFFIXES)} - set(mtp)
     if arch.tied_embeddings and hfm.OUTPUT[0] in present:
         present.discard(hfm.OUTPUT[0])  # some exports save the tied head too; it is the embedding
     missing, unexpected = sorted(expected - present), sorted(present - expected)
@@ -77,7 +78,8 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
     par = ParallelConfig(tp, pp, num_layer_list=num_layer_list, expert_model_parallel_size=ep)
     validate_parallel(arch, par)
     weights = HFWeights(load_dir)
-    check_hf_tensors(weights, arch)
+    mtp = hfm.mtp_names(weights.names(), arch, config)
+    check_hf_tensors(weights, arch, mtp)
     tokenizer = tokenizer_files(tokenizer_model, arch.padded_vocab_size) if tokenizer_model else []
     check_target(save_dir, overwrite, inputs=(load_dir, tokenizer_model))
 
@@ -94,6 +96,8 @@ def hf_to_mcore(load_dir: str | Path, save_dir: str | Path, model_type_hf: str, 
                 del model  # unmaps what it took from the HF files before the next is built
                 buffers.reuse()  # the next rank file is filled into this one's memory
         copy_assets(load_dir, Path(tmp) / ASSETS_DIR)
+        if mtp:  # not trained: kept beside the config, bytes as stored, for mcore2hf to write back
+            save_file({name: weights.get(name) for name in mtp}, Path(tmp) / ASSETS_DIR / hfm.MTP_FILE)
         copy_tokenizer(tokenizer, Path(tmp) / ASSETS_DIR)
         mg.write_tracker(tmp, "release")
     bar.close()

@@ -12,6 +12,7 @@ carried over.
 from __future__ import annotations
 
 import itertools
+import shutil
 from pathlib import Path
 
 import torch
@@ -66,6 +67,8 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
                 buffers.reuse()  # the next rank file is filled into this one's memory
         if source.assets_dir is not None:
             copy_assets(source.assets_dir, Path(tmp) / ASSETS_DIR)
+            if (source.assets_dir / hfm.MTP_FILE).is_file():  # a weight file, which copy_assets leaves out
+                shutil.copy2(source.assets_dir / hfm.MTP_FILE, Path(tmp) / ASSETS_DIR / hfm.MTP_FILE)
         copy_tokenizer(tokenizer, Path(tmp) / ASSETS_DIR)
         mg.write_tracker(tmp, source.iteration)
     bar.close()

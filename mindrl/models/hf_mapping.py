@@ -408,11 +408,6 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
 def _deepseek_routing_from_hf(config: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSeek-style routing and GLM-4.5's partial rotary from an HF config: sigmoid scores with the expert bias,
     expert groups (one group: none), the routing scale (1: none), `n_shared_experts` expert-sized shared experts."""
-    mtp = config.get("num_nextn_predict_layers") or 0
-    if mtp:
-        raise ConfigError(f"HF config has {mtp} multi-token-prediction layer(s) (num_nextn_predict_layers), which "
-                          f"mindrl does not carry yet; convert a checkpoint without them (num_nextn_predict_layers: "
-                          f"0).")
     groups, scale = config.get("n_group") or 1, config.get("routed_scaling_factor", 1.0)
     shared = config.get("n_shared_experts") or 0
     rotary = config.get("partial_rotary_factor", (config.get("rope_parameters") or {}).get("partial_rotary_factor"))
@@ -432,7 +427,21 @@ def _deepseek_routing_to_hf(arch: ModelArch) -> dict[str, Any]:
             "routed_scaling_factor": arch.moe_router_topk_scaling_factor or 1.0,
             "n_shared_experts": arch.moe_shared_expert_intermediate_size // arch.expert_ffn_hidden_size,
             "partial_rotary_factor": arch.rotary_percent, "attention_bias": arch.add_qkv_bias,
-            "use_qk_norm": arch.qk_layernorm, "num_nextn_predict_layers": 0}
+            "use_qk_norm": arch.qk_layernorm, MTP_KEY: 0}
+
+
+#: an HF config's count of multi-token-prediction layers (DeepSeek-V3, GLM-4.5), stored after the decoder layers
+MTP_KEY = "num_nextn_predict_layers"
+#: where conversion keeps them, in the checkpoint's HF side files: carried through as stored, not trained
+MTP_FILE = "mtp_layers.safetensors"
+
+
+def mtp_names(names: set[str], arch: ModelArch, config: Mapping[str, Any]) -> list[str]:
+    """The tensors of an HF checkpoint's multi-token-prediction layers: those of layers num_layers …
+    num_layers + num_nextn_predict_layers − 1 (transformers' own saves drop them, so there may be none)."""
+    layers = range(arch.num_layers, arch.num_layers + int(config.get(MTP_KEY) or 0))
+    prefixes = tuple(hf_layer_prefix(i) for i in layers)
+    return sorted(name for name in names if prefixes and name.startswith(prefixes))
 
 
 def text_config_of(config: Mapping[str, Any]) -> dict[str, Any]:

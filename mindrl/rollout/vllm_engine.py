@@ -149,6 +149,8 @@ class VllmEngine(RolloutEngine):
 
         model_dir = Path(tempfile.mkdtemp(prefix="mindrl-vllm-"))
         config = {**self._hf_config, "vocab_size": self.arch.padded_vocab_size}  # no TP padding rows to sample
+        if config.get(hfm.MTP_KEY):
+            config[hfm.MTP_KEY] = 0  # the actor trains no multi-token-prediction layers, and syncs none
         (model_dir / "config.json").write_text(json.dumps(config))
         kwargs = dict(
             model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", dtype=self.cfg.dtype,
