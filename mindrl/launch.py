@@ -157,9 +157,10 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str 
                packed_args: bytes, results: mp.Queue, environment: dict[str, str] | None) -> None:
     """One rank; `environment` is its launch's, for a rank forked from the rank server (None: spawned)."""
     try:
-        args = torch.load(io.BytesIO(packed_args), weights_only=False)
         if environment is not None:
             _fresh_process_state(environment)
+        # on the host: a device tensor would bind this rank to the parent's device before it picks its own
+        args = torch.load(io.BytesIO(packed_args), weights_only=False, map_location="cpu")
         from mindrl.platform import get_platform
 
         if device is not None:

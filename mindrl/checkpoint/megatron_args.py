@@ -61,6 +61,9 @@ def checkpoint_args(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16,
         mindrl_arch=dataclasses.asdict(arch),
+        # Megatron-LM places the dense layers by pattern, where MindSpeed-LLM reads first_k_dense_replace
+        **({"moe_layer_freq": [int(i in arch.moe_layers) for i in range(arch.num_layers)]}
+           if arch.first_k_dense_replace else {}),
         **extra,
     )
 
@@ -118,7 +121,10 @@ def _deepseek_layers(name: str, args: argparse.Namespace, values: dict[str, Any]
     if pattern != [0] * dense + [1] * (layers - dense):
         raise ConfigError(f"{name} was trained with moe_layer_freq={freq!r} (experts every few layers), which mindrl "
                           f"does not convert; it builds dense layers first and experts in every layer after them.")
-    out["first_k_dense_replace"] = max(dense, values.get("first_k_dense_replace") or 0)
+    if values.get("first_k_dense_replace") not in (None, 0, dense):
+        raise ConfigError(f"{name}'s args disagree on its dense layers: first_k_dense_replace="
+                          f"{values['first_k_dense_replace']} but moe_layer_freq={freq!r} makes {dense}; fix the args.")
+    out["first_k_dense_replace"] = dense
     return out
 
 

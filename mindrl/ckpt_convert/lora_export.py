@@ -86,7 +86,7 @@ def base_stage(contents: dict, key: str, dtype: torch.dtype) -> dict[str, torch.
     record = contents.get("lora")
     if record:
         model = lora.merge_state_dict(model, record["alpha"] / record["r"])
-    return {name: tensor.to(dtype) for name, tensor in model.items()}
+    return {name: tensor.to(hfm.tensor_dtype(name, dtype)) for name, tensor in model.items()}
 
 
 def merged_chunk(source: MegatronSource, base: MegatronSource | None, chunk: ck.Chunk) -> list[dict[str, torch.Tensor]]:
@@ -135,7 +135,7 @@ def peft_tensors(source: MegatronSource) -> dict[str, torch.Tensor]:
     # cloned: a fused layer's parts share its A, and safetensors stores no tensor twice
     return {f"{PEFT_PREFIX}{hfm.hf_layer_prefix(index)}{hf_name}": tensor.clone()
             for index, adapters in sorted(by_layer.items())
-            for hf_name, tensor in hfm.lora_to_hf_layer(adapters, source.arch).items()}
+            for hf_name, tensor in hfm.lora_to_hf_layer(adapters, source.arch.layer_arch(index)).items()}
 
 
 def peft_cannot_place(source: MegatronSource) -> str | None:

@@ -2,8 +2,8 @@
 
 A model yaml (configs/model/<name>.yaml) holds one top-level key equal to its file
 stem, so a MindSpeed-RL user's file loads unchanged. Keys that would silently do
-nothing here are rejected rather than ignored: a user who sets `first_k_dense_replace`
-must learn that dense layers between MoE layers are not built, not discover it in the
+nothing here are rejected rather than ignored: a user who sets `moe_layer_freq: 2`
+must learn that experts every other layer are not built, not discover it in the
 loss curve.
 """
 
@@ -72,7 +72,7 @@ LAYER_SPECS = {("mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec"): "qk
 @dataclass(frozen=True)
 class ModelArch:
     """A decoder-only transformer: dense (Qwen2/2.5, Qwen3, Llama-2/3 shapes) or, with `num_experts`, a
-    mixture of experts in every layer (Qwen2-MoE, Qwen3-MoE shapes)."""
+    mixture of experts in every layer after the first `first_k_dense_replace` (Qwen2-MoE, Qwen3-MoE, GLM-4.5)."""
 
     name: str
     num_layers: int
@@ -99,7 +99,7 @@ class ModelArch:
     attention_softmax_in_fp32: bool = True
     #: outputs of a sequence-classification head in place of the LM head (a reward model has 1); null: a causal LM
     num_labels: int | None = None
-    #: routed experts of every layer's MLP; null: a dense model
+    #: routed experts of every MoE layer's MLP; null: a dense model
     num_experts: int | None = None
     moe_router_topk: int = 2
     #: each expert's inner width; null: ffn_hidden_size
@@ -205,7 +205,7 @@ class ModelArch:
         if self.vision is not None and (self.is_moe or self.has_score_head):
             raise ConfigError(f"{where}: a vision tower on a mixture of experts or a reward model is not built; "
                               f"drop vision: or use a dense causal LM.")
-        rotated = self.head_dim * self.rotary_percent if isinstance(self.rotary_percent, int | float) else 0.5
+        rotated = self.head_dim * self.rotary_percent
         if not 0 < self.rotary_percent <= 1 or (self.rotary_percent != 1 and (rotated != int(rotated) or rotated % 2)):
             raise ConfigError(f"{where}: rotary_percent={self.rotary_percent!r} must be in (0, 1] and rotate an even "
                               f"number of each head's {self.head_dim} dimensions.")
@@ -251,9 +251,7 @@ class ModelArch:
     def _check_moe(self) -> None:
         where = f"model {self.name}"
         if self.num_experts is None:
-            moe_keys = [f.name for f in dataclasses.fields(self) if f.name.startswith("moe_") or
-                        f.name in ("norm_topk_prob", "first_k_dense_replace")]
-            given = [k for k in moe_keys if getattr(self, k) != _DEFAULTS[k]]
+            given = [k for k in MOE_FIELDS if getattr(self, k) != _DEFAULTS[k]]
             if given:
                 raise ConfigError(f"{where}: {given[0]} is set but num_experts is not; set num_experts for a "
                                   f"mixture-of-experts model or remove the MoE keys.")
@@ -289,14 +287,21 @@ class ModelArch:
         if self.moe_router_enable_expert_bias and not sigmoid:
             raise ConfigError(f"{where}: moe_router_enable_expert_bias biases sigmoid scores; set "
                               f"moe_router_score_function: sigmoid or drop the bias.")
-        if sigmoid and self.moe_router_topk > 1 and not self.norm_topk_prob:
+        if sigmoid and not self.norm_topk_prob:
             raise ConfigError(f"{where}: sigmoid routing renormalises its top-k weights (megatron-core always does), "
                               f"so norm_topk_prob must be true.")
+        if sigmoid and self.moe_router_topk == 1:
+            raise ConfigError(f"{where}: sigmoid routing with moe_router_topk 1 weighs the expert by its raw score in "
+                              f"megatron-core but by 1 in HF and vLLM; route each token to two experts or more.")
         factor = self.moe_router_topk_scaling_factor
         if factor is not None and not (isinstance(factor, int | float) and factor > 0):
             raise ConfigError(f"{where}: moe_router_topk_scaling_factor must be a positive number or null, got "
                               f"{factor!r}.")
         groups, chosen = self.moe_router_num_groups, self.moe_router_group_topk
+        if groups is not None and groups == chosen:  # every group chosen (one group, say): no grouping
+            object.__setattr__(self, "moe_router_num_groups", None)
+            object.__setattr__(self, "moe_router_group_topk", None)
+            return
         if (groups is None) != (chosen is None):
             raise ConfigError(f"{where}: moe_router_num_groups and moe_router_group_topk set group-limited routing "
                               f"together; set both or neither.")
@@ -324,6 +329,12 @@ class ModelArch:
         the same shapes, so what is named, cut or counted per layer (the HF mapping, the TP cut, FLOPs) reads one
         kind of layer at a time."""
         return _dense_layers(self) if self.is_moe and index < self.first_k_dense_replace else self
+
+    @property
+    def router_dtype(self) -> str | None:
+        """The router's precision: moe_router_dtype, else fp32 for sigmoid routing (HF and vLLM compute DeepSeek's
+        and GLM-4.5's router in fp32; in bf16 a score near 0.5 moves in steps of 0.002, coarse beside the bias)."""
+        return self.moe_router_dtype or ("fp32" if self.moe_router_score_function == "sigmoid" else None)
 
     @property
     def moe_layers(self) -> range:
@@ -386,8 +397,8 @@ class ModelArch:
                 continue
             elif key == "spec":
                 _check_spec(name, value, values)
-            elif key in _LAYER_PATTERN_KEYS:
-                _check_layer_pattern(name, key, value, values)
+            elif key in _DEEPSEEK_SWITCHES:
+                _check_deepseek_switch(name, key, value, values)
             elif key == "n_shared_experts":
                 continue  # read below, with the expert width it multiplies
             else:
@@ -431,11 +442,12 @@ def _dense_layers(arch: ModelArch) -> ModelArch:
     return dataclasses.replace(arch, **{name: _DEFAULTS[name] for name in MOE_FIELDS})
 
 
-#: MindSpeed-LLM's keys placing the MoE layers: mindrl builds experts in every layer after first_k_dense_replace
-_LAYER_PATTERN_KEYS = ("moe_layer_freq", "seq_aux")
+#: MindSpeed-LLM's DeepSeek switches read here: where the MoE layers are (mindrl builds experts in every layer after
+#: first_k_dense_replace) and which balancing loss
+_DEEPSEEK_SWITCHES = ("moe_layer_freq", "seq_aux")
 
 
-def _check_layer_pattern(name: str, key: str, value: object, values: Mapping[str, Any]) -> None:
+def _check_deepseek_switch(name: str, key: str, value: object, values: Mapping[str, Any]) -> None:
     """`moe_layer_freq: 1` (experts in every layer after the dense ones) and `seq_aux` (MindSpeed-LLM's switch for
     the sequence-level balancing loss, which moe_router_load_balancing_type: seq_aux_loss chooses here) are read;
     what else they could say is not built."""

@@ -112,14 +112,14 @@ LINKS: dict[str, Link] = {
     "moe_token_dispatcher_type": Link(("moe_token_dispatcher_type",), "moe_token_dispatcher_type",
                                       megatron_default="allgather", structural=False, moe=True),
     "moe_router_dtype": Link(("moe_router_dtype",), "moe_router_dtype", megatron_default=None, structural=False,
-                             moe=True),
+                             moe=True),  # effective: fp32 for sigmoid routing (ModelArch.router_dtype)
     # DeepSeek-style routing (DeepSeek-V3, GLM-4.5), in MindSpeed-LLM's args names; an HF config names them by family
     # (hf_mapping reads and writes them)
     "first_k_dense_replace": Link(("first_k_dense_replace",), megatron_default=0, moe=True),
     "moe_router_score_function": Link(("moe_router_score_function",), "moe_router_score_function",
                                       megatron_default="softmax", structural=False, moe=True),
-    "moe_router_enable_expert_bias": Link(("moe_router_enable_expert_bias",), "moe_router_enable_expert_bias",
-                                          megatron_default=False, moe=True),
+    # megatron-core would keep it as a buffer and update it; mindrl adds it as a frozen parameter (models/moe.py)
+    "moe_router_enable_expert_bias": Link(("moe_router_enable_expert_bias",), megatron_default=False, moe=True),
     "moe_router_num_groups": Link(("moe_router_num_groups",), "moe_router_num_groups", megatron_default=None,
                                   structural=False, moe=True),
     "moe_router_group_topk": Link(("moe_router_group_topk",), "moe_router_group_topk", megatron_default=None,
@@ -167,6 +167,7 @@ _EFFECTIVE: dict[str, Callable[[ModelArch], Any]] = {
     "num_query_groups": lambda arch: arch.query_groups,
     "kv_channels": lambda arch: arch.head_dim,
     "moe_ffn_hidden_size": lambda arch: arch.expert_ffn_hidden_size if arch.is_moe else None,
+    "moe_router_dtype": lambda arch: arch.router_dtype,
     # megatron-core has one alltoall dispatcher; MindSpeed's alltoall_seq was folded into it
     "moe_token_dispatcher_type": lambda arch: ("alltoall" if arch.moe_token_dispatcher_type == "alltoall_seq"
                                                else arch.moe_token_dispatcher_type),

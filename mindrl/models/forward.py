@@ -35,7 +35,7 @@ def run_microbatches(model: torch.nn.Module, micro_batches: Iterable[dict], loss
     Each micro-batch is a dict with at least `tokens` [b, s], optionally `position_ids` [b, s] ([3, b, s] for a
     vision-language model, with its rows' images as `pixel_values` and `image_grid_thw`), for
     rows packed behind shared prompts an `attention_mask` PackedLayout (mindrl/models/attention.py;
-    default causal), and for a mixture of experts `routes` [b, s, layers, top-k] to replay and `padding_mask`
+    default causal), and for a mixture of experts `routes` [b, s, MoE layers, top-k] to replay and `padding_mask`
     [b, s] (True: a padding token, which the routers' load-balancing and z-losses leave out); all must share
     b and s (the pipeline exchanges fixed-shape activations).
     Gradients accumulate in the parameters; the loss of each micro-batch is divided by their

@@ -27,7 +27,7 @@ from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
 from mindrl.models import rope
 from mindrl.models.attention import SDPAttention
-from mindrl.models.moe import freeze_expert_bias, mlp_submodules, moe_config_kwargs, routers_of
+from mindrl.models.moe import add_expert_bias, mlp_submodules, moe_config_kwargs, routers_of
 from mindrl.models.recompute import RecomputedBlock
 from mindrl.models.rmsnorm import RMSNorm
 from mindrl.models.swiglu import SwiGLU
@@ -192,13 +192,14 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     config = transformer_config(arch, par, params_dtype, platform,
                                 **{"use_te_activation_func": arch.swiglu,
                                    **(recompute or Recompute()).transformer_config_kwargs(), **config_overrides})
-    block: ModuleSpec | TransformerBlockSubmodules = _layer_spec(arch, config)
-    if arch.normalization == "RMSNorm":
+    specs = {kind: _layer_spec(kind, config) for kind in {arch.layer_arch(0), arch}}
+    block: ModuleSpec | TransformerBlockSubmodules = specs[arch]
+    if arch.normalization == "RMSNorm" or len(specs) > 1:
         # the final norm comes from the block's submodules, which the layer spec alone leaves at torch's; an MoE
         # model's dense layers come first (the stage's layers from its first one)
         first = par.first_layer_of_stages(arch)[parallel_state.get_pipeline_model_parallel_rank()]
-        specs = {kind: _layer_spec(kind, config) for kind in {arch.layer_arch(0), arch}}
-        block = TransformerBlockSubmodules(layer_norm=RMSNorm, layer_specs=[
+        norm = RMSNorm if arch.normalization == "RMSNorm" else specs[arch].submodules.input_layernorm
+        block = TransformerBlockSubmodules(layer_norm=norm, layer_specs=[
             specs[arch.layer_arch(first + i)] for i in range(get_num_layers_to_build(config))])
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
                   pre_process=parallel_state.is_pipeline_first_stage(),
@@ -221,7 +222,7 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     if config.recompute_granularity == "full":
         # GPTModel builds megatron-core's block itself; mindrl's differs only in how it recomputes
         model.decoder.__class__ = RecomputedBlock
-    freeze_expert_bias(model)
+    add_expert_bias(model, arch)
     # The local spec builds its norms in fp32 whatever params_dtype says; cast them too, as
     # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one (but for the expert bias).
     model = model.to(device=platform.device(), dtype=params_dtype)

@@ -125,7 +125,7 @@ def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     """Every HF tensor of `arch` with its shape, in checkpoint order."""
     shapes = {EMBEDDING[0]: (arch.padded_vocab_size, arch.hidden_size)}
     for i in range(arch.num_layers):
-        layer = hf_layer_shapes(arch.layer_arch(i))
+        layer = _layer_shapes(arch.layer_arch(i))
         shapes.update({hf_layer_prefix(i) + n: layer[n] for n in hf_layer_names(arch.layer_arch(i))})
     shapes[FINAL_NORM[0]] = (arch.hidden_size,)
     if arch.has_output_layer:
@@ -138,10 +138,14 @@ def hf_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-@lru_cache(maxsize=32)
 def hf_layer_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor a decoder layer of `arch` might hold, by name inside the layer (hf_layer_names picks
     from them)."""
+    return dict(_layer_shapes(arch))
+
+
+@lru_cache(maxsize=32)
+def _layer_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     h, hd, ffn = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
     q_rows, kv_rows = arch.num_attention_heads * hd, arch.query_groups * hd
     layer = {
@@ -292,8 +296,8 @@ def model_type_hf_of(arch: ModelArch) -> str:
     for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "glm4_moe"):
         if _holds(HF_MODEL_TYPES[name], arch):
             return name
-    raise ConfigError(f"model {arch.name} has a mix of QKV biases, QK layer norms and experts that no HF family "
-                      f"mindrl converts ({', '.join(HF_MODEL_TYPES)}) holds.")
+    raise ConfigError(f"model {arch.name} has a mix of QKV biases, QK layer norms, experts and routing that no HF "
+                      f"family mindrl converts ({', '.join(HF_MODEL_TYPES)}) holds.")
 
 
 def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
@@ -313,8 +317,8 @@ def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
         ("dense layers before the experts (only HF glm4_moe has them)", bool(arch.first_k_dense_replace) and
          not deepseek),
         ("a gated shared expert (HF glm4_moe's are un-gated)", deepseek and arch.moe_shared_expert_gate),
-        ("experts (only HF qwen2_moe / qwen3_moe have them)", arch.is_moe and not experts),
-        ("no experts (HF qwen2_moe / qwen3_moe are mixtures of experts)", experts and not arch.is_moe),
+        ("experts (only HF qwen2_moe / qwen3_moe / glm4_moe have them)", arch.is_moe and not experts),
+        ("no experts (HF qwen2_moe / qwen3_moe / glm4_moe are mixtures of experts)", experts and not arch.is_moe),
         ("no gated shared expert (HF qwen2_moe has one)", experts and gated_shared and not _tensors_of(arch)[3]),
         ("a shared expert (HF qwen3_moe has none)", experts and not gated_shared and not deepseek and
          bool(arch.moe_shared_expert_intermediate_size)),
@@ -323,6 +327,8 @@ def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
             arch.moe_router_score_function != "softmax" or arch.moe_router_num_groups is not None
             or arch.moe_router_topk_scaling_factor is not None)),
         ("partial rotary embeddings (only HF glm4_moe has them)", not deepseek and arch.rotary_percent != 1),
+        ("a shared expert whose width is not a multiple of the experts' (HF glm4_moe counts them, n_shared_experts)",
+         deepseek and bool((arch.moe_shared_expert_intermediate_size or 0) % (arch.expert_ffn_hidden_size or 1))),
         ("biases on every linear layer", not arch.disable_bias_linear),
         (f"{arch.normalization} instead of RMSNorm", arch.normalization != "RMSNorm"),
         ("an activation other than SwiGLU", not arch.swiglu),
@@ -378,6 +384,9 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
         qkv_bias, qk_norm = (bool(config.get(key)) for key in switches)
     if experts and not deepseek:
         _check_every_layer_moe(config)
+    if add_qkv_bias and not qkv_bias and switches:
+        raise ConfigError(f"--add-qkv-bias does not fit config.json, whose {switches[0]} is false (no QKV biases); "
+                          f"drop --add-qkv-bias.")
     if add_qkv_bias and not qkv_bias:
         raise ConfigError(f"--add-qkv-bias does not fit --model-type-hf {model_type_hf}: HF {expected} models "
                           f"have no QKV-only bias, so the weights would not load back into HF transformers; "
@@ -398,20 +407,30 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if gated_shared and values.get("moe_shared_expert_intermediate_size"):
         values["moe_shared_expert_gate"] = True
     if deepseek:
-        values.update(_deepseek_routing_from_hf(config, values))
+        values.update(_deepseek_routing_from_hf(config, values, _FAMILY_DEFAULTS[expected]))
     if vision:
         values.update(position_embedding_type="mrope", mrope_section=_mrope_section(config),
                       vision=_vision_from_hf(full_config, values["hidden_size"]))
     return ModelArch(name=name, add_qkv_bias=qkv_bias, qk_layernorm=qk_norm, num_labels=num_labels, **values)
 
 
-def _deepseek_routing_from_hf(config: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+#: the values transformers gives a family's keys where its config.json leaves them out
+_FAMILY_DEFAULTS = {"glm4_moe": {"first_k_dense_replace": 1, "n_shared_experts": 1, "partial_rotary_factor": 0.5,
+                                 "norm_topk_prob": True}}
+
+
+def _deepseek_routing_from_hf(config: Mapping[str, Any], values: Mapping[str, Any],
+                              defaults: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSeek-style routing and GLM-4.5's partial rotary from an HF config: sigmoid scores with the expert bias,
     expert groups (one group: none), the routing scale (1: none), `n_shared_experts` expert-sized shared experts."""
+    config = {**defaults, **{key: value for key, value in config.items() if value is not None}}
     groups, scale = config.get("n_group") or 1, config.get("routed_scaling_factor", 1.0)
     shared = config.get("n_shared_experts") or 0
-    rotary = config.get("partial_rotary_factor", (config.get("rope_parameters") or {}).get("partial_rotary_factor"))
-    return {"first_k_dense_replace": config.get("first_k_dense_replace", 0), "moe_router_score_function": "sigmoid",
+    rotary = config.get("partial_rotary_factor")
+    if "partial_rotary_factor" in (config.get("rope_parameters") or {}):
+        rotary = config["rope_parameters"]["partial_rotary_factor"]
+    return {"first_k_dense_replace": config["first_k_dense_replace"], "moe_router_score_function": "sigmoid",
+            "norm_topk_prob": bool(config["norm_topk_prob"]),
             "moe_router_enable_expert_bias": True,
             "moe_router_num_groups": groups if groups > 1 else None,
             "moe_router_group_topk": config.get("topk_group") if groups > 1 else None,
@@ -498,11 +517,13 @@ def _vision_to_hf(arch: ModelArch) -> dict[str, Any]:
 
 
 def _check_every_layer_moe(config: Mapping[str, Any]) -> None:
-    """mindrl builds experts in every layer; HF MoE configs can keep some layers dense."""
+    """A Qwen-MoE config's dense layers may sit anywhere (mindrl builds them first only, as GLM-4.5 and DeepSeek
+    place them)."""
     step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers") or []
     if step != 1 or dense:
         raise ConfigError(f"HF config keeps some layers dense (decoder_sparse_step={step}, mlp_only_layers="
-                          f"{dense}), which mindrl does not build; use a model with experts in every layer.")
+                          f"{dense}), which mindrl builds only as the first layers (GLM-4.5's first_k_dense_replace); "
+                          f"use a model with experts in every layer.")
 
 
 def hf_config_from_arch(arch: ModelArch, model_type_hf: str, dtype: torch.dtype) -> dict[str, Any]:

@@ -35,32 +35,30 @@ def moe_config_kwargs(arch: ModelArch, par: ParallelConfig) -> dict[str, Any]:
     routed per sequence shard), so at TP > 1 `par.sequence_parallel_for` is always true for it (transformer_config
     sets it); sequences must then divide by TP.
 
-    The expert bias is frozen (update rate 0; freeze_expert_bias makes it a weight without a gradient). It balanced
-    the experts' load over pre-training's trillions of tokens; moved by the sign of each RL step's few thousand, it
-    would change which experts a policy uses without a gradient saying so, between the rollout that sampled the
-    tokens and the update that scores them, and no importance ratio corrects that.
+    The expert bias is not megatron-core's (add_expert_bias adds it).
     """
     kwargs = dict(expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.tp, moe_grouped_gemm=False,
                   # each router gets a RouterReplay, idle (routing as usual) until told to record or replay
                   moe_enable_routing_replay=True)
     if arch.first_k_dense_replace:
         kwargs["moe_layer_freq"] = [int(i in arch.moe_layers) for i in range(arch.num_layers)]
-    if arch.moe_router_enable_expert_bias:
-        kwargs["moe_router_bias_update_rate"] = 0.0
     return kwargs
 
 
-def freeze_expert_bias(model: torch.nn.Module) -> None:
-    """The routers' expert bias as an fp32 parameter without a gradient: megatron-core keeps it as a buffer, which
-    no checkpoint, weight load or weight sync of mindrl's (all reading parameters) would carry. The routers stop
-    counting tokens for its update too: nothing reads the counts, and megatron-core 0.16 cannot count them under a
-    padding mask ([tokens] against the [tokens, experts] routing map)."""
+def add_expert_bias(model: torch.nn.Module, arch: ModelArch) -> None:
+    """Each router's expert bias (DeepSeek's aux-loss-free balancing) as an fp32 parameter without a gradient, which
+    the routing adds to the scores as megatron-core's own bias.
+
+    It is frozen. It balanced the experts' load over pre-training's trillions of tokens; moved by the sign of each RL
+    step's few thousand, it would change which experts the policy uses without a gradient saying so, between the
+    rollout that sampled the tokens and the update that scores them, and no importance ratio corrects that.
+    megatron-core's own bias is a buffer, which no checkpoint, weight load or weight sync of mindrl's (all reading
+    parameters) would carry, updated from token counts that megatron-core 0.16 cannot take under a padding mask."""
+    if not arch.moe_router_enable_expert_bias:
+        return
     for router in routers_of(model):
-        if router.expert_bias is not None and not isinstance(router.expert_bias, torch.nn.Parameter):
-            bias = router.expert_bias.detach().float()
-            del router._buffers["expert_bias"]
-            router.expert_bias = torch.nn.Parameter(bias, requires_grad=False)
-            router.enable_expert_bias = False  # routing still adds the bias: it is passed as expert_bias
+        router.expert_bias = torch.nn.Parameter(torch.zeros(arch.num_experts, dtype=torch.float32),
+                                                requires_grad=False)
 
 
 def mlp_submodules(spec: ModuleSpec) -> list[MLPSubmodules]:

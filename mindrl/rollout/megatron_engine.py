@@ -270,7 +270,7 @@ class MegatronEngine(RolloutEngine):
                                                                                  torch.Tensor | None]:
         """Each prompt once, in chunks of at most max_num_batched_tokens padded tokens, into the prompt
         cache its samples share. The sampler gets the last position's logits; while recording, the prompts'
-        routes [prompts, width, layers, top-k] come back too."""
+        routes [prompts, width, MoE layers, top-k] come back too."""
         count, width = tokens.shape
         causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
         itself = torch.eye(width, dtype=torch.bool, device=self.device)  # a padding query attends only to itself

@@ -61,7 +61,7 @@ def tool_stats_batch(stats: list[ToolStats]) -> dict[str, torch.Tensor]:
 
 
 def routes_batch(routes: list[torch.Tensor], width: int) -> torch.Tensor:
-    """The engine's routes as [rows, width, layers, top-k]; positions it never fed (the last token, padding)
+    """The engine's routes as [rows, width, MoE layers, top-k]; positions it never fed (the last token, padding)
     route to experts 0 … k − 1: their outputs reach no scored position (the model is causal)."""
     layers, k = routes[0].shape[1:]
     out = torch.arange(k, dtype=torch.int16).expand(len(routes), width, layers, k).clone()

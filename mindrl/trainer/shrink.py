@@ -100,6 +100,10 @@ def _tiny_model(values: Mapping[str, Any], vocab_size: int, moe: bool, grouped: 
         tiny["num_query_groups"] = TINY_QUERY_GROUPS
     if moe:
         tiny.update(TINY_EXPERTS)
+        if tiny.get("first_k_dense_replace"):  # DeepSeek's and GLM-4.5's dense first layers: one of the two
+            tiny["first_k_dense_replace"] = 1
+        if tiny.get("moe_router_num_groups"):  # group-limited routing over the tiny experts: two groups, one chosen
+            tiny.update(moe_router_num_groups=2, moe_router_group_topk=1)
     return tiny
 
 
