@@ -235,7 +235,7 @@ def activation_bytes(arch: ModelArch, par: ParallelConfig, stage: int, tokens: f
         if par.cp > 1 and par.cp_algo == "ring" else 0.0
 
     def per_layer(selective: bool) -> float:
-        return ((layer_activation_elements(arch, par.tp, sp, expanded, selective) + ring * (not selective)) * tokens
+        return ((_largest_layer(arch, par.tp, sp, expanded, selective) + ring * (not selective)) * tokens
                 + per_prefix_row * prefix_rows * (not selective)) * act_bytes
 
     full = per_layer(False)
@@ -260,8 +260,16 @@ def logits_bytes(arch: ModelArch, tp: int, tokens: float, backward: bool) -> flo
 def forward_bytes(arch: ModelArch, par: ParallelConfig, tokens: float, act_bytes: int, kernels: Kernels) -> float:
     """A pass without backward over a micro-batch of `tokens`: one layer's tensors at a time, and the logits."""
     sp = par.sequence_parallel_for(arch)
-    layer = layer_activation_elements(arch, par.tp, sp, kernels.expanded_kv) * act_bytes
+    layer = _largest_layer(arch, par.tp, sp, kernels.expanded_kv) * act_bytes
     return tokens * layer + logits_bytes(arch, par.tp, tokens, False)
+
+
+def _largest_layer(arch: ModelArch, tp: int, sequence_parallel: bool, expanded_kv: bool,
+                   selective: bool = False) -> float:
+    """layer_activation_elements of the larger kind of `arch`'s layers (an MoE model's dense first layers may keep
+    more than its expert layers: DeepSeek-V3's dense MLP is 18432 wide): a bound every layer of a stage keeps within."""
+    return max(layer_activation_elements(kind, tp, sequence_parallel, expanded_kv, selective)
+               for kind in {arch.layer_arch(0), arch})
 
 
 # --- the plan of a run ---------------------------------------------------------------------------------------------
