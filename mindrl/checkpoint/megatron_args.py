@@ -62,8 +62,7 @@ def checkpoint_args(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         fp16=params_dtype == torch.float16,
         mindrl_arch=dataclasses.asdict(arch),
         # Megatron-LM places the dense layers by pattern, where MindSpeed-LLM reads first_k_dense_replace
-        **({"moe_layer_freq": [int(i in arch.moe_layers) for i in range(arch.num_layers)]}
-           if arch.first_k_dense_replace else {}),
+        **({"moe_layer_freq": arch.moe_layer_pattern} if arch.first_k_dense_replace else {}),
         **extra,
     )
 

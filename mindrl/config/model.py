@@ -342,6 +342,11 @@ class ModelArch:
         return range(self.first_k_dense_replace, self.num_layers) if self.is_moe else range(0)
 
     @property
+    def moe_layer_pattern(self) -> list[int]:
+        """Megatron's moe_layer_freq as a list: 1 for each layer holding experts, 0 for a dense one."""
+        return [int(i in self.moe_layers) for i in range(self.num_layers)]
+
+    @property
     def expert_ffn_hidden_size(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 

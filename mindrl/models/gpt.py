@@ -227,7 +227,8 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     # Megatron's Float16Module does, so a bf16 model is bf16 throughout like the HF one (but for the expert bias).
     model = model.to(device=platform.device(), dtype=params_dtype)
     for router in routers_of(model):
-        router._maintain_float32_expert_bias()
+        if router.expert_bias is not None:
+            router.expert_bias.data = router.expert_bias.data.float()
     return model
 
 

@@ -41,7 +41,7 @@ def moe_config_kwargs(arch: ModelArch, par: ParallelConfig) -> dict[str, Any]:
                   # each router gets a RouterReplay, idle (routing as usual) until told to record or replay
                   moe_enable_routing_replay=True)
     if arch.first_k_dense_replace:
-        kwargs["moe_layer_freq"] = [int(i in arch.moe_layers) for i in range(arch.num_layers)]
+        kwargs["moe_layer_freq"] = arch.moe_layer_pattern
     return kwargs
 
 
