@@ -70,9 +70,8 @@ def mcore_to_hf(load_dir: str | Path, save_dir: str | Path, hf_config_dir: str |
             states = adapters.merged_chunk(source, base, chunk) if source.lora else source.load_chunk(chunk)
             _write_stage(states, source, chunk, writer, bar)
             del states  # unmap this chunk before the next is opened
-        mtp = _mtp_path(source)
-        if mtp is not None:
-            for name, tensor in load_file(mtp).items():
+        if source.mtp_file is not None:
+            for name, tensor in load_file(source.mtp_file).items():
                 writer.add(name, tensor)
         writer.close()
         _write_config_and_assets(Path(tmp), source, family)
@@ -135,12 +134,6 @@ def _hf_tensor(pieces: list[tuple[str, int, tp_layout.Piece]], shape: tuple[int,
     return tp_layout.fill_hf_tensor(torch.empty(shape, dtype=dtype), pieces, shards, tp)
 
 
-def _mtp_path(source: MegatronSource) -> Path | None:
-    """The multi-token-prediction layers hf2mcore carried beside the checkpoint's HF files, if any."""
-    path = source.assets_dir / hfm.MTP_FILE if source.assets_dir is not None else None
-    return path if path is not None and path.is_file() else None
-
-
 def _write_config_and_assets(tmp: Path, source: MegatronSource, family: str) -> None:
     """config.json (the original one if known, with the stored dtype), plus tokenizer files etc."""
     if source.hf_config is not None:
@@ -150,7 +143,7 @@ def _write_config_and_assets(tmp: Path, source: MegatronSource, family: str) -> 
     if source.assets_dir is not None:
         copy_assets(source.assets_dir, tmp, skip=("config.json",))
     config["dtype" if "dtype" in config else "torch_dtype"] = str(source.dtype).removeprefix("torch.")
-    if config.get(hfm.MTP_KEY) and _mtp_path(source) is None:
+    if config.get(hfm.MTP_KEY) and source.mtp_file is None:
         config[hfm.MTP_KEY] = 0  # a trained checkpoint, or one converted without them: say they are not there
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if not (tmp / "generation_config.json").is_file():

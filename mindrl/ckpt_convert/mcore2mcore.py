@@ -67,8 +67,8 @@ def mcore_to_mcore(load_dir: str | Path, save_dir: str | Path, tp: int = 1, pp: 
                 buffers.reuse()  # the next rank file is filled into this one's memory
         if source.assets_dir is not None:
             copy_assets(source.assets_dir, Path(tmp) / ASSETS_DIR)
-            if (source.assets_dir / hfm.MTP_FILE).is_file():  # a weight file, which copy_assets leaves out
-                shutil.copy2(source.assets_dir / hfm.MTP_FILE, Path(tmp) / ASSETS_DIR / hfm.MTP_FILE)
+            if source.mtp_file is not None:  # a weight file, which copy_assets leaves out
+                shutil.copy2(source.mtp_file, Path(tmp) / ASSETS_DIR / hfm.MTP_FILE)
         copy_tokenizer(tokenizer, Path(tmp) / ASSETS_DIR)
         mg.write_tracker(tmp, source.iteration)
     bar.close()

@@ -52,6 +52,12 @@ class MegatronSource:
     initial_weights: str | None = None
 
     @property
+    def mtp_file(self) -> Path | None:
+        """The multi-token-prediction layers hf2mcore carried beside the checkpoint's HF files, if any."""
+        path = self.assets_dir / hfm.MTP_FILE if self.assets_dir is not None else None
+        return path if path is not None and path.is_file() else None
+
+    @property
     def adapters_only(self) -> bool:
         """A LoRA checkpoint holding its adapters without the base they were trained on (lora_ckpt_filter)."""
         return bool(self.lora and self.lora["adapters_only"])
