@@ -20,6 +20,7 @@ from mindrl.config import ParallelConfig, load_model_arch, validate_parallel
 from mindrl.models.hf_mapping import model_type_hf_of
 from mindrl.trainer.config import TRAINER_CONFIGS_DIR, load_trainer_config
 from mindrl.trainer.sft_config import SFT_CONFIGS_DIR, load_sft_config
+from tests import jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "tools" / "ckpt_convert"
@@ -35,7 +36,7 @@ def run_recipe(script: Path, dry_run: bool = False, **env: str) -> subprocess.Co
     clean.update(env, PYTHON=sys.executable, **({"DRY_RUN": "1"} if dry_run else {}))
     # from another folder: the recipe must find the repository by its own path
     out = subprocess.run(["bash", str(script), "--no-progress"], env=clean, cwd=script.parent, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=jobs.COMMAND_LIMIT_S)
     assert out.returncode == 0, f"{script.relative_to(ROOT)}: {out.stderr}"
     return out
 

@@ -27,8 +27,8 @@ print("after the log closed")
 
 def test_everything_a_process_writes_goes_to_the_log_and_mindrls_lines_to_the_terminal_too(tmp_path):
     log = tmp_path / "run" / "run.log"
-    done = subprocess.run([sys.executable, "-c", _REDIRECTED, str(log)], capture_output=True, text=True, timeout=120,
-                          cwd=jobs.ROOT)
+    done = subprocess.run([sys.executable, "-c", _REDIRECTED, str(log)], capture_output=True, text=True,
+                          timeout=jobs.COMMAND_LIMIT_S, cwd=jobs.ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[mindrl] started\nafter the log closed\n"
     assert done.stderr == "error: it went wrong\n"

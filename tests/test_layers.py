@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import jobs
+
 ROOT = Path(__file__).resolve().parents[1]
 LINT = Path(sys.executable).with_name("lint-imports")
 
@@ -18,7 +20,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess:
     """import-linter over the `mindrl` package found first on the path from `tree`, with the project's contracts."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run([str(LINT), "--no-cache", "--config", str(ROOT / "pyproject.toml")], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=jobs.COMMAND_LIMIT_S)
 
 
 @pytest.fixture

@@ -56,7 +56,8 @@ print(json.dumps({"fast": speed.fast, "ratio": speed.ratio, "evidence": speed.ev
 
 
 def _measure(env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-c", _MEASURE], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", _MEASURE], env=env, capture_output=True, text=True,
+                          timeout=jobs.COMMAND_LIMIT_S)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 

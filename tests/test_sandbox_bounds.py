@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import jobs
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ["root", "unprivileged"]
 #: the modules the sandbox needs, copied for an unprivileged run (the packages' __init__ files left empty: they
@@ -88,7 +90,7 @@ def _attack(mode: str, nobody_tree: Path, code: str, **limits: object) -> dict:
     else:
         command, env, cwd = [sys.executable], dict(os.environ), ROOT
     out = subprocess.run([*command, "-c", _REPORT, json.dumps(limits)], input=textwrap.dedent(code),
-                         capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+                         capture_output=True, text=True, env=env, cwd=cwd, timeout=jobs.COMMAND_LIMIT_S)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -55,7 +55,7 @@ def test_the_cli_prints_each_warning_once_before_it_starts(tmp_path):
     done = subprocess.run([sys.executable, str(jobs.ROOT / "cli" / "train_grpo.py"), "--config-name", "grpo_tiny_cpu",
                            f"megatron_training.data_path={tmp_path / 'none'}", f"megatron_training.save={tmp_path}",
                            "+rl_config.rollout_is_threshold=5.0"],
-                          cwd=jobs.ROOT, capture_output=True, text=True, timeout=120,
+                          cwd=jobs.ROOT, capture_output=True, text=True, timeout=jobs.COMMAND_LIMIT_S,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.stdout.count("[mindrl] warning: rl_config.rollout_is_threshold=5.0 has no effect") == 1, done.stdout
     assert done.returncode == 2 and done.stderr.startswith("error:"), done.stderr
@@ -142,7 +142,7 @@ def test_a_local_cluster_serves_a_dashboard_only_when_the_config_asks(asked):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run([sys.executable, "-c", _DASHBOARD, str(asked).lower()], cwd=jobs.ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=jobs.COMMAND_LIMIT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if not asked:
