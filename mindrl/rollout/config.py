@@ -24,15 +24,16 @@ BACKENDS = ("auto", "vllm", "megatron")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # generate_config keys of MindSpeed-RL that ask for something mindrl's rollout does not do.
 _UNSUPPORTED = {
-    "torchair_graph": "Ascend TorchAir graph mode",
     "ascend_scheduler_config_enabled": "the Ascend scheduler config",
     "num_scheduler_steps": "multi-step scheduling",
-    "eplb_token_collects": "expert load balancing",
-    "eplb_token_save_path": "expert load balancing",
-    "expert_map_path": "expert load balancing",
+    "eplb_token_collects": "expert load balancing statistics",
+    "eplb_token_save_path": "expert load balancing statistics",
     "limit_mm_image_per_prompt": "multimodal rollouts",
     "limit_mm_video_per_prompt": "multimodal rollouts",
 }
+# generate_config keys of MindSpeed-RL that choose how vLLM-Ascend computes, not what: Ascend's TorchAir graph mode
+# and EPLB's placement of the experts over the engine's ranks (the same experts compute the same numbers anywhere).
+_KERNEL_CHOICES = ("torchair_graph", "expert_map_path")
 # Accepted for MindSpeed-RL files, with no effect (documented in docs/rollout.md).
 _NO_EFFECT = frozenset({"data_parallel_size", "tokenizer_name_or_path", "trust_remote_code"})
 
@@ -152,6 +153,12 @@ class GenerateConfig:
             if not _is_off(value):
                 keys.problem("generate_config", f"generate_config.{key}={value!r} asks for {feature}, which "
                                                 f"mindrl's rollout does not do; remove it.", key)
+        for key in _KERNEL_CHOICES:
+            value = values.pop(key, None)
+            if not _is_off(value):
+                keys.problem("generate_config", f"generate_config.{key}={value!r} picks a fused kernel or memory "
+                                                f"layout, which vLLM chooses itself here; remove it.", key,
+                             droppable=True)
         for key in _NO_EFFECT:
             values.pop(key, None)
         sampling = values.pop("sampling_config", None)
