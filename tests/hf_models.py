@@ -37,6 +37,15 @@ KINDS = {
                                                   topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
                                                   attention_bias=True, partial_rotary_factor=0.5,
                                                   num_nextn_predict_layers=0)),
+    # DeepSeek-V3: multi-latent attention (query and key-value latents, values narrower than keys, interleaved
+    # rotary pairs under YaRN with DeepSeek's mscale) over GLM-4.5's routing, 2 dense layers then experts
+    "deepseek_v3": (transformers.DeepseekV3Config, dict(
+        vocab_size=256, tie_word_embeddings=False, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=2, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 1.0,
+                      "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0})),
 }
 
 

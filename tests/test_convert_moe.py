@@ -15,19 +15,21 @@ from tests.hf_models import build_hf_model, save_hf_model
 from tests.test_convert import read_hf
 
 LAYOUTS = list(itertools.product((1, 2), (1, 2), (1, 2)))  # EP, TP, PP
+#: the families with DeepSeek-style routing (dense layers first, the expert bias, MTP layers)
+DEEPSEEK = ("glm4_moe", "deepseek_v3")
 
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe_hf")
-    return {(kind, dtype): save_hf_model(build_hf_model(kind, seed=5, num_hidden_layers=4 if kind == "glm4_moe" else 2),
+    return {(kind, dtype): save_hf_model(build_hf_model(kind, seed=5, num_hidden_layers=4 if kind in DEEPSEEK else 2),
                                          root / f"{kind}_{dtype}", dtype=dtype)
-            for kind in ("qwen3_moe", "qwen2_moe", "glm4_moe") for dtype in (torch.float32, torch.bfloat16)}
+            for kind in ("qwen3_moe", "qwen2_moe", *DEEPSEEK) for dtype in (torch.float32, torch.bfloat16)}
 
 
 @pytest.mark.parametrize("ep, tp, pp", LAYOUTS)
 @pytest.mark.parametrize("kind, dtype", [("qwen3_moe", torch.float32), ("qwen2_moe", torch.bfloat16),
-                                         ("glm4_moe", torch.bfloat16)])
+                                         ("glm4_moe", torch.bfloat16), ("deepseek_v3", torch.bfloat16)])
 def test_hf_to_mcore_to_hf_is_bit_exact(tmp_path, hf_dirs, kind, dtype, ep, tp, pp):
     hf_dir = hf_dirs[(kind, dtype)]
     hf_to_mcore(hf_dir, tmp_path / "mg", kind, tp, pp, params_dtype=dtype, progress=False, ep=ep)
@@ -37,8 +39,8 @@ def test_hf_to_mcore_to_hf_is_bit_exact(tmp_path, hf_dirs, kind, dtype, ep, tp, 
     assert any(".mlp.experts.7.down_proj" in name for name in original)
     for name, tensor in original.items():
         assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
-    # GLM-4.5's expert bias stays fp32 in a bf16 checkpoint, through Megatron's files too
-    assert {t.dtype for t in original.values()} == ({dtype, torch.float32} if kind == "glm4_moe" else {dtype})
+    # GLM-4.5's and DeepSeek-V3's expert bias stays fp32 in a bf16 checkpoint, through Megatron's files too
+    assert {t.dtype for t in original.values()} == ({dtype, torch.float32} if kind in DEEPSEEK else {dtype})
 
 
 def test_expert_parallel_rank_folders_are_megatron_lms(tmp_path, hf_dirs):
@@ -67,7 +69,7 @@ def _rank_files(root: Path) -> dict[str, dict]:
 @pytest.mark.parametrize("kind, dtype, source, target", [
     ("qwen2_moe", torch.float32, (2, 2, 2), (1, 1, 1)), ("qwen2_moe", torch.float32, (1, 1, 2), (2, 2, 1)),
     ("qwen2_moe", torch.float32, (2, 1, 1), (2, 2, 2)), ("glm4_moe", torch.bfloat16, (2, 2, 2), (1, 2, 1)),
-    ("glm4_moe", torch.bfloat16, (1, 1, 2), (2, 1, 4))])
+    ("glm4_moe", torch.bfloat16, (1, 1, 2), (2, 1, 4)), ("deepseek_v3", torch.bfloat16, (2, 2, 2), (1, 1, 4))])
 def test_mg_to_mg_to_another_expert_layout_equals_going_through_hf(tmp_path, hf_dirs, kind, dtype, source, target):
     (ep, tp, pp), (ep2, tp2, pp2) = source, target
     hf_dir = hf_dirs[(kind, dtype)]
@@ -250,13 +252,14 @@ def _with_mtp_layer(hf_dir: Path, out: Path) -> Path:
     return out
 
 
-def test_glm45s_mtp_layer_is_carried_through_conversion_untrained(tmp_path, hf_dirs):
+@pytest.mark.parametrize("kind", DEEPSEEK)
+def test_an_mtp_layer_is_carried_through_conversion_untrained(tmp_path, hf_dirs, kind):
     """hf -> mg -> mg (another layout) -> hf gives back every tensor, the MTP layer's too; an export without it (a
     trained checkpoint's, which does not hold it) says so in its config; a layer past the MTP ones is refused."""
     import json
 
-    hf_dir = _with_mtp_layer(hf_dirs[("glm4_moe", torch.bfloat16)], tmp_path / "hf")
-    src = hf_to_mcore(hf_dir, tmp_path / "mg", "glm4_moe", 2, 2, params_dtype=torch.bfloat16, progress=False, ep=2)
+    hf_dir = _with_mtp_layer(hf_dirs[(kind, torch.bfloat16)], tmp_path / "hf")
+    src = hf_to_mcore(hf_dir, tmp_path / "mg", kind, 2, 2, params_dtype=torch.bfloat16, progress=False, ep=2)
     moved = mcore_to_mcore(src, tmp_path / "mg2", 1, 4, progress=False, ep=1)
     mcore_to_hf(moved, tmp_path / "back", progress=False)
     original, back = read_hf(hf_dir), read_hf(tmp_path / "back")
@@ -273,4 +276,4 @@ def test_glm45s_mtp_layer_is_carried_through_conversion_untrained(tmp_path, hf_d
     config = json.loads((hf_dir / "config.json").read_text())
     (hf_dir / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
     with pytest.raises(ConfigError, match=r"tensors the architecture does not use, e.g. model.layers.4."):
-        hf_to_mcore(hf_dir, tmp_path / "refused", "glm4_moe", params_dtype=torch.bfloat16, progress=False)
+        hf_to_mcore(hf_dir, tmp_path / "refused", kind, params_dtype=torch.bfloat16, progress=False)

@@ -321,8 +321,8 @@ def _write_rank(root: Path, state: dict, rank_dir: str = "mp_rank_00") -> Path:
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(multi_latent_attention=True), r"trained with multi_latent_attention=True \(multi-latent attention\), "
-                                        r"which mindrl does not"),
+    (dict(multi_latent_attention=True), r"multi-latent attention needs kv_lora_rank as a positive integer, got "
+                                        r"None"),
     (dict(num_experts=8, moe_layer_freq=2), r"trained with moe_layer_freq=2 \(experts every few layers\), which "
                                             r"mindrl does not convert"),
     (dict(noop_layers="0"), r"noop_layers puts layer 0 inside pipeline stage 0 \(layers 0 to 3\); .* move it to "

@@ -1,7 +1,7 @@
-"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, GLM-4.5's DeepSeek-style routing with dense layers first) on
-megatron-core: HF transformers' logits and gradients at EP=1, TP=2, EP=2, EP=2×TP=2 and PP=2, and expert-parallel
-gradients equal EP=1's with the load-balancing loss on (fp32, 4 gloo ranks, each data-parallel rank on its own
-rows)."""
+"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, GLM-4.5's DeepSeek-style routing with dense layers first, and
+DeepSeek-V3's with multi-latent attention) on megatron-core: HF transformers' logits and gradients at EP=1, TP=2,
+EP=2, EP=2×TP=2 and PP=2, and expert-parallel gradients equal EP=1's with the load-balancing loss on (fp32, 4 gloo
+ranks, each data-parallel rank on its own rows)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from mindrl.platform import get_platform
 from mindrl.rollout.weight_sync import hf_tensors
 from tests.hf_models import build_hf_model, checkpoint_state, hf_to_mcore_state, mcore_to_hf_state
 
-KINDS = ("qwen3_moe", "qwen2_moe", "glm4_moe")
-#: layers of each kind's tiny model: GLM-4.5's keeps its first two dense
-LAYERS = {"qwen3_moe": 2, "qwen2_moe": 2, "glm4_moe": 4}
+KINDS = ("qwen3_moe", "qwen2_moe", "glm4_moe", "deepseek_v3")
+#: layers of each kind's tiny model: GLM-4.5's and DeepSeek-V3's keep their first two dense
+LAYERS = {"qwen3_moe": 2, "qwen2_moe": 2, "glm4_moe": 4, "deepseek_v3": 4}
 LAYOUTS = {
     "ep1": ParallelConfig(1, 1),
     "tp2": ParallelConfig(2, 1),
@@ -123,15 +123,18 @@ def hf_cases() -> tuple[list, dict]:
 def run_cases(cases: list, layouts: dict[str, ParallelConfig], world: int, device: str | None = None,
               synced: dict | None = None) -> dict:
     """(kind, aux loss on, layout name) → joined logits and HF-named gradients; into `synced`, the same key →
-    every rank's weight-sync tensors."""
-    per_rank = run_ranks(_all_layouts, world, cases, list(layouts.values()), device=device)
+    every rank's weight-sync tensors. Each kind's two cases run in fresh rank processes: every layout leaves its
+    process groups' backend threads behind (megatron-core only forgets its groups), and after a few dozen layouts
+    they slowed each rank tenfold."""
     out = {}
-    for c, (arch, *_) in enumerate(cases):
-        for i, (name, par) in enumerate(layouts.items()):
-            key = (KINDS[c // 2], c % 2 == 1, name)
-            out[key] = _joined([ranks[c][i] for ranks in per_rank], arch, par)
-            if synced is not None:
-                synced[key] = [ranks[c][i]["synced"] for ranks in per_rank]
+    for first in range(0, len(cases), 2):
+        per_rank = run_ranks(_all_layouts, world, cases[first:first + 2], list(layouts.values()), device=device)
+        for c, (arch, *_) in enumerate(cases[first:first + 2], start=first):
+            for i, (name, par) in enumerate(layouts.items()):
+                key = (KINDS[c // 2], c % 2 == 1, name)
+                out[key] = _joined([ranks[c - first][i] for ranks in per_rank], arch, par)
+                if synced is not None:
+                    synced[key] = [ranks[c - first][i]["synced"] for ranks in per_rank]
     return out
 
 
@@ -169,7 +172,7 @@ def test_expert_parallel_gradients_equal_ep1_with_the_aux_loss(results, kind, la
     _, reference = out[(kind, True, "ep1")]
     _, without_aux = out[(kind, False, "ep1")]
     _, grads = out[(kind, True, layout)]
-    router = f"model.layers.{LAYERS[kind] // 2 if kind == 'glm4_moe' else 0}.mlp.gate.weight"
+    router = f"model.layers.{LAYERS[kind] // 2 if kind in ('glm4_moe', 'deepseek_v3') else 0}.mlp.gate.weight"
     # the load-balancing loss reaches the router: its gradient is not the one without it
     assert (reference[router] - without_aux[router]).abs().max() > 1e-6
     for name, grad in reference.items():
@@ -208,7 +211,8 @@ def test_moe_layouts_that_cannot_be_built_are_one_sentence():
             ModelArch(**{**values, **bad})
 
 
-@pytest.mark.parametrize("name, total, active", [("qwen3_30b_a3b", 30.5e9, 3.3e9), ("qwen2_57b_a14b", 57.4e9, 14.2e9)])
+@pytest.mark.parametrize("name, total, active", [("qwen3_30b_a3b", 30.5e9, 3.3e9), ("qwen2_57b_a14b", 57.4e9, 14.2e9),
+                                                  ("deepseekv3_671b", 671e9, 37e9)])
 def test_shipped_moe_architectures_have_their_published_sizes(name, total, active):
     """Total parameters, and the active ones the benchmarks' FLOPs count (router, top-k experts, shared expert,
     the rest of the layers, both vocabulary matrices) as the model cards give them."""
@@ -255,6 +259,19 @@ def test_flops_count_dense_first_layers_and_active_experts_by_hand():
     dense = attention + 3 * 64 * 96  # layers 0 and 1: SwiGLU of width 96
     moe = attention + 64 * 8 + 2 * 3 * 64 * 32 + 3 * 64 * 32  # router, top-2 experts of 32, shared expert of 32
     assert weight_flops_per_token(arch) == 2 * (2 * dense + 2 * moe + 64 * 256)
+
+
+def test_flops_count_multi_latent_attention_by_hand():
+    """DeepSeek-V3's tiny model: hidden 64, 4 heads with 16 + 8 query/key and 12 value dimensions, latents of 32
+    (queries) and 16 (keys and values)."""
+    from mindrl.models.flops import attention_flops_per_key, weight_flops_per_token
+
+    arch = hfm.arch_from_hf_config(build_hf_model("deepseek_v3", num_hidden_layers=4).config.to_dict(), "deepseek_v3")
+    attention = 64 * 32 + 32 * 4 * 24 + 64 * (16 + 8) + 16 * 4 * (16 + 12) + 4 * 12 * 64
+    dense = attention + 3 * 64 * 96
+    moe = attention + 64 * 8 + 2 * 3 * 64 * 32 + 3 * 64 * 32
+    assert weight_flops_per_token(arch) == 2 * (2 * dense + 2 * moe + 64 * 256)
+    assert attention_flops_per_key(arch) == 2 * 4 * 4 * (24 + 12)  # QKᵀ over 24 dimensions, AV over 12
 
 
 def test_each_routing_part_changes_glm45s_logits():

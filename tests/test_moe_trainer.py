@@ -1,7 +1,7 @@
-"""GRPO on the tiny Qwen3-MoE and the tiny GLM-4.5 (DeepSeek-style routing, dense layers first) with their experts at
-EP=2 (cli/train_grpo.py --config-name grpo_tiny_moe_cpu, vLLM-CPU rollouts): it trains, logs the experts' load and
-the load-balancing loss, its fp32 engine and actor agree, and a job SIGKILLed mid-run resumes to the metrics of an
-uninterrupted one."""
+"""GRPO on the tiny Qwen3-MoE, the tiny GLM-4.5 (DeepSeek-style routing, dense layers first) and the tiny DeepSeek-V3
+(the same routing under multi-latent attention) with their experts at EP=2 (cli/train_grpo.py --config-name
+grpo_tiny_moe_cpu, vLLM-CPU rollouts): it trains, logs the experts' load and the load-balancing loss, its fp32 engine
+and actor agree, and a job SIGKILLed mid-run resumes to the metrics of an uninterrupted one."""
 
 from pathlib import Path
 
@@ -16,8 +16,11 @@ CONFIG = "grpo_tiny_moe_cpu"
 
 
 #: the model each run trains, as overrides of the recipe (Qwen3-MoE is its own)
-MODELS = {"qwen3_moe": [], "glm4_moe": ["model=[tiny_glm4_moe]", "megatron_training.model=tiny_glm4_moe",
-                                        "actor_config.model=tiny_glm4_moe"]}
+MODELS = {"qwen3_moe": [], **{kind: [f"model=[tiny_{kind}]", f"megatron_training.model=tiny_{kind}",
+                                     f"actor_config.model=tiny_{kind}"] for kind in ("glm4_moe", "deepseek_v3")}}
+# vLLM-CPU runs DeepSeek-V3's multi-latent attention, but its log-probs differ from the actor's by up to 2e-2 in fp32
+# (its CPU MLA kernel): the Megatron engine generates for it
+MODELS["deepseek_v3"].append("generate_config.backend=megatron")
 
 
 def _overrides(tokenizer: Path, data_path: Path, save: Path, model: str) -> list[str]:
@@ -39,7 +42,7 @@ def test_grpo_with_expert_parallel_experts_trains_and_a_killed_run_resumes_exact
     for line in expected:
         assert line["rollout_is/abs_log_prob_diff_max"] < 1e-4  # vLLM's experts are the actor's, synced
         assert 1.0 <= line["moe/load_max_over_mean"] <= 4.0
-        # GLM-4.5 balances by its (frozen) expert bias, with no loss; its dense layers have no load
+        # GLM-4.5 and DeepSeek-V3 balance by their (frozen) expert bias, with no loss; their dense layers have no load
         assert (line["moe/load_balancing_loss"] > 0) if model == "qwen3_moe" else "moe/load_balancing_loss" not in line
         assert ("moe/load_max_over_mean_layer01" in line) == (model == "qwen3_moe")
     assert sorted(p.name for p in (whole / mg.iteration_dir_name(3)).iterdir()) == ["mp_rank_00_000",

@@ -22,7 +22,6 @@ from mindrl.models import arch_fields as af
 # Megatron-LM / MindSpeed-LLM args that change the weights or the numbers in ways mindrl
 # does not convert, and what they ask for. A value other than None / False / 0 means "on".
 _UNSUPPORTED = {
-    "multi_latent_attention": "multi-latent attention",
     "mtp_num_layers": "multi-token-prediction layers",
     "rotary_interleaved": "interleaved rotary embeddings",
     "apply_layernorm_1p": "zero-centered layer-norm weights",
@@ -86,11 +85,14 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
         if value not in (None, False, 0, "", "none"):
             raise ConfigError(f"{name} was trained with {key}={value!r} ({feature}), which mindrl does not "
                               f"convert; only GPT models with RoPE (dense, or with Qwen-MoE or DeepSeek-style "
-                              f"experts) are supported.")
+                              f"experts, and multi-latent attention) are supported.")
     if getattr(args, "use_mcore_models", None) is False and not hasattr(args, "use_legacy_models"):
         raise ConfigError(f"{name} is a legacy (non-mcore) Megatron model (use_mcore_models=False); mindrl reads "
                           f"megatron-core checkpoints only, so convert it to mcore with Megatron-LM first.")
     values, missing = af.arch_values_from_megatron(args)
+    if values.get("multi_latent_attention"):
+        values["kv_channels"] = None  # Megatron-LM's kv_channels is unused there: the MLA sizes are the head widths
+        _check_mla_rope(name, args, values)
     values.update(_deepseek_layers(name, args, values))
     noop_split = _noop_split(args)
     if noop_split is not None:
@@ -102,6 +104,18 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
                                               hf_vocab)
     values.update(padded_vocab_size=padded, make_vocab_size_divisible_by=multiple)
     return ModelArch(name=name, **values)
+
+
+def _check_mla_rope(name: str, args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """Megatron-LM keeps an MLA model's YaRN in keys of its own (`rope_type`, yarn by default, with
+    `rotary_scaling_factor`, `mscale`, …), which mindrl does not read: read as plain RoPE they would build another
+    model, so such args need the HF config."""
+    if values.get("rope_scaling_type") is None and hasattr(args, "rotary_scaling_factor") and \
+            getattr(args, "rope_type", None) != "rope":
+        raise ArgsIncomplete(f"{name} is a Megatron-LM multi-latent attention checkpoint whose RoPE is in "
+                             f"Megatron-LM's own keys (rope_type={getattr(args, 'rope_type', None)!r}, "
+                             f"rotary_scaling_factor={args.rotary_scaling_factor!r}), which mindrl does not read; "
+                             f"pass --hf-config-dir with the model's HF config.json and --model-type-hf deepseek_v3.")
 
 
 def _deepseek_layers(name: str, args: argparse.Namespace, values: dict[str, Any]) -> dict[str, Any]:

@@ -47,9 +47,6 @@ MOE_SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 _UNSUPPORTED_PREFIXES = {
     "moe_": "a mixture-of-experts option beyond Qwen-MoE and DeepSeek-style routing",
-    "multi_latent_attention": "multi-latent attention",
-    "q_lora_rank": "multi-latent attention",
-    "kv_lora_rank": "multi-latent attention",
 }
 
 #: RoPE scalings mindrl builds (HF's rope_type names; mindrl/models/rope.py), each with the keys it reads
@@ -66,7 +63,10 @@ _ALIASES = {"original_max_position_embeddings": "rope_scaling_original_max_posit
 
 #: MindSpeed-LLM's layer specs (`spec: [module, function]`) that describe a layer mindrl builds from the model's own
 #: keys, each with the key that must say so: the Qwen3 spec is the GPT layer with Qwen3's per-head q/k RMSNorm
-LAYER_SPECS = {("mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec"): "qk_layernorm"}
+LAYER_SPECS = {("mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec"): "qk_layernorm",
+               ("mindspeed_llm.tasks.models.spec.deepseek_spec", "layer_spec"): "multi_latent_attention"}
+#: the sizes of multi-latent attention (q_lora_rank is optional: without it queries are projected directly)
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,16 @@ class ModelArch:
     #: rope_scaling_mscale_all_dim) where both are set (DeepSeek-V3), else 0.1 · ln(factor) + 1
     rope_scaling_mscale: float | None = None
     rope_scaling_mscale_all_dim: float | None = None
+    #: DeepSeek-V3's multi-latent attention: keys and values come from one kv_lora_rank-wide latent (and queries
+    #: from a q_lora_rank-wide one, if set), each head's query and key are qk_head_dim dimensions without position
+    #: and qk_pos_emb_head_dim rotated ones (the key's shared by all heads), its value v_head_dim wide;
+    #: qk_layernorm: true are the latents' RMSNorms. docs/configuration.md#multi-latent-attention
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.vision, Mapping):  # as the yaml and a checkpoint's args hold it
@@ -173,7 +183,8 @@ class ModelArch:
             raise ConfigError(
                 f"model {self.name}: num_query_groups={self.query_groups} must divide "
                 f"num_attention_heads={self.num_attention_heads}.")
-        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads and \
+                not self.multi_latent_attention:
             raise ConfigError(
                 f"model {self.name}: hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}; set kv_channels to the head size.")
@@ -183,8 +194,43 @@ class ModelArch:
         if self.normalization not in ("RMSNorm", "LayerNorm"):
             raise ConfigError(f"model {self.name}: normalization must be RMSNorm or LayerNorm, "
                               f"got {self.normalization!r}.")
+        self._check_mla()
         self._check_positions()
         self._check_moe()
+
+    def _check_mla(self) -> None:
+        where = f"model {self.name}"
+        if not self.multi_latent_attention:
+            given = [key for key in MLA_FIELDS if getattr(self, key) is not None]
+            if given:
+                raise ConfigError(f"{where}: {given[0]} sizes multi-latent attention, which is off; set "
+                                  f"multi_latent_attention: true or remove it.")
+            return
+        for key in MLA_FIELDS:
+            value = getattr(self, key)
+            if (value is not None or key != "q_lora_rank") and not (isinstance(value, int) and value > 0):
+                raise ConfigError(f"{where}: multi-latent attention needs {key} as a positive integer, got "
+                                  f"{value!r}.")
+        if self.qk_pos_emb_head_dim % 2:
+            raise ConfigError(f"{where}: qk_pos_emb_head_dim={self.qk_pos_emb_head_dim} must be even (RoPE rotates "
+                              f"pairs of dimensions).")
+        clashes = [what for what, bad in (
+            ("num_query_groups (every head has its own key and value)",
+             self.num_query_groups not in (None, self.num_attention_heads)),
+            ("kv_channels (the head sizes are qk_head_dim, qk_pos_emb_head_dim and v_head_dim)",
+             self.kv_channels is not None),
+            ("add_qkv_bias", self.add_qkv_bias), ("rotary_percent", self.rotary_percent != 1),
+            ("disable_bias_linear: false (DeepSeek's projections have no biases)", not self.disable_bias_linear),
+            ("normalization LayerNorm (its latents' norms are RMSNorms)", self.normalization != "RMSNorm"),
+            ("qk_layernorm: false (the latents' norms are DeepSeek-V3's; mindrl builds them)", not self.qk_layernorm),
+            ("position_embedding_type mrope", self.position_embedding_type != "rope"),
+            ("YaRN with rope_scaling_mscale other than rope_scaling_mscale_all_dim (its attention factor would scale "
+             "the rotated dimensions alone; DeepSeek's configs set both alike)",
+             self.rope_scaling_type == "yarn" and (self.rope_scaling_mscale is None
+                                                   or self.rope_scaling_mscale != self.rope_scaling_mscale_all_dim)),
+        ) if bad]
+        if clashes:
+            raise ConfigError(f"{where}: multi-latent attention does not take {clashes[0]}; remove it.")
 
     def _check_positions(self) -> None:
         where = f"model {self.name}"
@@ -357,11 +403,21 @@ class ModelArch:
 
     @property
     def head_dim(self) -> int:
+        """Each head's query and key width (multi-latent attention: with the rotated part)."""
+        if self.multi_latent_attention:
+            return self.qk_head_dim + self.qk_pos_emb_head_dim
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
+    def value_head_dim(self) -> int:
+        """Each head's value width: head_dim but under multi-latent attention."""
+        return self.v_head_dim if self.multi_latent_attention else self.head_dim
+
+    @property
     def rotary_dim(self) -> int:
-        """The dimensions of each head RoPE rotates (the first ones)."""
+        """The dimensions of each head RoPE rotates (the first ones; multi-latent attention keeps them apart)."""
+        if self.multi_latent_attention:
+            return self.qk_pos_emb_head_dim
         return round(self.head_dim * self.rotary_percent)
 
     @property

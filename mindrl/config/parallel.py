@@ -172,6 +172,7 @@ def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | No
         raise ConfigError(
             f"num_layers={arch.num_layers} of model {arch.name} is not divisible by "
             f"pipeline_model_parallel_size={pp}; choose a PP that divides it or set num_layer_list.")
+    _validate_latents(arch, par)
     validate_context_parallel(arch, par)
     if world_size is not None and world_size % par.model_ranks:
         sizes = f"{tp}×{pp}" + (f"×{par.cp}" if par.cp > 1 else "")
@@ -180,6 +181,17 @@ def validate_parallel(arch: ModelArch, par: ParallelConfig, world_size: int | No
         raise ConfigError(f"world size {world_size} is not divisible by {names} = {sizes}; use a device count that "
                           f"is a multiple of {par.model_ranks}.")
     validate_expert_parallel(arch, par, world_size)
+
+
+def _validate_latents(arch: ModelArch, par: ParallelConfig) -> None:
+    """Multi-latent attention's down projections are cut over TP by their outputs (the latents' widths)."""
+    if not arch.multi_latent_attention or par.tp == 1:
+        return
+    for what, width in (("q_lora_rank", arch.q_lora_rank or 0),
+                        ("kv_lora_rank + qk_pos_emb_head_dim", arch.kv_lora_rank + arch.qk_pos_emb_head_dim)):
+        if width % par.tp:
+            raise ConfigError(f"tensor_model_parallel_size={par.tp} does not divide model {arch.name}'s {what} = "
+                              f"{width}, whose projection TP cuts by rows; choose a TP size that divides it.")
 
 
 def validate_context_parallel(arch: ModelArch, par: ParallelConfig) -> None:
@@ -191,6 +203,10 @@ def validate_context_parallel(arch: ModelArch, par: ParallelConfig) -> None:
         raise ConfigError(f"context_parallel_size={par.cp} cuts padding-free packed text sequences, but model "
                           f"{arch.name} is a vision-language model (its multimodal positions are per padded row); "
                           f"set context_parallel_size 1.")
+    if arch.multi_latent_attention:
+        raise ConfigError(f"context_parallel_size={par.cp}: mindrl's context-parallel attention takes values as wide "
+                          f"as the keys, but model {arch.name}'s multi-latent attention has narrower ones; set "
+                          f"context_parallel_size 1 (padding-free packing and token budgets work without it).")
     if par.cp_algo == "ulysses":
         for what, count in (("num_attention_heads", arch.num_attention_heads),
                             ("num_query_groups", arch.query_groups)):

@@ -47,6 +47,8 @@ class Link:
     cast: Callable[[Any], Any] | None = None
     #: a mixture-of-experts field: written on no side for a dense model, so its files stay as they were
     moe: bool = False
+    #: a multi-latent attention field: written on no side for a model without it
+    mla: bool = False
 
 
 LINKS: dict[str, Link] = {
@@ -147,6 +149,16 @@ LINKS: dict[str, Link] = {
     "rope_scaling_mscale": Link(("rope_scaling_mscale",), megatron_default=None, structural=False, cast=float),
     "rope_scaling_mscale_all_dim": Link(("rope_scaling_mscale_all_dim",), megatron_default=None, structural=False,
                                         cast=float),
+    # Multi-latent attention (DeepSeek-V3), in Megatron-LM's args names; mindrl builds its own attention module
+    # (models/mla.py), so none goes to the TransformerConfig. HF's deepseek_v3 calls qk_head_dim qk_nope_head_dim.
+    "multi_latent_attention": Link(("multi_latent_attention",), megatron_default=False, mla=True),
+    "q_lora_rank": Link(("q_lora_rank",), None, "q_lora_rank", megatron_default=None, hf_default=None, mla=True),
+    "kv_lora_rank": Link(("kv_lora_rank",), None, "kv_lora_rank", megatron_default=None, hf_default=None, mla=True),
+    "qk_head_dim": Link(("qk_head_dim",), None, "qk_nope_head_dim", megatron_default=None, hf_default=None,
+                        mla=True),
+    "qk_pos_emb_head_dim": Link(("qk_pos_emb_head_dim",), None, "qk_rope_head_dim", megatron_default=None,
+                                hf_default=None, mla=True),
+    "v_head_dim": Link(("v_head_dim",), None, "v_head_dim", megatron_default=None, hf_default=None, mla=True),
 }
 
 #: ModelArch's RoPE-scaling fields → their keys in HF's rope_scaling, and the keys HF's initialiser of each
@@ -266,8 +278,10 @@ def _read(name: str, side: str, value: Any) -> Any:
 
 
 def _links(arch: ModelArch) -> dict[str, Link]:
-    """The fields `arch` has on the other sides: the MoE ones only for an MoE model."""
-    return {name: link for name, link in LINKS.items() if arch.is_moe or not link.moe}
+    """The fields `arch` has on the other sides: the MoE ones only for an MoE model, the multi-latent attention ones
+    only with it."""
+    return {name: link for name, link in LINKS.items()
+            if (arch.is_moe or not link.moe) and (arch.multi_latent_attention or not link.mla)}
 
 
 def megatron_arch_args(arch: ModelArch, tp: int) -> dict[str, Any]:

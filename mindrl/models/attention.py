@@ -158,7 +158,7 @@ def segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     response_out = _attend(take(query, layout.response_index), slot_key, slot_value, layout.response_allowed,
                            scale, enable_gqa)
     rows = torch.cat([real(prompt_out, layout.prompt_rows), real(response_out, layout.response_rows)])
-    return query.new_zeros(query.shape).index_copy(0, layout.destination, rows)
+    return query.new_zeros((*query.shape[:-1], value.shape[-1])).index_copy(0, layout.destination, rows)
 
 
 def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: Segments,
@@ -181,7 +181,7 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                       heads_first(query[first:first + prefix]))
         pieces.append(out.squeeze(0).transpose(0, 1))
     end = segments.starts[-1] + segments.lengths[-1] if segments.starts else 0
-    pieces.append(query.new_zeros((query.shape[0] - end, *query.shape[1:])))
+    pieces.append(query.new_zeros((query.shape[0] - end, query.shape[1], value.shape[-1])))
     return torch.cat(pieces)
 
 
@@ -236,7 +236,8 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed
     bias = bias.unsqueeze(1).expand(n, groups, per_group, length, keys).reshape(n * groups, -1, keys)
     scores = torch.baddbmm(bias, query.reshape(n * groups, per_group * length, dim),
                            key.reshape(n * groups, keys, dim).transpose(1, 2), alpha=scale)
-    return (scores.softmax(-1) @ value.reshape(n * groups, keys, dim)).view(n, heads, length, dim)
+    width = value.shape[-1]  # multi-latent attention's values are narrower than its queries and keys
+    return (scores.softmax(-1) @ value.reshape(n * groups, keys, width)).view(n, heads, length, width)
 
 
 def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, enable_gqa: bool,

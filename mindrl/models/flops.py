@@ -23,12 +23,24 @@ def _layer_weights(arch: ModelArch) -> float:
     if arch.is_moe:
         mlp = (h * arch.num_experts + arch.moe_router_topk * 3 * h * arch.expert_ffn_hidden_size
                + 3 * h * (arch.moe_shared_expert_intermediate_size or 0) + h * arch.moe_shared_expert_gate)
+    if arch.multi_latent_attention:
+        return latent_attention_weights(arch) + mlp
     return h * (q + 2 * kv) + q * h + mlp
+
+
+def latent_attention_weights(arch: ModelArch) -> float:
+    """Multi-latent attention as trained (keys and values expanded from the latent for every token): the query's
+    projections, the key-value latent's down and up projections and the output projection; also their parameters."""
+    h, heads, latent = arch.hidden_size, arch.num_attention_heads, arch.kv_lora_rank
+    query = heads * arch.head_dim
+    queries = h * query if arch.q_lora_rank is None else arch.q_lora_rank * (h + query)
+    keys_values = h * (latent + arch.qk_pos_emb_head_dim) + latent * heads * (arch.qk_head_dim + arch.v_head_dim)
+    return queries + keys_values + heads * arch.v_head_dim * h
 
 
 def attention_flops_per_key(arch: ModelArch) -> float:
     """QKᵀ and AV for one (query, key) pair, over every layer."""
-    return 4.0 * arch.num_layers * arch.num_attention_heads * arch.head_dim
+    return 2.0 * arch.num_layers * arch.num_attention_heads * (arch.head_dim + arch.value_head_dim)
 
 
 def forward_flops(arch: ModelArch, tokens: float, keys: float) -> float:

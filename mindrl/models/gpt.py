@@ -27,6 +27,7 @@ from mindrl.config.vision import VisionArch
 from mindrl.models import arch_fields as af
 from mindrl.models import rope
 from mindrl.models.attention import SDPAttention
+from mindrl.models.mla import mla_spec
 from mindrl.models.moe import add_expert_bias, mlp_submodules, moe_config_kwargs, routers_of
 from mindrl.models.recompute import RecomputedBlock
 from mindrl.models.rmsnorm import RMSNorm
@@ -73,10 +74,9 @@ def transformer_config(arch: ModelArch, par: ParallelConfig, params_dtype: torch
     )
     if arch.is_moe:
         kwargs.update(moe_config_kwargs(arch, par))
-    attention_factor = rope.attention_factor(arch)
-    if attention_factor != 1.0:
-        # YaRN scales the rotated queries and keys alike (HF: cos and sin), which scales the scores by its square
-        kwargs["softmax_scale"] = attention_factor ** 2 / math.sqrt(arch.head_dim)
+    factor = rope.softmax_factor(arch)
+    if factor != 1.0:
+        kwargs["softmax_scale"] = factor / math.sqrt(arch.head_dim)
     kwargs.update(platform.transformer_config_overrides())
     kwargs.update(overrides)
     with warnings.catch_warnings():
@@ -204,7 +204,7 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
     kwargs = dict(vocab_size=arch.vocab_size_for(par.tp), max_sequence_length=arch.max_position_embeddings,
                   pre_process=parallel_state.is_pipeline_first_stage(),
                   post_process=parallel_state.is_pipeline_last_stage(), rotary_base=arch.rotary_base,
-                  rotary_percent=arch.rotary_percent)
+                  rotary_percent=arch.rotary_dim / arch.head_dim)
     if arch.vision is not None:
         model = VisionLanguageModel(config, block, arch.vision,
                                     share_embeddings_and_output_weights=arch.tied_embeddings, **kwargs)
@@ -217,7 +217,9 @@ def build_gpt_model(arch: ModelArch, par: ParallelConfig, params_dtype: torch.dt
         # megatron-core would cut the rotary table for its own context-parallel split; mindrl's shares carry each
         # token's position and are rotated by it
         model.rotary_pos_emb.cp_group = None
-        if arch.rope_scaling_type is not None:  # megatron-core's own scaling is llama3's with fixed bounds only
+        if arch.rope_scaling_type is not None or arch.multi_latent_attention:
+            # megatron-core's own scaling is llama3's with fixed bounds only; its table for a rotated share of a head
+            # rounds the share's width from a fraction
             model.rotary_pos_emb.inv_freq = rope.inv_freq(arch).to(model.rotary_pos_emb.inv_freq.device)
     if config.recompute_granularity == "full":
         # GPTModel builds megatron-core's block itself; mindrl's differs only in how it recomputes
@@ -240,6 +242,8 @@ def _layer_spec(arch: ModelArch, config: TransformerConfig) -> ModuleSpec:
         spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
                                         qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    if arch.multi_latent_attention:
+        spec.submodules.self_attention = mla_spec(arch)
     if config.use_te_activation_func:
         for mlp in mlp_submodules(spec):
             mlp.activation_func = SwiGLU

@@ -36,21 +36,25 @@ from mindrl.models.vision import vision_param_shapes
 # HF model_type of each --model-type-hf name the converter accepts (qwen25: MindSpeed-LLM's name).
 HF_MODEL_TYPES = {"qwen2": "qwen2", "qwen25": "qwen2", "llama2": "llama", "llama3": "llama", "qwen3": "qwen3",
                   "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "qwen2_5_vl": "qwen2_5_vl",
-                  "qwen25_vl": "qwen2_5_vl", "glm4_moe": "glm4_moe", "glm45": "glm4_moe"}
+                  "qwen25_vl": "qwen2_5_vl", "glm4_moe": "glm4_moe", "glm45": "glm4_moe",
+                  "deepseek_v3": "deepseek_v3", "deepseekv3": "deepseek_v3"}
 HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "glm4_moe": "Glm4MoeForCausalLM"}
+                    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "glm4_moe": "Glm4MoeForCausalLM",
+                    "deepseek_v3": "DeepseekV3ForCausalLM"}
 _CAUSAL_LM, _SEQ_CLS = "ForCausalLM", "ForSequenceClassification"
 # The optional tensors each HF family has: (QKV-only biases, QK layer norms, experts, a gated shared expert,
 # a vision tower, DeepSeek-style routing: the sigmoid router's expert bias, un-gated shared experts, dense layers
-# first). None: as the family's config says (GLM-4.5's attention_bias, use_qk_norm).
-_FAMILY_TENSORS = {"qwen2": (True, False, False, False, False, False),
-                   "llama": (False, False, False, False, False, False),
-                   "qwen3": (False, True, False, False, False, False),
-                   "qwen2_moe": (True, False, True, True, False, False),
-                   "qwen3_moe": (False, True, True, False, False, False),
-                   "qwen2_5_vl": (True, False, False, False, True, False),
-                   "glm4_moe": (None, None, True, False, False, True)}
+# first; multi-latent attention, whose QK layer norms are its latents'). None: as the family's config says (GLM-4.5's
+# attention_bias, use_qk_norm).
+_FAMILY_TENSORS = {"qwen2": (True, False, False, False, False, False, False),
+                   "llama": (False, False, False, False, False, False, False),
+                   "qwen3": (False, True, False, False, False, False, False),
+                   "qwen2_moe": (True, False, True, True, False, False, False),
+                   "qwen3_moe": (False, True, True, False, False, False, False),
+                   "qwen2_5_vl": (True, False, False, False, True, False, False),
+                   "glm4_moe": (None, None, True, False, False, True, False),
+                   "deepseek_v3": (False, True, True, False, False, True, True)}
 #: the families' config keys of the tensors they may or may not have
 _FAMILY_SWITCHES = {"glm4_moe": ("attention_bias", "use_qk_norm")}
 #: tensors kept in fp32 whatever the model's dtype: the expert bias picks experts by differences far below bf16's
@@ -77,6 +81,18 @@ _LAYER_RENAMES = {
     "mlp.down_proj.weight": "mlp.linear_fc2.weight",
     "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
     "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
+}
+
+
+#: multi-latent attention's tensors (DeepSeek-V3): one-to-one renames, HF suffix → Megatron suffix
+_MLA_RENAMES = {
+    "self_attn.q_proj.weight": "self_attention.linear_q_proj.weight",
+    "self_attn.q_a_proj.weight": "self_attention.linear_q_down_proj.weight",
+    "self_attn.q_a_layernorm.weight": "self_attention.q_layernorm.weight",
+    "self_attn.q_b_proj.weight": "self_attention.linear_q_up_proj.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "self_attention.linear_kv_down_proj.weight",
+    "self_attn.kv_a_layernorm.weight": "self_attention.kv_layernorm.weight",
+    "self_attn.kv_b_proj.weight": "self_attention.linear_kv_up_proj.weight",
 }
 
 
@@ -111,6 +127,12 @@ def _hf_mlp_names(arch: ModelArch) -> list[str]:
 def hf_layer_names(arch: ModelArch) -> list[str]:
     """HF tensor names inside one decoder layer of `arch` (without the layer prefix); of an MoE model with dense
     layers first, pass the layer's own architecture (`arch.layer_arch(index)`)."""
+    if arch.multi_latent_attention:
+        query = (["self_attn.q_proj.weight"] if arch.q_lora_rank is None else
+                 ["self_attn.q_a_proj.weight", "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight"])
+        return ["input_layernorm.weight", *query, "self_attn.kv_a_proj_with_mqa.weight",
+                "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight",
+                "post_attention_layernorm.weight", *_hf_mlp_names(arch)]
     names = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
              "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
              *_hf_mlp_names(arch)]
@@ -151,12 +173,15 @@ def _layer_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     layer = {
         "input_layernorm.weight": (h,), "self_attn.q_proj.weight": (q_rows, h),
         "self_attn.k_proj.weight": (kv_rows, h), "self_attn.v_proj.weight": (kv_rows, h),
-        "self_attn.o_proj.weight": (h, q_rows), "post_attention_layernorm.weight": (h,),
+        "self_attn.o_proj.weight": (h, arch.num_attention_heads * arch.value_head_dim),
+        "post_attention_layernorm.weight": (h,),
         "mlp.gate_proj.weight": (ffn, h), "mlp.up_proj.weight": (ffn, h), "mlp.down_proj.weight": (h, ffn),
         "self_attn.q_proj.bias": (q_rows,), "self_attn.k_proj.bias": (kv_rows,),
         "self_attn.v_proj.bias": (kv_rows,), "self_attn.q_norm.weight": (hd,),
         "self_attn.k_norm.weight": (hd,),
     }
+    if arch.multi_latent_attention:
+        layer.update(_mla_shapes(arch))
     if arch.is_moe:
         expert, shared = arch.expert_ffn_hidden_size, arch.moe_shared_expert_intermediate_size or 0
         layer["mlp.gate.weight"] = (arch.num_experts, h)
@@ -168,6 +193,15 @@ def _layer_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
         layer.update({f"{shared_prefix}gate_proj.weight": (shared, h), f"{shared_prefix}up_proj.weight": (shared, h),
                       f"{shared_prefix}down_proj.weight": (h, shared), "mlp.shared_expert_gate.weight": (1, h)})
     return layer
+
+
+def _mla_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    h, heads, latent, q_rank = arch.hidden_size, arch.num_attention_heads, arch.kv_lora_rank, arch.q_lora_rank
+    return {"self_attn.q_proj.weight": (heads * arch.head_dim, h), "self_attn.q_a_proj.weight": (q_rank, h),
+            "self_attn.q_a_layernorm.weight": (q_rank,), "self_attn.q_b_proj.weight": (heads * arch.head_dim, q_rank),
+            "self_attn.kv_a_proj_with_mqa.weight": (latent + arch.qk_pos_emb_head_dim, h),
+            "self_attn.kv_a_layernorm.weight": (latent,),
+            "self_attn.kv_b_proj.weight": (heads * (arch.qk_head_dim + arch.v_head_dim), latent)}
 
 
 def vision_names(arch: ModelArch) -> list[tuple[str, str]]:
@@ -212,6 +246,9 @@ def _renames(arch: ModelArch) -> dict[str, str]:
     """One-to-one renames inside a decoder layer of `arch`: HF suffix → Megatron suffix."""
     renames = dict(_LAYER_RENAMES)
     del renames["mlp.down_proj.weight"]
+    if arch.multi_latent_attention:
+        del renames["self_attn.q_norm.weight"], renames["self_attn.k_norm.weight"]
+        renames.update(_MLA_RENAMES)
     renames.update({hf + "down_proj.weight": mg + "linear_fc2.weight" for hf, mg in _mlp_pairs(arch)})
     if arch.is_moe:
         renames["mlp.gate.weight"] = "mlp.router.weight"
@@ -224,8 +261,9 @@ def hf_to_mcore_layer(hf: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[s
     """One decoder layer: HF suffix → tensor, to Megatron suffix → tensor (TP=1)."""
     renames = _renames(arch)
     out = {renames[name]: tensor for name, tensor in hf.items() if name in renames}
-    out["self_attention.linear_qkv.weight"] = _fuse_qkv(
-        hf["self_attn.q_proj.weight"], hf["self_attn.k_proj.weight"], hf["self_attn.v_proj.weight"], arch)
+    if not arch.multi_latent_attention:
+        out["self_attention.linear_qkv.weight"] = _fuse_qkv(
+            hf["self_attn.q_proj.weight"], hf["self_attn.k_proj.weight"], hf["self_attn.v_proj.weight"], arch)
     if arch.add_qkv_bias:
         out["self_attention.linear_qkv.bias"] = _fuse_qkv(
             hf["self_attn.q_proj.bias"], hf["self_attn.k_proj.bias"], hf["self_attn.v_proj.bias"], arch)
@@ -239,8 +277,9 @@ def mcore_to_hf_layer(mcore: Mapping[str, torch.Tensor], arch: ModelArch) -> dic
     """One decoder layer: Megatron suffix → tensor, to HF suffix → tensor (inverse of the above)."""
     back = {m: h for h, m in _renames(arch).items()}
     out = {back[name]: tensor for name, tensor in mcore.items() if name in back}
-    q, k, v = _split_qkv(mcore["self_attention.linear_qkv.weight"], arch)
-    out.update({"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v})
+    if not arch.multi_latent_attention:
+        q, k, v = _split_qkv(mcore["self_attention.linear_qkv.weight"], arch)
+        out.update({"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v})
     if arch.add_qkv_bias:
         q, k, v = _split_qkv(mcore["self_attention.linear_qkv.bias"], arch)
         out.update({"self_attn.q_proj.bias": q, "self_attn.k_proj.bias": k, "self_attn.v_proj.bias": v})
@@ -280,11 +319,11 @@ def hf_model_type(model_type_hf: str) -> str:
     return HF_MODEL_TYPES[model_type_hf]
 
 
-def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool, bool, bool]:
+def _tensors_of(arch: ModelArch) -> tuple[bool, bool, bool, bool, bool, bool, bool]:
     """`arch`'s optional tensors, as _FAMILY_TENSORS lists them."""
     return (arch.add_qkv_bias, arch.qk_layernorm, arch.is_moe,
             bool(arch.moe_shared_expert_intermediate_size and arch.moe_shared_expert_gate), arch.vision is not None,
-            arch.moe_router_enable_expert_bias)
+            arch.moe_router_enable_expert_bias, arch.multi_latent_attention)
 
 
 def _holds(family: str, arch: ModelArch) -> bool:
@@ -293,7 +332,7 @@ def _holds(family: str, arch: ModelArch) -> bool:
 
 def model_type_hf_of(arch: ModelArch) -> str:
     """The --model-type-hf whose HF family holds exactly `arch`'s optional tensors."""
-    for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "glm4_moe"):
+    for name in ("qwen2", "llama3", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "glm4_moe", "deepseek_v3"):
         if _holds(HF_MODEL_TYPES[name], arch):
             return name
     raise ConfigError(f"model {arch.name} has a mix of QKV biases, QK layer norms, experts and routing that no HF "
@@ -303,30 +342,35 @@ def model_type_hf_of(arch: ModelArch) -> str:
 def check_hf_can_hold(arch: ModelArch, model_type_hf: str) -> None:
     """Refuse an architecture whose weights the HF family could not load (before any work)."""
     family = hf_model_type(model_type_hf)
-    qkv_bias, qk_norm, experts, gated_shared, vision, deepseek = _FAMILY_TENSORS[family]
+    qkv_bias, qk_norm, experts, gated_shared, vision, deepseek, mla = _FAMILY_TENSORS[family]
     if arch.add_qkv_bias and qkv_bias is False:
         raise ConfigError(f"HF {family} models have no QKV-only bias, so model {arch.name}'s QKV biases would "
                           f"not load back into HF transformers; a Qwen2-family model takes --model-type-hf qwen2.")
     problems = [what for what, bad in (
+        ("multi-latent attention (only HF deepseek_v3 has it)", arch.multi_latent_attention and not mla),
+        ("no multi-latent attention (HF deepseek_v3 has it)", mla and not arch.multi_latent_attention),
         ("no QKV biases (HF qwen2 has them)", qkv_bias and not arch.add_qkv_bias),
         ("QK layer norms (HF qwen3 and glm4_moe have them)", arch.qk_layernorm and qk_norm is False),
         ("no QK layer norms (HF qwen3 has them)", qk_norm and not arch.qk_layernorm),
-        ("a sigmoid router with an expert bias (only HF glm4_moe has one)",
+        ("a sigmoid router with an expert bias (only HF glm4_moe and deepseek_v3 have one)",
          arch.moe_router_enable_expert_bias and not deepseek),
-        ("a router without the expert bias (HF glm4_moe has one)", deepseek and not arch.moe_router_enable_expert_bias),
-        ("dense layers before the experts (only HF glm4_moe has them)", bool(arch.first_k_dense_replace) and
-         not deepseek),
+        ("a router without the expert bias (HF glm4_moe and deepseek_v3 have one)",
+         deepseek and not arch.moe_router_enable_expert_bias),
+        ("dense layers before the experts (only HF glm4_moe and deepseek_v3 have them)",
+         bool(arch.first_k_dense_replace) and not deepseek),
         ("a gated shared expert (HF glm4_moe's are un-gated)", deepseek and arch.moe_shared_expert_gate),
-        ("experts (only HF qwen2_moe / qwen3_moe / glm4_moe have them)", arch.is_moe and not experts),
-        ("no experts (HF qwen2_moe / qwen3_moe / glm4_moe are mixtures of experts)", experts and not arch.is_moe),
+        ("experts (only HF qwen2_moe / qwen3_moe / glm4_moe / deepseek_v3 have them)", arch.is_moe and not experts),
+        ("no experts (HF qwen2_moe / qwen3_moe / glm4_moe / deepseek_v3 are mixtures of experts)",
+         experts and not arch.is_moe),
         ("no gated shared expert (HF qwen2_moe has one)", experts and gated_shared and not _tensors_of(arch)[3]),
         ("a shared expert (HF qwen3_moe has none)", experts and not gated_shared and not deepseek and
          bool(arch.moe_shared_expert_intermediate_size)),
         ("no shared experts (HF glm4_moe has them)", deepseek and not arch.moe_shared_expert_intermediate_size),
-        ("sigmoid routing, expert groups or a routing scale (only HF glm4_moe has them)", not deepseek and (
-            arch.moe_router_score_function != "softmax" or arch.moe_router_num_groups is not None
-            or arch.moe_router_topk_scaling_factor is not None)),
-        ("partial rotary embeddings (only HF glm4_moe has them)", not deepseek and arch.rotary_percent != 1),
+        ("sigmoid routing, expert groups or a routing scale (only HF glm4_moe and deepseek_v3 have them)",
+         not deepseek and (arch.moe_router_score_function != "softmax" or arch.moe_router_num_groups is not None
+                           or arch.moe_router_topk_scaling_factor is not None)),
+        ("partial rotary embeddings (only HF glm4_moe has them)",
+         not (deepseek and not mla) and arch.rotary_percent != 1),
         ("a shared expert whose width is not a multiple of the experts' (HF glm4_moe counts them, n_shared_experts)",
          deepseek and bool((arch.moe_shared_expert_intermediate_size or 0) % (arch.expert_ffn_hidden_size or 1))),
         ("biases on every linear layer", not arch.disable_bias_linear),
@@ -377,7 +421,7 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
     if config.get("model_type") != expected:
         raise ConfigError(f"config.json has model_type {config.get('model_type')!r} but --model-type-hf "
                           f"{model_type_hf} expects {expected!r}; pass the matching --model-type-hf.")
-    qkv_bias, qk_norm, experts, gated_shared, vision, deepseek = _FAMILY_TENSORS[expected]
+    qkv_bias, qk_norm, experts, gated_shared, vision, deepseek, mla = _FAMILY_TENSORS[expected]
     full_config, config = config, (text_config_of(config) if vision else config)
     switches = _FAMILY_SWITCHES.get(expected)
     if switches:
@@ -408,6 +452,8 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
         values["moe_shared_expert_gate"] = True
     if deepseek:
         values.update(_deepseek_routing_from_hf(config, values, _FAMILY_DEFAULTS[expected]))
+    if mla:
+        values.update(_mla_from_hf(config))
     if vision:
         values.update(position_embedding_type="mrope", mrope_section=_mrope_section(config),
                       vision=_vision_from_hf(full_config, values["hidden_size"]))
@@ -416,7 +462,30 @@ def arch_from_hf_config(config: Mapping[str, Any], model_type_hf: str, name: str
 
 #: the values transformers gives a family's keys where its config.json leaves them out
 _FAMILY_DEFAULTS = {"glm4_moe": {"first_k_dense_replace": 1, "n_shared_experts": 1, "partial_rotary_factor": 0.5,
-                                 "norm_topk_prob": True}}
+                                 "norm_topk_prob": True},
+                    "deepseek_v3": {"first_k_dense_replace": 3, "n_shared_experts": 1, "norm_topk_prob": True,
+                                    "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5}}
+
+
+def _mla_from_hf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Multi-latent attention from a deepseek_v3 config: its head_dim is the rotated part's width (read as
+    qk_rope_head_dim), and its rotated dimensions come in interleaved pairs, which mindrl's module reads
+    (models/mla.py); a config that says otherwise is refused."""
+    if config.get("rope_interleave", True) is not True:
+        raise ConfigError("HF config sets rope_interleave: false (rotated dimensions in halves), but mindrl's "
+                          "multi-latent attention reads DeepSeek-V3's interleaved pairs; use a checkpoint saved with "
+                          "rope_interleave: true.")
+    sizes = {field: config.get(key, default) for field, key, default in _MLA_HF_DEFAULTS}
+    # DeepSeek's own configs say which balancing loss it was trained with (seq_aux); transformers reads none
+    balancing = {"moe_router_load_balancing_type": "seq_aux_loss"} if config.get("seq_aux") else {}
+    return {"multi_latent_attention": True, "kv_channels": None, **sizes, **balancing}
+
+
+#: multi-latent attention's ModelArch fields, their deepseek_v3 config keys and transformers' values where a config
+#: leaves a key out (DeepSeek-V2-Lite writes q_lora_rank: null: no query latent)
+_MLA_HF_DEFAULTS = (("q_lora_rank", "q_lora_rank", 1536), ("kv_lora_rank", "kv_lora_rank", 512),
+                    ("qk_head_dim", "qk_nope_head_dim", 128), ("qk_pos_emb_head_dim", "qk_rope_head_dim", 64),
+                    ("v_head_dim", "v_head_dim", 128))
 
 
 def _deepseek_routing_from_hf(config: Mapping[str, Any], values: Mapping[str, Any],
@@ -445,8 +514,12 @@ def _deepseek_routing_to_hf(arch: ModelArch) -> dict[str, Any]:
             "n_group": arch.moe_router_num_groups or 1, "topk_group": arch.moe_router_group_topk or 1,
             "routed_scaling_factor": arch.moe_router_topk_scaling_factor or 1.0,
             "n_shared_experts": arch.moe_shared_expert_intermediate_size // arch.expert_ffn_hidden_size,
-            "partial_rotary_factor": arch.rotary_percent, "attention_bias": arch.add_qkv_bias,
-            "use_qk_norm": arch.qk_layernorm, MTP_KEY: 0}
+            # vLLM's DeepSeek reads the routing from the keys DeepSeek's own configs carry (transformers assumes it)
+            **({"head_dim": arch.qk_pos_emb_head_dim, "rope_interleave": True, "scoring_func": "sigmoid",
+                "topk_method": "noaux_tc", "seq_aux": arch.moe_router_load_balancing_type == "seq_aux_loss"}
+               if arch.multi_latent_attention else
+               {"partial_rotary_factor": arch.rotary_percent, "use_qk_norm": arch.qk_layernorm}),
+            "attention_bias": arch.add_qkv_bias, MTP_KEY: 0}
 
 
 #: an HF config's count of multi-token-prediction layers (DeepSeek-V3, GLM-4.5), stored after the decoder layers

@@ -80,6 +80,18 @@ def attention_factor(arch: ModelArch) -> float:
     return _mscale(factor)
 
 
+def softmax_factor(arch: ModelArch) -> float:
+    """What the scaling multiplies the attention scores by. YaRN scales the rotated queries and keys alike, which
+    scales a wholly rotated head's scores by the factor's square; multi-latent attention rotates part of each head
+    only, and DeepSeek's YaRN scales its scores by mscale(factor, mscale_all_dim)² instead (its attention factor is
+    1: ModelArch requires rope_scaling_mscale = rope_scaling_mscale_all_dim)."""
+    if not arch.multi_latent_attention:
+        return attention_factor(arch) ** 2
+    if arch.rope_scaling_type != "yarn":
+        return 1.0
+    return _mscale(arch.rope_scaling_factor, arch.rope_scaling_mscale_all_dim) ** 2
+
+
 def yarn_positions(arch: ModelArch) -> int | None:
     """The positions a YaRN model's scaling reaches, original context × factor (vLLM's rotary table has that many
     rows and reads past them unchecked); None for every other scaling."""

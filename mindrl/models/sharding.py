@@ -8,7 +8,8 @@ reward model's rm_head) only on the last). The converter, the resharder and the 
 Cuts follow megatron-core's own partitioning:
 - column-parallel (output dim 0): embedding rows (vocab), output layer rows, linear_qkv
   (whole query groups, which Megatron stores contiguously per group), linear_fc1 — whose
-  gate and up halves are cut separately so each rank holds [gate_r; up_r];
+  gate and up halves are cut separately so each rank holds [gate_r; up_r]; multi-latent attention's
+  projections (the up projections by heads, the down projections by rows of the latent);
 - row-parallel (input dim 1): linear_proj, linear_fc2;
 - everything else (norms, row-parallel biases, a reward model's rm_head) is replicated.
 """
@@ -31,7 +32,12 @@ _EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")
 _EXPERT_MLP = re.compile(r"^mlp\.(experts\.local_experts\.\d+|shared_experts)\.")
 
 _COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
-           "mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
+           "mlp.linear_fc1.weight", "mlp.linear_fc1.bias",
+           # multi-latent attention: the up projections by heads, the down projections as megatron-core's local spec
+           # cuts them (each rank computes a slice of the latent, which is gathered)
+           "self_attention.linear_q_proj.weight", "self_attention.linear_q_down_proj.weight",
+           "self_attention.linear_q_up_proj.weight", "self_attention.linear_kv_down_proj.weight",
+           "self_attention.linear_kv_up_proj.weight")
 _ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
 _VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
 
@@ -43,16 +49,17 @@ def layer_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     qkv_rows = (arch.num_attention_heads + 2 * arch.query_groups) * hd
     fc1_rows = arch.ffn_hidden_size * (2 if arch.swiglu else 1)
     bias = not arch.disable_bias_linear
-    shapes: dict[str, tuple[int, ...]] = {
-        "input_layernorm.weight": (h,),
-        "self_attention.linear_qkv.weight": (qkv_rows, h),
-    }
-    if arch.add_qkv_bias or bias:
-        shapes["self_attention.linear_qkv.bias"] = (qkv_rows,)
-    if arch.qk_layernorm:
-        shapes["self_attention.q_layernorm.weight"] = (hd,)
-        shapes["self_attention.k_layernorm.weight"] = (hd,)
-    shapes["self_attention.linear_proj.weight"] = (h, arch.num_attention_heads * hd)
+    shapes: dict[str, tuple[int, ...]] = {"input_layernorm.weight": (h,)}
+    if arch.multi_latent_attention:
+        shapes.update(_mla_param_shapes(arch))
+    else:
+        shapes["self_attention.linear_qkv.weight"] = (qkv_rows, h)
+        if arch.add_qkv_bias or bias:
+            shapes["self_attention.linear_qkv.bias"] = (qkv_rows,)
+        if arch.qk_layernorm:
+            shapes["self_attention.q_layernorm.weight"] = (hd,)
+            shapes["self_attention.k_layernorm.weight"] = (hd,)
+    shapes["self_attention.linear_proj.weight"] = (h, arch.num_attention_heads * arch.value_head_dim)
     if bias:
         shapes["self_attention.linear_proj.bias"] = (h,)
     shapes["pre_mlp_layernorm.weight"] = (h,)
@@ -68,6 +75,23 @@ def layer_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     if arch.normalization == "LayerNorm":
         shapes["input_layernorm.bias"] = (h,)
         shapes["pre_mlp_layernorm.bias"] = (h,)
+    return shapes
+
+
+def _mla_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Multi-latent attention's projections and latent norms (models/mla.py), output projection aside."""
+    h, heads, latent = arch.hidden_size, arch.num_attention_heads, arch.kv_lora_rank
+    query = heads * arch.head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    if arch.q_lora_rank is None:
+        shapes["self_attention.linear_q_proj.weight"] = (query, h)
+    else:
+        shapes["self_attention.linear_q_down_proj.weight"] = (arch.q_lora_rank, h)
+        shapes["self_attention.linear_q_up_proj.weight"] = (query, arch.q_lora_rank)
+        shapes["self_attention.q_layernorm.weight"] = (arch.q_lora_rank,)
+    shapes["self_attention.linear_kv_down_proj.weight"] = (latent + arch.qk_pos_emb_head_dim, h)
+    shapes["self_attention.linear_kv_up_proj.weight"] = (heads * (arch.qk_head_dim + arch.v_head_dim), latent)
+    shapes["self_attention.kv_layernorm.weight"] = (latent,)
     return shapes
 
 

@@ -209,7 +209,7 @@ class MegatronEngine(RolloutEngine):
         slots = torch.arange(width, device=device)
         valid = slots >= pads
         cache = KVCache(len(self.stage.layers), valid, n, self.stage.kv_heads, max(longest - 1, 1), self.stage.head_dim,
-                        self.dtype)
+                        self.dtype, self.stage.value_dim)
         positions, following, pixels = (slots - pads).clamp(min=0), lengths, [None] * len(prompts)
         if self.vision is not None:
             positions, following, pixels = self._image_positions(tokens, pads, images)
@@ -292,7 +292,7 @@ class MegatronEngine(RolloutEngine):
         """A one-token forward whose result nobody reads: its only use is the all-to-alls it takes part in."""
         token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         cache = KVCache(len(self.stage.layers), torch.ones(1, 1, dtype=torch.bool, device=self.device), 1,
-                        self.stage.kv_heads, 1, self.stage.head_dim, self.dtype)
+                        self.stage.kv_heads, 1, self.stage.head_dim, self.dtype, self.stage.value_dim)
         self._forward(token, token,
                       PrefillWriter(cache, 0, torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)))
 

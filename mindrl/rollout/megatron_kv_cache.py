@@ -24,21 +24,25 @@ import torch.nn.functional as F
 
 class KVCache:
     def __init__(self, layers: int, prompt_valid: torch.Tensor, samples: int, kv_heads: int, response_slots: int,
-                 head_dim: int, dtype: torch.dtype) -> None:
-        """`prompt_valid` [prompts, prompt_slots]: True where a left-padded prompt's slot holds a token."""
+                 head_dim: int, dtype: torch.dtype, value_dim: int | None = None) -> None:
+        """`prompt_valid` [prompts, prompt_slots]: True where a left-padded prompt's slot holds a token; values are
+        `value_dim` wide (multi-latent attention's are narrower than its keys), else `head_dim`."""
         # Zeros, not empty: attention multiplies masked slots by a zero weight, and 0 × NaN from
         # uninitialised memory would still be NaN.
         prompts, prompt_slots = prompt_valid.shape
         device = prompt_valid.device
+        value_dim = value_dim or head_dim
         prompt_shape = (prompts, kv_heads, prompt_slots, head_dim)
         response_shape = (prompts * samples, kv_heads, response_slots, head_dim)
         self.prompt_keys = [torch.zeros(prompt_shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.prompt_values = [torch.zeros(prompt_shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.prompt_values = [torch.zeros((*prompt_shape[:3], value_dim), dtype=dtype, device=device)
+                              for _ in range(layers)]
         # response keys transposed, [rows, kv_heads, head_dim, slots]: a bf16 batched q·kᵀ with a
         # transposed operand took 2.8x as long here (618 vs 219 µs, 256 heads' matrices of 2 × 100)
         self.keys_t = [torch.zeros(response_shape, dtype=dtype, device=device).transpose(2, 3).contiguous()
                        for _ in range(layers)]
-        self.values = [torch.zeros(response_shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros((*response_shape[:3], value_dim), dtype=dtype, device=device)
+                       for _ in range(layers)]
         #: per prompt and KV head [prompts · kv_heads, 1, prompt_slots]: 0 on the prompt's tokens, -inf on its padding
         bias = torch.zeros(prompt_valid.shape, dtype=dtype, device=device).masked_fill_(~prompt_valid, float("-inf"))
         self.prompt_bias = bias.repeat_interleave(kv_heads, dim=0).unsqueeze(1)
@@ -88,7 +92,8 @@ class DecodeWriter:
 
     def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                scale: float) -> torch.Tensor:
-        """[rows, heads, 1, dim] queries, [rows, kv_heads, 1, dim] new keys and values → [rows, heads, 1, dim]."""
+        """[rows, heads, 1, dim] queries, [rows, kv_heads, 1, dim] new keys and [rows, kv_heads, 1, value dim]
+        values → [rows, heads, 1, value dim]."""
         cache, end = self.cache, self.slot + 1
         rows, heads, _, dim = query.shape
         own_keys_t, own_values = cache.keys_t[layer][:rows], cache.values[layer][:rows]
@@ -99,7 +104,8 @@ class DecodeWriter:
         query = query.view(rows, kv_heads, per_group, dim)
         # over the prompt: each prompt's samples' queries as one [samples · heads of a group, width] score matrix
         grid = _to_grid(query, cache)
-        shared = torch.baddbmm(cache.prompt_bias, _by_prompt(grid, cache.samples).view(prompts * kv_heads, -1, dim),
+        # reshape, not view: with one head a group (multi-head attention) the grouped rows are not one stride apart
+        shared = torch.baddbmm(cache.prompt_bias, _by_prompt(grid, cache.samples).reshape(prompts * kv_heads, -1, dim),
                                cache.prompt_keys[layer].view(prompts * kv_heads, width, dim).transpose(1, 2),
                                alpha=scale)
         shared = _from_grid(_by_row(shared.view(prompts, kv_heads, -1, width), cache.samples), cache)
@@ -109,11 +115,12 @@ class DecodeWriter:
                             beta=0, alpha=scale).view(rows, kv_heads, per_group, end)
         probs = torch.cat([shared, own], dim=-1).softmax(-1, dtype=torch.float32).to(query.dtype)
         shared_probs, own_probs = probs.split([width, end], dim=-1)
-        context = _by_prompt(_to_grid(shared_probs, cache), cache.samples).view(prompts * kv_heads, -1, width)
-        context = torch.bmm(context, cache.prompt_values[layer].view(prompts * kv_heads, width, dim))
-        context = _from_grid(_by_row(context.view(prompts, kv_heads, -1, dim), cache.samples), cache)
+        context = _by_prompt(_to_grid(shared_probs, cache), cache.samples).reshape(prompts * kv_heads, -1, width)
+        value_dim = own_values.shape[-1]
+        context = torch.bmm(context, cache.prompt_values[layer].view(prompts * kv_heads, width, value_dim))
+        context = _from_grid(_by_row(context.view(prompts, kv_heads, -1, value_dim), cache.samples), cache)
         context = context + torch.matmul(own_probs, own_values[:, :, :end])
-        return context.reshape(rows, heads, 1, dim)
+        return context.reshape(rows, heads, 1, value_dim)
 
 
 def _to_grid(rows: torch.Tensor, cache: KVCache) -> torch.Tensor:

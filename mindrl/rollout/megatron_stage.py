@@ -35,6 +35,7 @@ class StageForward:
         attention = self.layers[0].self_attention
         self.kv_heads = attention.num_query_groups_per_partition
         self.head_dim = attention.hidden_size_per_attention_head
+        self.value_dim = attention.val_hidden_size  # narrower under multi-latent attention
         core = attention.core_attention
         # DotProductAttention divides its scale by the layer number when query-key layer scaling is
         # on and multiplies it back in the softmax; the product is the scale attention applies.

@@ -196,6 +196,10 @@ class MegatronConfig:
         if self.num_layer_list is not None:
             object.__setattr__(self, "num_layer_list", ",".join(map(str, parse_layer_list(self.num_layer_list))))
         self.lora.check(section)
+        if self.lora.enabled and self.arch is not None and self.arch.multi_latent_attention:
+            raise ConfigError(f"{section}.lora_target_modules: mindrl puts no adapters on multi-latent attention's "
+                              f"projections (model {self.arch.name}) yet; train it without LoRA (remove "
+                              f"lora_target_modules).")
         files.check_ckpt_format(self.ckpt_format, self.async_save, section, self.swap_optimizer)
         full = self.recompute_granularity == "full" and self.arch is not None
         self.recompute.check(section, max(self.parallel.layers_per_stage(self.arch)) if full else None)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.config.lora import LoraConfig
 from mindrl.config.recompute import Recompute
+from mindrl.models.flops import latent_attention_weights
 from mindrl.trainer.grpo_config import TrainerConfig, max_response_length
 from mindrl.trainer.megatron import MegatronConfig
 from mindrl.trainer.rl import RLConfig
@@ -122,6 +123,8 @@ def layer_params(arch: ModelArch, tp: int, ep: int) -> tuple[float, float]:
     h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.query_groups * arch.head_dim
     attention = (h * (q + 2 * kv) + (q + 2 * kv) * arch.add_qkv_bias + q * h) / tp + 2 * h
     attention += 2 * arch.head_dim * arch.qk_layernorm
+    if arch.multi_latent_attention:  # the latents' norms are replicated
+        attention = latent_attention_weights(arch) / tp + 2 * h + (arch.q_lora_rank or 0) + arch.kv_lora_rank
     if not arch.is_moe:
         return attention + (3 if arch.swiglu else 2) * h * arch.ffn_hidden_size / tp, 0.0
     shared = 3 * h * (arch.moe_shared_expert_intermediate_size or 0) / tp + h * arch.moe_shared_expert_gate
@@ -184,15 +187,15 @@ def attention_core_elements(arch: ModelArch, tp: int, expanded_kv: bool, selecti
     """Elements the attention core keeps per query row: query, keys, values (each group's repeated for its heads
     where the platform's kernel does not take groups), output and log-sum-exp; none under selective recompute,
     which runs it again in the backward."""
-    d, heads, groups = arch.head_dim, arch.num_attention_heads, arch.query_groups
+    d, v, heads, groups = arch.head_dim, arch.value_head_dim, arch.num_attention_heads, arch.query_groups
     kv_heads = heads if expanded_kv else groups
-    return 0.0 if selective else (2 * heads * d + 2 * kv_heads * d + heads) / tp
+    return 0.0 if selective else (heads * (d + v) + kv_heads * (d + v) + heads) / tp
 
 
 def _recomputed_core_inputs(arch: ModelArch, tp: int) -> float:
     """Per token, what selective recompute keeps to run the attention core again: the rotated queries and keys,
     and the values."""
-    return (arch.num_attention_heads + 2 * arch.query_groups) * arch.head_dim / tp
+    return (arch.num_attention_heads * arch.head_dim + arch.query_groups * (arch.head_dim + arch.value_head_dim)) / tp
 
 
 def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool, expanded_kv: bool,
@@ -209,7 +212,9 @@ def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool,
     kept = h * 4 / cut + heads * d / tp + 4 * d * (arch.position_embedding_type != "learned_absolute")
     kept += attention_core_elements(arch, tp, expanded_kv, selective)
     kept += _recomputed_core_inputs(arch, tp) * selective
-    if arch.qk_layernorm:
+    if arch.multi_latent_attention:  # each latent's norm input and up projection's input, whole on every TP rank
+        kept += 2 * ((arch.q_lora_rank or 0) + arch.kv_lora_rank)
+    elif arch.qk_layernorm:
         kept += (3 * (heads + groups) * d + heads + groups) / tp
     if not arch.is_moe:
         return kept + (3 if arch.swiglu else 2) * arch.ffn_hidden_size / tp
@@ -508,10 +513,14 @@ def _forward_phase(cfg: TrainerConfig, models: list[_Model], resident: list[Term
     return Phase("forward passes", (*resident, worst))
 
 
-def _kv_bytes_per_token(arch: ModelArch, tp: int, pp: int, bytes_per: int) -> float:
+def _kv_bytes_per_token(arch: ModelArch, tp: int, pp: int, bytes_per: int, latent: bool = False) -> float:
     """One token's keys and values on one rank: its stage's layers, its share of the KV heads (a whole head where
-    TP outnumbers them: each rank holds a copy)."""
-    return 2 * math.ceil(arch.num_layers / pp) * max(arch.query_groups // tp, 1) * arch.head_dim * bytes_per
+    TP outnumbers them: each rank holds a copy). `latent`: vLLM's multi-latent attention caches each token's latent
+    and rotated key instead, whole on every TP rank."""
+    layers = math.ceil(arch.num_layers / pp)
+    if latent and arch.multi_latent_attention:
+        return layers * (arch.kv_lora_rank + arch.qk_pos_emb_head_dim) * bytes_per
+    return layers * max(arch.query_groups // tp, 1) * (arch.head_dim + arch.value_head_dim) * bytes_per
 
 
 def _engine(cfg: TrainerConfig, capacity: float, kind: str) -> tuple[tuple[Term, ...], tuple[float, int]]:
@@ -531,7 +540,7 @@ def _engine(cfg: TrainerConfig, capacity: float, kind: str) -> tuple[tuple[Term,
         return (Term("engine KV cache", kv, key),), (kv, gen.max_num_seqs * gen.max_model_len)
     tp, pp = gen.infer_tensor_parallel_size, gen.infer_pipeline_parallel_size
     weights = sum(stage_params(arch, ParallelConfig(1, 1), 0)) * bytes_per / (tp * pp)
-    per_token = _kv_bytes_per_token(arch, tp, pp, bytes_per)
+    per_token = _kv_bytes_per_token(arch, tp, pp, bytes_per, latent=True)
     weights_term = Term("engine weights", weights, "generate_config.infer_tensor_parallel_size")
     if kind == "CPU":
         kv = gen.cpu_kv_cache_mb * 2 ** 20
