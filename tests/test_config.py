@@ -123,6 +123,37 @@ def test_deepseek_style_mistakes_are_one_sentence(bad, message):
         ModelArch.from_dict("m", {**dense, **DEEPSEEK_STYLE, **bad})
 
 
+@pytest.mark.parametrize("bad, message", [
+    (dict(kv_lora_rank=None), r"multi-latent attention needs kv_lora_rank as a positive integer, got None"),
+    (dict(qk_pos_emb_head_dim=15), r"qk_pos_emb_head_dim=15 must be even"),
+    (dict(kv_channels=96), r"multi-latent attention does not take kv_channels"),
+    (dict(num_query_groups=2), r"multi-latent attention does not take num_query_groups"),
+    (dict(qk_layernorm=False), r"does not take qk_layernorm: false \(the latents' norms"),
+    (dict(disable_bias_linear=False), r"does not take disable_bias_linear: false"),
+    (dict(rope_scaling_type="yarn", rope_scaling_factor=4.0), r"does not take YaRN with rope_scaling_mscale other"),
+    (dict(multi_latent_attention=False), r"q_lora_rank sizes multi-latent attention, which is off"),
+    (dict(spec=["mindspeed_llm.tasks.models.spec.deepseek_spec", "layer_spec"], multi_latent_attention=False),
+     r"spec mindspeed_llm.tasks.models.spec.deepseek_spec.layer_spec is the layer with multi_latent_attention"),
+])
+def test_multi_latent_attention_mistakes_are_one_sentence(bad, message):
+    values = {k: v for k, v in load_model_arch("tiny_deepseek_v3").__dict__.items() if k != "name"}
+    with pytest.raises(ConfigError, match=message):
+        ModelArch.from_dict("m", {**values, **bad})
+
+
+@pytest.mark.parametrize("par, message", [
+    (ParallelConfig(3, 1), r"tensor_model_parallel_size=3 does not divide num_attention_heads=4"),
+    (ParallelConfig(1, 1, context_parallel_size=2), r"context_parallel_size=2: mindrl's context-parallel attention "
+                                                    r"takes values as wide as the keys"),
+])
+def test_multi_latent_attention_layouts_that_cannot_be_built_are_one_sentence(par, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_parallel(load_model_arch("tiny_deepseek_v3"), par)
+    odd = dataclasses.replace(load_model_arch("tiny_deepseek_v3"), num_attention_heads=8, q_lora_rank=66)
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size=4 does not divide model m's q_lora_rank = 66"):
+        validate_parallel(dataclasses.replace(odd, name="m"), ParallelConfig(4, 1))
+
+
 def test_missing_model_names_the_known_ones():
     with pytest.raises(ConfigError, match=r"no model architecture named 'gpt5'.*tiny_qwen"):
         load_model_arch("gpt5")
