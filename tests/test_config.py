@@ -115,6 +115,8 @@ def test_deepseek_style_keys_read_as_mindspeed_llm_writes_them():
     (dict(first_k_dense_replace=4), r"first_k_dense_replace=4 must be a count of dense layers from 0 to"),
     (dict(moe_router_topk_scaling_factor=0), r"moe_router_topk_scaling_factor must be a positive number"),
     (dict(rotary_percent=0.3), r"rotary_percent=0.3 must be in \(0, 1\] and rotate an even number"),
+    (dict(rotary_percent=0.5, rope_scaling_type="yarn", rope_scaling_factor=4.0),
+     r"YaRN's attention factor scales the rotated dimensions alone"),
 ])
 def test_deepseek_style_mistakes_are_one_sentence(bad, message):
     dense = dict(load_model_arch("tiny_qwen").__dict__)

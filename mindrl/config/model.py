@@ -283,6 +283,10 @@ class ModelArch:
                               f"ramp), got {self.beta_fast!r} and {self.beta_slow!r}.")
         if self.position_embedding_type == "mrope":
             raise ConfigError(f"{where}: RoPE scaling of multimodal RoPE is not built; remove rope_scaling_type.")
+        if self.rope_scaling_type == "yarn" and self.rotary_percent != 1:
+            raise ConfigError(f"{where}: YaRN's attention factor scales the rotated dimensions alone, which mindrl "
+                              f"builds for wholly rotated heads (and multi-latent attention) only; drop "
+                              f"rope_scaling_type or rotary_percent={self.rotary_percent}.")
         if not self.rope_scaling_factor >= 1:
             raise ConfigError(f"{where}: rope_scaling_factor must be at least 1 (it stretches the context), got "
                               f"{self.rope_scaling_factor!r}.")
