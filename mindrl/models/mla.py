@@ -85,6 +85,7 @@ class MultiLatentAttention(Attention):
                                 tp_group=self.pg_collection.tp)
 
         def norm(module, width: int) -> torch.nn.Module:
+            # norm_epsilon, as vLLM builds the latents' norms (HF fixes 1e-6, DeepSeek's own value)
             return build_module(module, config=config, hidden_size=width, eps=config.layernorm_epsilon)
 
         if shape.q_lora_rank is None:
