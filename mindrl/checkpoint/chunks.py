@@ -13,6 +13,8 @@ every writer. It does the same for the grouped-GEMM experts Megatron-LM and Mind
 with `--moe-grouped-gemm`: Transformer Engine's GroupedLinear keeps expert i's matrices as
 `experts.linear_fc1.weight<i>`, and the legacy GroupedMLP keeps all of a rank's experts in
 `experts.weight1` / `experts.weight2`; both become SequentialMLP's `experts.local_experts.<i>.`.
+Multi-latent attention's tensors, which MindSpeed-LLM and the Transformer Engine spec name and cut otherwise,
+are mapped by mla_names.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 
+from mindrl.checkpoint import mla_names
 from mindrl.config import ConfigError, ModelArch, ParallelConfig
 from mindrl.models import sharding
 
@@ -108,10 +111,11 @@ def model_keys(state: dict[str, Any]) -> list[str]:
                   key=lambda k: int(k[5:] or -1))
 
 
-def normalize_model(model: Any, where: str, local_experts: int | None = None) -> dict[str, torch.Tensor]:
+def normalize_model(model: Any, where: str, local_experts: int | None = None,
+                    mla: mla_names.MLACut | None = None) -> dict[str, torch.Tensor]:
     """A chunk's state dict in the local spec's names, without `_extra_state`; one sentence if a
     value is not a tensor or the chunk is a legacy (non-mcore) model. `local_experts` (experts per
-    EP rank) is needed only to split legacy grouped-GEMM weights."""
+    EP rank) is needed only to split legacy grouped-GEMM weights, `mla` only for multi-latent attention."""
     if not isinstance(model, dict):
         raise ConfigError(f"{where} holds a {type(model).__name__} where the model state dict should be.")
     if "language_model" in model or any(str(k).startswith("language_model.") for k in model):
@@ -138,7 +142,7 @@ def normalize_model(model: Any, where: str, local_experts: int | None = None) ->
             out.update(_split_grouped(layer, rest, value, local_experts, where))
         else:
             out[name] = value
-    return out
+    return out if mla is None else mla_names.to_local_spec(out, mla, where)
 
 
 def _split_grouped(layer: str, rest: str, value: torch.Tensor, local_experts: int | None,

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mindrl.checkpoint import chunks, megatron_args
+from mindrl.checkpoint import chunks, megatron_args, mla_names
 from mindrl.checkpoint.atomic import atomic_file
 from mindrl.checkpoint.megatron_args import checkpoint_args as checkpoint_args  # re-exported for writers
 from mindrl.checkpoint.unpickle import load_rank_file
@@ -199,7 +199,8 @@ def read_rank(path: str | Path, mmap: bool = True) -> dict[str, Any]:
         raise ConfigError(f"{path} holds no model state dict (keys: {', '.join(map(str, list(state)[:6]))}); "
                           f"it is an optimizer-only or foreign file.")
     local_experts = _local_experts(state.get("args"))
-    out: dict[str, Any] = {key: chunks.normalize_model(state[key], f"{path} [{key}]", local_experts)
+    mla = mla_names.mla_cut(state.get("args"), Path(path).parent.name)
+    out: dict[str, Any] = {key: chunks.normalize_model(state[key], f"{path} [{key}]", local_experts, mla)
                            for key in keys}
     # a LoRA run's record (mindrl/checkpoint/training.py) and the trainer's extra (its `initial_weights`): a start
     # from the checkpoint merges its adapters, and the converter finds the base an adapters-only one was trained on

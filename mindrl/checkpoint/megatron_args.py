@@ -89,7 +89,7 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
     if getattr(args, "use_mcore_models", None) is False and not hasattr(args, "use_legacy_models"):
         raise ConfigError(f"{name} is a legacy (non-mcore) Megatron model (use_mcore_models=False); mindrl reads "
                           f"megatron-core checkpoints only, so convert it to mcore with Megatron-LM first.")
-    values, missing = af.arch_values_from_megatron(args)
+    values, missing = af.arch_values_from_megatron(with_mla_names(args))
     if values.get("multi_latent_attention"):
         values["kv_channels"] = None  # Megatron-LM's kv_channels is unused there: the MLA sizes are the head widths
         _check_mla_rope(name, args, values)
@@ -104,6 +104,20 @@ def arch_from_args(args: Any, name: str = "checkpoint", hf_vocab: int | None = N
                                               hf_vocab)
     values.update(padded_vocab_size=padded, make_vocab_size_divisible_by=multiple)
     return ModelArch(name=name, **values)
+
+
+#: older MindSpeed-LLM's multi-latent attention args (HF's names) → Megatron-LM's
+_MINDSPEED_MLA_NAMES = {"qk_nope_head_dim": "qk_head_dim", "qk_rope_head_dim": "qk_pos_emb_head_dim"}
+
+
+def with_mla_names(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with older MindSpeed-LLM's MLA flag and sizes under Megatron-LM's names. Where it set its own flag,
+    its sizes win over Megatron-LM's same-meaning args, which its argparse may also hold at their defaults."""
+    if not getattr(args, "multi_head_latent_attention", False):
+        return args
+    renamed = {new: getattr(args, old) for old, new in _MINDSPEED_MLA_NAMES.items()
+               if getattr(args, old, None) is not None}
+    return argparse.Namespace(**{**vars(args), **renamed, "multi_latent_attention": True})
 
 
 def _check_mla_rope(name: str, args: argparse.Namespace, values: dict[str, Any]) -> None:

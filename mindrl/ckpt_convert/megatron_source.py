@@ -29,8 +29,8 @@ from mindrl.models import hf_mapping as hfm
 
 _RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
 # --model-type-hf for each HF model_type, when only config.json names the family.
-_FROM_HF_MODEL_TYPE = {"qwen2": "qwen2", "llama": "llama3", "qwen3": "qwen3", "qwen2_moe": "qwen2_moe",
-                       "qwen3_moe": "qwen3_moe", "qwen2_5_vl": "qwen2_5_vl"}
+_FROM_HF_MODEL_TYPE = {model_type: "llama3" if model_type == "llama" else model_type
+                       for model_type in hfm.HF_ARCHITECTURES}
 
 
 @dataclass
