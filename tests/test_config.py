@@ -145,8 +145,9 @@ def test_multi_latent_attention_mistakes_are_one_sentence(bad, message):
 
 @pytest.mark.parametrize("par, message", [
     (ParallelConfig(3, 1), r"tensor_model_parallel_size=3 does not divide num_attention_heads=4"),
-    (ParallelConfig(1, 1, context_parallel_size=2), r"context_parallel_size=2: mindrl's context-parallel attention "
-                                                    r"takes values as wide as the keys"),
+    (ParallelConfig(2, 1, context_parallel_size=4, context_parallel_algo="ulysses_cp_algo"),
+     r"ulysses_cp_algo gives each of the TP × CP = 2×4 ranks whole heads, but model tiny_deepseek_v3 has "
+     r"num_attention_heads=4"),
 ])
 def test_multi_latent_attention_layouts_that_cannot_be_built_are_one_sentence(par, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,9 +1,10 @@
 """Context parallelism (mindrl/models/context_parallel.py): a packed sequence cut over 2 or 4 CP ranks, joined by
-all-to-all (Ulysses) or ring attention, gives the unsplit model's logits and gradients for a dense model and a
-mixture of experts, and the actor's passes give one rank's log-probs, entropies, gradients and metrics at CP2, CP4,
-TP2×CP2 with sequence parallelism, PP2×CP2, DP2×CP2 and EP2×CP2; samples share prompts, some are shorter than
-2 × CP chunks and most do not divide. HF transformers scores the rows as the split model does; the ring moves
-CP − 1 key/value chunks per layer forward; SFT, DPO, the critic and the reward model run split."""
+all-to-all (Ulysses) or ring attention, gives the unsplit model's logits and gradients for a dense model, a
+mixture of experts and multi-latent attention, and the actor's passes give one rank's log-probs, entropies,
+gradients and metrics at CP2, CP4, TP2×CP2 with sequence parallelism, PP2×CP2, DP2×CP2 and EP2×CP2; samples share
+prompts, some are shorter than 2 × CP chunks and most do not divide. HF transformers scores the rows as the split
+model does; the ring moves CP − 1 key/value chunks per layer forward; SFT, DPO, the critic and the reward model run
+split."""
 
 from __future__ import annotations
 
@@ -72,13 +73,16 @@ def test_the_split_gives_every_token_to_one_rank_in_zigzag_chunks(size):
     assert any(p.length == 0 for p in layouts[0].pieces[0])  # the one-token sample leaves chunks empty
 
 
+@pytest.mark.parametrize("value_width", [32, 24], ids=["values as wide as keys", "narrower values"])
 @pytest.mark.parametrize("diagonal", [0, 24], ids=["full", "with its diagonal"])
-def test_a_ring_blocks_output_log_sum_exp_and_gradients_equal_autograds(diagonal):
-    """One block of 24 queries over 40 keys (4 heads in 2 groups), by matmuls and by torch's fused CPU kernel, against
-    autograd through a plain masked softmax: a single block's merged output is its own."""
+def test_a_ring_blocks_output_log_sum_exp_and_gradients_equal_autograds(diagonal, value_width):
+    """One block of 24 queries over 40 keys (4 heads in 2 groups; values as wide as the keys, or narrower as
+    multi-latent attention's), by matmuls and by torch's fused CPU kernel, against autograd through a plain masked
+    softmax: a single block's merged output is its own."""
     gen = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(n, h, 32, generator=gen) for n, h in ((24, 4), (40, 2), (40, 2)))
-    grad = torch.randn(24, 4, 32, generator=gen)
+    query, key, value = (torch.randn(n, h, d, generator=gen)
+                         for n, h, d in ((24, 4, 32), (40, 2, 32), (40, 2, value_width)))
+    grad = torch.randn(24, 4, value_width, generator=gen)
     leaves = [x.clone().requires_grad_() for x in (query, key, value)]
     q, k, v = leaves[0].transpose(0, 1), *(x.repeat_interleave(2, dim=1).transpose(0, 1) for x in leaves[1:])
     scores = q @ k.transpose(1, 2) * 0.2
@@ -133,7 +137,8 @@ def _model_parity(rank: int, cases: list[tuple[str, int, str, dict, bool]]) -> l
         whole = model(packed.tokens, packed.position_ids, packed.segments)
         weights = torch.randn(whole.shape, generator=torch.Generator().manual_seed(1))
         (whole * weights).sum().backward()
-        expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # not the frozen expert bias
+        expected = {n: p.grad.clone() for n, p in trained}
         model.zero_grad()
         share = context_parallel.share({"tokens": packed.tokens, "position_ids": packed.position_ids,
                                         "attention_mask": packed.segments, "source": packed.source}, packed.real,
@@ -152,7 +157,7 @@ def _model_parity(rank: int, cases: list[tuple[str, int, str, dict, bool]]) -> l
         (split * local_weights).sum().backward()
         group = parallel_state.get_context_parallel_group()
         grads = {}
-        for n, p in model.named_parameters():
+        for n, p in trained:
             dist.all_reduce(p.grad, group=group)
             grads[n] = p.grad
         logits = _gathered(split[0].detach(), layout, packed.real)
@@ -167,10 +172,11 @@ def _model_parity(rank: int, cases: list[tuple[str, int, str, dict, bool]]) -> l
 
 def test_split_logits_and_gradients_equal_the_whole_sequences():
     """≤ 1e-5 (fp32; gradients of the largest), each algorithm at CP2 and CP4 (Ulysses at CP4 on a model with 4
-    key-value heads), dense and MoE, the ring's blocks by matmuls and by the fused CPU kernel; the ring sends CP − 1
-    key/value chunks per layer forward, Ulysses none."""
+    key-value heads), dense, MoE and multi-latent attention (values narrower than keys), the ring's blocks by matmuls
+    and by the fused CPU kernel; the ring sends CP − 1 key/value chunks per layer forward, Ulysses none."""
     two = [(RING, 2, "tiny_qwen", {}, False), (RING, 2, "tiny_qwen", {}, True), (ULYSSES, 2, "tiny_qwen", {}, False),
-           (RING, 2, "tiny_qwen3_moe", {}, False), (ULYSSES, 2, "tiny_qwen3_moe", {}, False)]
+           (RING, 2, "tiny_qwen3_moe", {}, False), (ULYSSES, 2, "tiny_qwen3_moe", {}, False),
+           (RING, 2, "tiny_deepseek_v3", {}, True), (ULYSSES, 2, "tiny_deepseek_v3", {}, False)]
     four = [(RING, 4, "tiny_qwen", {}, False), (ULYSSES, 4, "tiny_qwen", {"num_query_groups": 4}, False),
             (RING, 4, "tiny_qwen3_moe", {}, True)]
     for world, cases in ((2, two), (4, four)):
@@ -306,9 +312,10 @@ def _hf_scored(rank: int, checkpoint: str, batch: dict) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe", "deepseek_v3"])
 def test_split_log_probs_equal_hf_transformers_scoring_each_row(tmp_path, kind):
-    """CP2, each algorithm, rows cut by a token budget: HF's own model scoring each padded row is the oracle."""
+    """CP2, each algorithm, rows cut by a token budget: HF's own model scoring each padded row is the oracle (for
+    DeepSeek-V3, multi-latent attention under YaRN past its original context)."""
     checkpoint, batch, expected, entropy, mask = hf_scored_rows(tmp_path, kind, 1)
     for out in run_ranks(_hf_scored, 2, checkpoint, batch)[0]:
         assert (out["log_probs"][:, :-1] - expected)[mask].abs().max().item() < TOLERANCE

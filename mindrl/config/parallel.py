@@ -203,10 +203,6 @@ def validate_context_parallel(arch: ModelArch, par: ParallelConfig) -> None:
         raise ConfigError(f"context_parallel_size={par.cp} cuts padding-free packed text sequences, but model "
                           f"{arch.name} is a vision-language model (its multimodal positions are per padded row); "
                           f"set context_parallel_size 1.")
-    if arch.multi_latent_attention:
-        raise ConfigError(f"context_parallel_size={par.cp}: mindrl's context-parallel attention takes values as wide "
-                          f"as the keys, but model {arch.name}'s multi-latent attention has narrower ones; set "
-                          f"context_parallel_size 1 (padding-free packing and token budgets work without it).")
     if par.cp_algo == "ulysses":
         for what, count in (("num_attention_heads", arch.num_attention_heads),
                             ("num_query_groups", arch.query_groups)):

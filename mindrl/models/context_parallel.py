@@ -298,17 +298,18 @@ class _Ring(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: ContextSplit, scale: float,
                 group: dist.ProcessGroup) -> torch.Tensor:
-        length, heads, dim = query.shape
+        length, heads, width = query.shape
         groups = key.shape[1]
-        out = torch.zeros((length, heads, dim), dtype=torch.float32, device=query.device)
+        out = torch.zeros((length, heads, value.shape[-1]), dtype=torch.float32, device=query.device)
         lse = torch.full((length, heads), float("-inf"), dtype=torch.float32, device=query.device)
-        held = torch.stack([key, value])
+        held = torch.cat([key, value], dim=-1)  # one message a hop; values may be narrower (multi-latent attention)
         for step, blocks in enumerate(layout.ring_plan):
             shift = _Shift(held, group) if step < layout.size - 1 else None
             for (q0, q1, ranges, diagonal), index in zip(blocks, layout.key_index[step], strict=True):
-                keys = held.index_select(1, index.to(query.device)) if len(ranges) > 1 else \
-                    held[:, ranges[0][0]:ranges[0][1]]
-                block_out, block_lse = _attend(query[q0:q1], keys[0], keys[1], diagonal, scale, groups)
+                keys = held.index_select(0, index.to(query.device)) if len(ranges) > 1 else \
+                    held[ranges[0][0]:ranges[0][1]]
+                block_out, block_lse = _attend(query[q0:q1], keys[..., :width], keys[..., width:], diagonal, scale,
+                                               groups)
                 merged = torch.logaddexp(lse[q0:q1], block_lse)
                 out[q0:q1] = out[q0:q1] * (lse[q0:q1] - merged).exp().unsqueeze(-1) + \
                     block_out * (block_lse - merged).exp().unsqueeze(-1)
@@ -323,29 +324,29 @@ class _Ring(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         query, key, value, out, lse = ctx.saved_tensors
         layout, scale, group = ctx.layout, ctx.scale, ctx.group
-        groups = key.shape[1]
+        groups, width = key.shape[1], key.shape[-1]
         grad = grad.float()
         delta = (grad * out).sum(-1)  # [length, heads]: Σ_d dO·O, the softmax's backward term
-        dq = torch.zeros_like(out)
-        held = torch.stack([key, value])
+        dq = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+        held = torch.cat([key, value], dim=-1)
         held_grad = torch.zeros_like(held, dtype=torch.float32)
         for step, blocks in enumerate(layout.ring_plan):
             # the keys and values go on at once (they do not change); their gradients once this rank added its part
             shift = _Shift(held, group) if step < layout.size - 1 else None
             for (q0, q1, _, diagonal), index in zip(blocks, layout.key_index[step], strict=True):
                 index = index.to(query.device)
-                keys = held.index_select(1, index)
-                dq_block, dk, dv = _attend_grad(query[q0:q1], keys[0], keys[1], grad[q0:q1], out[q0:q1],
-                                                delta[q0:q1], lse[q0:q1], diagonal, scale, groups)
+                keys = held.index_select(0, index)
+                dq_block, dk, dv = _attend_grad(query[q0:q1], keys[..., :width], keys[..., width:], grad[q0:q1],
+                                                out[q0:q1], delta[q0:q1], lse[q0:q1], diagonal, scale, groups)
                 dq[q0:q1] += dq_block
-                held_grad[0].index_add_(0, index, dk)
-                held_grad[1].index_add_(0, index, dv)
+                held_grad.index_add_(0, index, torch.cat([dk, dv], dim=-1))
             if shift is not None:  # the gradients travel after the keys and values they are of
                 held_grad = _Shift(held_grad, group).wait()
                 held = shift.wait()
         if layout.size > 1:  # the last holder's gradients go home
             held_grad = _Shift(held_grad, group).wait()
-        return dq.to(query.dtype), held_grad[0].to(key.dtype), held_grad[1].to(value.dtype), None, None, None
+        return (dq.to(query.dtype), held_grad[..., :width].to(key.dtype), held_grad[..., width:].to(value.dtype),
+                None, None, None)
 
 
 def _fused(query: torch.Tensor, keys: int) -> bool:
@@ -378,10 +379,17 @@ def _fused_parts(keys: int, diagonal: int) -> list[tuple[slice, bool]]:
 
 def _fused_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fp32 [1, heads, L, dim] queries and keys and values repeated for each group's heads."""
-    per = query.shape[1] // groups
-    return (query.float().permute(1, 0, 2).unsqueeze(0).contiguous(),
-            *(x.float().repeat_interleave(per, dim=1).permute(1, 0, 2).unsqueeze(0).contiguous() for x in (key, value)))
+    """fp32 [1, heads, L, dim] queries and keys and values repeated for each group's heads; the kernel takes one head
+    size, so the narrower of keys and values gets zero columns, which change no score and no output column."""
+    per, width = query.shape[1] // groups, max(query.shape[-1], value.shape[-1])
+    return (_widened(query, width).permute(1, 0, 2).unsqueeze(0).contiguous(),
+            *(_widened(x, width).repeat_interleave(per, dim=1).permute(1, 0, 2).unsqueeze(0).contiguous()
+              for x in (key, value)))
+
+
+def _widened(x: torch.Tensor, width: int) -> torch.Tensor:
+    """fp32 `x` with zero columns up to `width`."""
+    return torch.nn.functional.pad(x.float(), (0, width - x.shape[-1]))
 
 
 def _fused_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, diagonal: int, scale: float,
@@ -398,7 +406,7 @@ def _fused_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, di
             merged = torch.logaddexp(lse, part_lse)
             out = out * (lse - merged).exp().unsqueeze(-1) + part * (part_lse - merged).exp().unsqueeze(-1)
             lse = merged
-    return out[0].transpose(0, 1), lse[0].t()
+    return out[0].transpose(0, 1)[..., :value.shape[-1]], lse[0].t()
 
 
 def _fused_block_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad: torch.Tensor,
@@ -407,7 +415,7 @@ def _fused_block_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """_block_grad by the fused kernel's backward, given the merged output and log-sum-exp: its probabilities are
     then the merged softmax's, restricted to this block."""
     q, k, v = _fused_inputs(query, key, value, groups)
-    g, o = (x.float().permute(1, 0, 2).unsqueeze(0).contiguous() for x in (grad, out))
+    g, o = (_widened(x, q.shape[-1]).permute(1, 0, 2).unsqueeze(0).contiguous() for x in (grad, out))
     l_all = lse.t().unsqueeze(0).contiguous()
     dq, dks, dvs = torch.zeros_like(q), [], []
     for keys, causal in _fused_parts(k.shape[2], diagonal):
@@ -421,14 +429,15 @@ def _fused_block_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     def folded(parts: list[torch.Tensor]) -> torch.Tensor:  # each group's heads' gradients summed: [S, groups, dim]
         return torch.cat(parts, dim=2)[0].view(groups, heads // groups, -1, dim).sum(1).permute(1, 0, 2)
 
-    return dq[0].transpose(0, 1), folded(dks), folded(dvs)
+    width, value_width = key.shape[-1], value.shape[-1]
+    return dq[0].transpose(0, 1)[..., :width], folded(dks)[..., :width], folded(dvs)[..., :value_width]
 
 
 def _block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, diagonal: int, scale: float,
            groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax attention of [L, heads, dim] queries over [S, groups, dim] keys (the last `diagonal` causally):
-    fp32 output [L, heads, dim] and log-sum-exp [L, heads]."""
-    length, heads, dim = query.shape
+    """softmax attention of [L, heads, dim] queries over [S, groups, dim] keys and [S, groups, value dim] values
+    (the last `diagonal` keys causally): fp32 output [L, heads, value dim] and log-sum-exp [L, heads]."""
+    (length, heads), dim = query.shape[:2], value.shape[-1]
     q, k, v = (_heads_first(x, groups) for x in (query, key, value))
     per = heads // groups
     out = q.new_empty(groups, per, length, dim)
@@ -446,9 +455,10 @@ def _block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, diagonal
 def _block_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, grad: torch.Tensor, delta: torch.Tensor,
                 lse: torch.Tensor, diagonal: int, scale: float, groups: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A block's share of dQ [L, heads, dim] and its dK, dV [S, groups, dim], from the merged output's gradient
-    (`grad`), its Σ dO·O (`delta`) and log-sum-exp (`lse`), both [L, heads]."""
+    """A block's share of dQ [L, heads, dim] and its dK, dV [S, groups, dim or value dim], from the merged output's
+    gradient (`grad`), its Σ dO·O (`delta`) and log-sum-exp (`lse`), both [L, heads]."""
     length, heads, dim = query.shape
+    value_dim = value.shape[-1]
     per = heads // groups
     q, k, v, g = (_heads_first(x, groups) for x in (query, key, value, grad))
     lse_h = lse.t().reshape(groups, per, length)
@@ -460,7 +470,7 @@ def _block_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gra
         rows = range(start, min(start + tiles.step, length))
         s = _scores(q, k, diagonal, rows, length, scale)
         p = (s - lse_h[:, :, rows.start:rows.stop].reshape(groups, -1, 1)).exp_()
-        g_tile = g.view(groups, per, length, dim)[:, :, rows.start:rows.stop].reshape(groups, -1, dim)
+        g_tile = g.view(groups, per, length, value_dim)[:, :, rows.start:rows.stop].reshape(groups, -1, value_dim)
         q_tile = q.view(groups, per, length, dim)[:, :, rows.start:rows.stop].reshape(groups, -1, dim)
         dv += torch.bmm(p.transpose(1, 2), g_tile)
         ds = p.mul_(torch.bmm(g_tile, v.transpose(1, 2)) -
