@@ -62,7 +62,8 @@ def _local_parameters(rank: int, name: str, untied: bool, par: ParallelConfig) -
     ("tiny_qwen", False, ParallelConfig(2, 2)),
     ("tiny_qwen", True, ParallelConfig(2, 2, (1, 3))),
     ("tiny_qwen3_moe", False, ParallelConfig(1, 2, expert_model_parallel_size=2)),
-], ids=["tied-tp2-pp2", "untied-tp2-uneven-pp2", "moe-pp2-ep2"])
+    ("tiny_deepseek_v3", True, ParallelConfig(2, 2)),
+], ids=["tied-tp2-pp2", "untied-tp2-uneven-pp2", "moe-pp2-ep2", "mla-tp2-pp2"])
 def test_each_ranks_parameters_are_the_built_models(name, untied, par):
     """Per rank, against megatron-core's own model: the tied LM head's copy on the last stage, the vocabulary's
     TP padding, uneven stages, experts spread over EP."""
@@ -131,16 +132,21 @@ def _saved_bytes(rank: int, arch: object, par: ParallelConfig, recompute: Recomp
     ("tiny_qwen", 2, True, Recompute(), 0.005),
     ("tiny_qwen", 2, False, Recompute(), 0.005),
     ("tiny_qwen3_moe", 1, False, Recompute(), 0.02),
-], ids=["dense", "selective", "full", "tp2-sp", "tp2", "moe"])
+    ("tiny_deepseek_v3", 1, False, Recompute(), 0.02),
+    ("tiny_deepseek_v3", 2, True, Recompute(), 0.02),
+], ids=["dense", "selective", "full", "tp2-sp", "tp2", "moe", "mla", "mla-tp2-sp"])
 def test_what_a_layer_keeps_for_the_backward_is_the_planned_count(name, tp, sp, recompute, tolerance):
     """A second layer's saved tensors, counted by autograd's hooks, one sample behind the other's prompt copy (the
     fused attention kernel's lengths): the plan's elements a layer, for a dense model under each recompute and TP
     with and without sequence parallelism, up to the prompt's own score matrices (64 x 64 a head, 0.4 %), which
     the plan leaves out; exactly under full recompute; an expert layer within 2 % (its routing differs between
-    the runs)."""
+    the runs), DeepSeek-V3's multi-latent attention under one within 2 %, with TP and sequence parallelism too."""
     per_layer = []
     for layers in (1, 2):
-        arch = dataclasses.replace(load_model_arch(name), num_layers=layers, max_position_embeddings=4096)
+        base = load_model_arch(name)
+        # DeepSeek-V3's layers with experts, under its multi-latent attention
+        dense_first = {"first_k_dense_replace": 0} if base.first_k_dense_replace else {}
+        arch = dataclasses.replace(base, num_layers=layers, max_position_embeddings=4096, **dense_first)
         par = ParallelConfig(tp, 1, sequence_parallel=sp)
         saved = run_ranks(_saved_bytes, tp, arch, par, recompute)[0]
         planned = memory_plan.activation_bytes(arch, par, 0, PROMPT + 2 * RESPONSE, 1, recompute, 4,

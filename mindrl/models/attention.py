@@ -245,6 +245,13 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, enable_gq
     """torch's fused attention of [b, heads, s, dim] queries over [b, groups, s, dim] keys and values: given the
     groups where the platform's kernels take them (`enable_gqa`), else with each group's K/V repeated for its
     heads."""
+    width = value.shape[-1]
+    if query.device.type == "cpu" and width < query.shape[-1]:
+        # multi-latent attention's narrower values: torch's CPU flash kernel takes one head size, and without it
+        # scaled_dot_product_attention falls back to its math kernel, which keeps each [L, S] score matrix for the
+        # backward (quadratic in the length). Zero columns change no score and no other output column.
+        padded = F.pad(value, (0, query.shape[-1] - width))
+        return _sdpa(query, key, padded, enable_gqa, **kwargs)[..., :width]
     per_group = query.shape[1] // key.shape[1]
     if enable_gqa or per_group == 1:
         return F.scaled_dot_product_attention(query, key, value, enable_gqa=per_group > 1, **kwargs)

@@ -51,6 +51,9 @@ class Kernels:
     expanded_kv: bool
     #: a sample behind a shared prompt copy runs the prompt's queries again (CPU: the plain causal case)
     prefix_queries: bool
+    #: values narrower than the keys (multi-latent attention) are zero-padded to their width (CPU: the flash kernel
+    #: takes one head size), so the core keeps values and output that wide
+    padded_values: bool = False
 
 
 def kernels(kind: str) -> Kernels:
@@ -60,7 +63,8 @@ def kernels(kind: str) -> Kernels:
     from mindrl.platform.npu import NpuPlatform
 
     platform = {"GPU": CudaPlatform, "NPU": NpuPlatform}.get(kind, CpuPlatform)
-    return Kernels(expanded_kv=not platform.sdpa_enable_gqa, prefix_queries=platform is CpuPlatform)
+    cpu = platform is CpuPlatform
+    return Kernels(expanded_kv=not platform.sdpa_enable_gqa, prefix_queries=cpu, padded_values=cpu)
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ def layer_params(arch: ModelArch, tp: int, ep: int) -> tuple[float, float]:
         return attention + (3 if arch.swiglu else 2) * h * arch.ffn_hidden_size / tp, 0.0
     shared = 3 * h * (arch.moe_shared_expert_intermediate_size or 0) / tp + h * arch.moe_shared_expert_gate
     experts = arch.num_experts * 3 * h * arch.expert_ffn_hidden_size / (ep * tp)
-    return attention + h * arch.num_experts + shared, experts
+    router = (h + arch.moe_router_enable_expert_bias) * arch.num_experts  # the expert bias: a frozen parameter
+    return attention + router + shared, experts
 
 
 def stage_params(arch: ModelArch, par: ParallelConfig, stage: int) -> tuple[float, float]:
@@ -183,12 +188,13 @@ def lora_params(arch: ModelArch, targets: tuple[str, ...], r: int, tp: int, ep: 
     return per_layer * layers
 
 
-def attention_core_elements(arch: ModelArch, tp: int, expanded_kv: bool, selective: bool = False) -> float:
+def attention_core_elements(arch: ModelArch, tp: int, kernels: Kernels, selective: bool = False) -> float:
     """Elements the attention core keeps per query row: query, keys, values (each group's repeated for its heads
-    where the platform's kernel does not take groups), output and log-sum-exp; none under selective recompute,
-    which runs it again in the backward."""
-    d, v, heads, groups = arch.head_dim, arch.value_head_dim, arch.num_attention_heads, arch.query_groups
-    kv_heads = heads if expanded_kv else groups
+    where the platform's kernel does not take groups; as wide as the keys where it pads them), output and
+    log-sum-exp; none under selective recompute, which runs it again in the backward."""
+    d, heads, groups = arch.head_dim, arch.num_attention_heads, arch.query_groups
+    v = max(d, arch.value_head_dim) if kernels.padded_values else arch.value_head_dim
+    kv_heads = heads if kernels.expanded_kv else groups
     return 0.0 if selective else (heads * (d + v) + kv_heads * (d + v) + heads) / tp
 
 
@@ -198,7 +204,7 @@ def _recomputed_core_inputs(arch: ModelArch, tp: int) -> float:
     return (arch.num_attention_heads * arch.head_dim + arch.query_groups * (arch.head_dim + arch.value_head_dim)) / tp
 
 
-def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool, expanded_kv: bool,
+def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool, kernels: Kernels,
                               selective: bool = False) -> float:
     """Elements one layer keeps for its backward, per token of a micro-batch, on one rank.
 
@@ -209,11 +215,12 @@ def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool,
     """
     h, d, heads, groups = arch.hidden_size, arch.head_dim, arch.num_attention_heads, arch.query_groups
     cut = tp if sequence_parallel else 1
-    kept = h * 4 / cut + heads * d / tp + 4 * d * (arch.position_embedding_type != "learned_absolute")
-    kept += attention_core_elements(arch, tp, expanded_kv, selective)
+    kept = h * 4 / cut + heads * d / tp + 4 * arch.rotary_dim * (arch.position_embedding_type != "learned_absolute")
+    kept += attention_core_elements(arch, tp, kernels, selective)
     kept += _recomputed_core_inputs(arch, tp) * selective
-    if arch.multi_latent_attention:  # each latent's norm input and up projection's input, whole on every TP rank
-        kept += 2 * ((arch.q_lora_rank or 0) + arch.kv_lora_rank)
+    if arch.multi_latent_attention:  # each latent's norm input and up projection's input: whole on every TP rank,
+        # or its share of the sequence under sequence parallelism (the up projection gathers it again)
+        kept += 2 * ((arch.q_lora_rank or 0) + arch.kv_lora_rank) / cut
     elif arch.qk_layernorm:
         kept += (3 * (heads + groups) * d + heads + groups) / tp
     if not arch.is_moe:
@@ -230,9 +237,9 @@ def activation_bytes(arch: ModelArch, par: ParallelConfig, stage: int, tokens: f
     `prefix_rows`: the attention rows a micro-batch adds for the samples behind a prompt copy they share (each
     attends over the prompt's keys and values, and on CPU runs the prompt's queries again)."""
     layers = par.layers_per_stage(arch)[stage]
-    sp, expanded = par.sequence_parallel_for(arch), kernels.expanded_kv
-    kv_heads = arch.num_attention_heads if expanded else arch.query_groups
-    per_prefix_row = attention_core_elements(arch, par.tp, expanded) if kernels.prefix_queries else \
+    sp = par.sequence_parallel_for(arch)
+    kv_heads = arch.num_attention_heads if kernels.expanded_kv else arch.query_groups
+    per_prefix_row = attention_core_elements(arch, par.tp, kernels) if kernels.prefix_queries else \
         2 * kv_heads * arch.head_dim / par.tp
 
     # ring attention keeps its merged output and log-sum-exp in fp32 (counted above in the activations' dtype)
@@ -240,7 +247,7 @@ def activation_bytes(arch: ModelArch, par: ParallelConfig, stage: int, tokens: f
         if par.cp > 1 and par.cp_algo == "ring" else 0.0
 
     def per_layer(selective: bool) -> float:
-        return ((_largest_layer(arch, par.tp, sp, expanded, selective) + ring * (not selective)) * tokens
+        return ((_largest_layer(arch, par.tp, sp, kernels, selective) + ring * (not selective)) * tokens
                 + per_prefix_row * prefix_rows * (not selective)) * act_bytes
 
     full = per_layer(False)
@@ -265,15 +272,15 @@ def logits_bytes(arch: ModelArch, tp: int, tokens: float, backward: bool) -> flo
 def forward_bytes(arch: ModelArch, par: ParallelConfig, tokens: float, act_bytes: int, kernels: Kernels) -> float:
     """A pass without backward over a micro-batch of `tokens`: one layer's tensors at a time, and the logits."""
     sp = par.sequence_parallel_for(arch)
-    layer = _largest_layer(arch, par.tp, sp, kernels.expanded_kv) * act_bytes
+    layer = _largest_layer(arch, par.tp, sp, kernels) * act_bytes
     return tokens * layer + logits_bytes(arch, par.tp, tokens, False)
 
 
-def _largest_layer(arch: ModelArch, tp: int, sequence_parallel: bool, expanded_kv: bool,
+def _largest_layer(arch: ModelArch, tp: int, sequence_parallel: bool, kernels: Kernels,
                    selective: bool = False) -> float:
     """layer_activation_elements of the larger kind of `arch`'s layers (an MoE model's dense first layers may keep
     more than its expert layers: DeepSeek-V3's dense MLP is 18432 wide): a bound every layer of a stage keeps within."""
-    return max(layer_activation_elements(kind, tp, sequence_parallel, expanded_kv, selective)
+    return max(layer_activation_elements(kind, tp, sequence_parallel, kernels, selective)
                for kind in {arch.layer_arch(0), arch})
 
 
