@@ -17,6 +17,7 @@ class CpuPlatform(Platform):
     ray_resource = None
     vllm_chunks_seeded_prefill = False
     vllm_splits_experts = False
+    vllm_runs_mla = False
     pin_memory = False  # the host is the device
 
     @staticmethod

@@ -230,9 +230,10 @@ class GenerateConfig:
 
     def check_vllm_on(self, arch: ModelArch, platform: Platform | type[Platform]) -> None:
         """What vLLM cannot do: rotate YaRN positions past original context × factor (its table ends there); on
-        some platforms (CPU) split a seeded prompt's prefill over steps, so one step must hold a whole sequence,
-        or run a share of the experts (vLLM-CPU's grouped-GEMM kernel runs every expert on every rank: with a
-        share it crashes); and the expert split needs experts to split."""
+        some platforms (CPU) compute multi-latent attention as the model does, split a seeded prompt's prefill over
+        steps, so one step must hold a whole sequence, or run a share of the experts (vLLM-CPU's grouped-GEMM
+        kernel runs every expert on every rank: with a share it crashes); and the expert split needs experts to
+        split."""
         from mindrl.models.rope import yarn_positions  # torch: loaded when an engine is checked, not with the config
 
         reach = yarn_positions(arch)
@@ -240,6 +241,10 @@ class GenerateConfig:
             raise ConfigError(f"generate_config.max_model_len={self.max_model_len} runs past the {reach} positions "
                               f"model {arch.name}'s YaRN scaling reaches (its original context times "
                               f"rope_scaling_factor), where vLLM's rotary table ends; lower it.")
+        if arch.multi_latent_attention and not platform.vllm_runs_mla:
+            raise ConfigError(f"vLLM's multi-latent attention on {platform.name} scores other log-probs than model "
+                              f"{arch.name} (up to 1.1 apart from HF's DeepseekV3 in fp32), so its rollouts cannot "
+                              f"train it; set generate_config.backend: megatron there.")
         if not platform.vllm_chunks_seeded_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(f"on {platform.name} vLLM cannot split a seeded prompt's prefill over steps, so "
                               f"generate_config.max_num_batched_tokens={self.max_num_batched_tokens} must be at "

@@ -8,7 +8,8 @@ a tiny width, every role gets two CPU ranks, lengths and token budgets scale dow
 prompts a step.
 A parallel layout that needs more than two ranks becomes the one of its dimensions that shows the feature
 on two: context parallelism where the recipe cuts sequences, expert parallelism where it splits experts,
-else data parallelism; roles on devices of their own (PPO's critic) share the two, one rank each. So a
+else data parallelism; roles on devices of their own (PPO's critic) share the two, one rank each. A model with
+multi-latent attention rolls out on the Megatron engine (vLLM-CPU's does not compute it as the model does). So a
 user can try a recipe (MindSpeed-RL's or their own) on a laptop before a cluster, and the tests train
 every published recipe this way.
 """
@@ -88,7 +89,8 @@ def shrink(data: Mapping[str, Any], tokenizer: str, data_path: str, save: str, v
     if rl:
         out["rl_config"] = _tiny_rl(rl, batch, save, ranks)
     if isinstance(out.get("generate_config"), dict):
-        out["generate_config"] = _tiny_engine(out["generate_config"], rl)
+        mla = any(values.get("multi_latent_attention") for values in described)
+        out["generate_config"] = _tiny_engine(out["generate_config"], rl, mla)
     return out
 
 
@@ -185,8 +187,10 @@ def _response_budget(rl: Mapping[str, Any]) -> int:
     return 2 * RESPONSE_TOKENS if rl.get("multi_turn_enable") else RESPONSE_TOKENS
 
 
-def _tiny_engine(gen: dict[str, Any], rl: Mapping[str, Any]) -> dict[str, Any]:
+def _tiny_engine(gen: dict[str, Any], rl: Mapping[str, Any], mla: bool) -> dict[str, Any]:
     longest = _prompt_budget(rl) + _response_budget(rl)
+    if mla:  # vLLM-CPU's multi-latent attention scores other log-probs than the model (mindrl/platform/cpu.py)
+        gen["backend"] = "megatron"
     for key in ("gpu_memory_utilization", "dtype", "tokenizer_name_or_path"):
         gen.pop(key, None)
     gen.update(max_num_seqs=min(gen.get("max_num_seqs") or longest, longest), infer_tensor_parallel_size=1,
