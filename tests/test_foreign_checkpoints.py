@@ -329,6 +329,9 @@ def _write_rank(root: Path, state: dict, rank_dir: str = "mp_rank_00") -> Path:
                             r"the end of its stage"),
     (dict(num_layers=None), r"args lack num_layers, so they do not describe the architecture; pass "
                             r"--hf-config-dir"),
+    (dict(schedules_method="dualpipev"), r"trained with schedules_method='dualpipev' \(a DualPipeV schedule, whose "
+                                         r"rank files hold V-ordered model chunks"),
+    (dict(num_nextn_predict_layers=1), r"trained with num_nextn_predict_layers=1 \(multi-token-prediction layers"),
     (dict(position_embedding_type="learned_absolute"), r"position_embedding_type must be rope \(or mrope for a "
                                                         r"vision-language model\), got .learned_absolute."),
 ])

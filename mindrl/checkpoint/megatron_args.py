@@ -23,6 +23,8 @@ from mindrl.models import arch_fields as af
 # does not convert, and what they ask for. A value other than None / False / 0 means "on".
 _UNSUPPORTED = {
     "mtp_num_layers": "multi-token-prediction layers",
+    "num_nextn_predict_layers": "multi-token-prediction layers (older MindSpeed-LLM)",
+    "schedules_method": "a DualPipeV schedule, whose rank files hold V-ordered model chunks (MindSpeed-LLM)",
     "rotary_interleaved": "interleaved rotary embeddings",
     "apply_layernorm_1p": "zero-centered layer-norm weights",
     "layernorm_zero_centered_gamma": "zero-centered layer-norm weights",

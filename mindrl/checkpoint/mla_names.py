@@ -1,8 +1,8 @@
 """Multi-latent attention tensors as other writers lay them out, in the names and TP cuts mindrl reads.
 
-mindrl's MLA layer keeps megatron-core's local-spec names, and every one of its projections is column-parallel:
-each TP rank holds its rows of the two down projections and its heads of the up projections. Other writers
-differ, and their checkpoints are what MindSpeed-RL's DeepSeek recipes start from:
+mindrl's MLA layer keeps megatron-core's local-spec names, and its query and key-value projections are
+column-parallel: each TP rank holds its rows of the two down projections and its heads of the up projections. Other
+writers differ, and their checkpoints are what MindSpeed-RL's DeepSeek recipes start from:
 
 - MindSpeed-LLM fuses both down projections into one `linear_qkv` (query rows, then key-value rows) that every TP
   rank holds whole; it names the up projections `linear_qb` / `linear_kvb` (newer releases: `linear_q_up_proj` /
@@ -11,13 +11,13 @@ differ, and their checkpoints are what MindSpeed-RL's DeepSeek recipes start fro
 - Megatron-LM's Transformer Engine spec keeps the down projections whole on every TP rank ("duplicated") and fuses
   each latent's norm into the up projection after it (`layer_norm_weight`).
 
-A whole tensor is cut to the rank's rows here, so a checkpoint reads at the layout it was written at.
+A whole tensor is cut to the rank's rows here, so a checkpoint reads at the layout it was written at. These are
+per-rank (`torch`) files; distributed (`torch_dist`) ones are read under mindrl's own names only.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,6 @@ _HALVES = {"linear_qk_nope.weight": ("linear_q_up_proj.weight", 0),
            "linear_qk_rope.weight": ("linear_q_up_proj.weight", 1),
            "linear_kv_nope.weight": ("linear_kv_up_proj.weight", 0),
            "linear_v.weight": ("linear_kv_up_proj.weight", 1)}
-_RANK_DIR = re.compile(r"^mp_rank_(\d+)")
 
 
 @dataclass(frozen=True)
@@ -57,32 +56,33 @@ class MLACut:
     def q_down_rows(self) -> int:
         return self.query_rows if self.q_latent is None else self.q_latent
 
-    def rank_rows(self, tensor: torch.Tensor, full: int) -> torch.Tensor:
-        """The rank's rows of a tensor every rank holds whole (`full` rows); as it is if already cut."""
+    def rank_rows(self, tensor: torch.Tensor, full: int, where: str) -> torch.Tensor:
+        """The rank's rows of a tensor every rank holds whole (`full` rows); as it is if already cut. Its rows tell
+        which: whole, `full`; cut, `full` / TP, which differs for TP > 1 (any other count is refused later, as
+        every tensor whose shape the architecture does not give)."""
         if self.tp == 1 or tensor.shape[0] != full:
             return tensor
+        if full % self.tp:
+            raise ConfigError(f"{where} holds all {full} rows on every TP rank, which do not split over "
+                              f"tensor_model_parallel_size={self.tp}; convert the checkpoint at a TP that divides "
+                              f"them.")
         return tensor.chunk(self.tp)[self.tp_rank].clone()
 
 
-def mla_cut(args: Any, rank_dir: str) -> MLACut | None:
-    """The cut of a multi-latent attention checkpoint's rank folder `rank_dir`, from its args (Megatron-LM's
-    names, or MindSpeed-LLM's older ones); None for a model without MLA or args that do not say."""
+def mla_cut(args: Any, tp_rank: int) -> MLACut | None:
+    """The cut on TP rank `tp_rank` of a multi-latent attention checkpoint, from its args (Megatron-LM's names, or
+    MindSpeed-LLM's older ones); None for a model without MLA or args that do not say."""
     if not isinstance(args, argparse.Namespace):
         return None
     args = with_mla_names(args)
-
-    def arg(field: str) -> Any:
-        return next((getattr(args, name) for name in af.LINKS[field].megatron
-                     if getattr(args, name, None) is not None), None)
-
-    sizes = [arg(f) for f in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")]
-    heads, rank = getattr(args, "num_attention_heads", None), _RANK_DIR.match(rank_dir)
-    if not arg("multi_latent_attention") or None in sizes or not heads or rank is None:
+    sizes = [af.megatron_value(args, f) for f in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")]
+    heads = getattr(args, "num_attention_heads", None)
+    if not af.megatron_value(args, "multi_latent_attention") or None in sizes or not heads:
         return None
     latent, nope, rope, value = map(int, sizes)
-    q_latent = arg("q_lora_rank")
+    q_latent = af.megatron_value(args, "q_lora_rank")
     return MLACut(int(q_latent) if q_latent else None, int(heads) * (nope + rope), latent + rope, nope, rope, value,
-                  int(getattr(args, "tensor_model_parallel_size", None) or 1), int(rank.group(1)))
+                  int(getattr(args, "tensor_model_parallel_size", None) or 1), tp_rank)
 
 
 def to_local_spec(model: dict[str, torch.Tensor], cut: MLACut, where: str) -> dict[str, torch.Tensor]:
@@ -99,7 +99,7 @@ def to_local_spec(model: dict[str, torch.Tensor], cut: MLACut, where: str) -> di
         elif rest == "linear_qkv.weight":
             out.update(_fused_down(prefix + _ATTENTION, value, cut, where + f" {name}"))
         elif rest in down:
-            out[name] = cut.rank_rows(value, down[rest])
+            out[name] = cut.rank_rows(value, down[rest], f"{where} {name}")
         elif rest in _HALVES:
             joined, half = _HALVES[rest]
             halves.setdefault(prefix + _ATTENTION + joined, {})[half] = value
@@ -118,8 +118,8 @@ def _fused_down(prefix: str, value: torch.Tensor, cut: MLACut, where: str) -> di
                           f"down projections the args' MLA sizes give; the args do not match the weights.")
     query, kv = value.split([cut.q_down_rows, cut.kv_rows])
     q_name = "linear_q_proj.weight" if cut.q_latent is None else "linear_q_down_proj.weight"
-    return {prefix + q_name: cut.rank_rows(query, cut.q_down_rows),
-            prefix + "linear_kv_down_proj.weight": cut.rank_rows(kv, cut.kv_rows)}
+    return {prefix + q_name: cut.rank_rows(query, cut.q_down_rows, where),
+            prefix + "linear_kv_down_proj.weight": cut.rank_rows(kv, cut.kv_rows, where)}
 
 
 def _join_heads(name: str, pair: dict[int, torch.Tensor], cut: MLACut, where: str) -> torch.Tensor:

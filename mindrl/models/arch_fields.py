@@ -349,9 +349,9 @@ def arch_values_from_megatron(args: argparse.Namespace) -> tuple[dict[str, Any],
     for name, link in LINKS.items():
         if not link.megatron or name == "padded_vocab_size":
             continue
-        present = [n for n in link.megatron if getattr(args, n, None) is not None]
-        if present:
-            out[name] = _read(name, MEGATRON, getattr(args, present[0]))
+        value = megatron_value(args, name)
+        if value is not None:
+            out[name] = value
         elif link.megatron_default is REQUIRED:
             missing.append(link.megatron[0])
         else:
@@ -362,6 +362,12 @@ def arch_values_from_megatron(args: argparse.Namespace) -> tuple[dict[str, Any],
     if getattr(args, "padded_vocab_size", None) is None:
         missing.append("padded_vocab_size")
     return _dense_without_moe_fields(out), missing
+
+
+def megatron_value(args: argparse.Namespace, name: str) -> Any:
+    """ModelArch field `name` as Megatron args store it (under the first of its names present), or None."""
+    present = [n for n in LINKS[name].megatron if getattr(args, n, None) is not None]
+    return _read(name, MEGATRON, getattr(args, present[0])) if present else None
 
 
 def _megatron_rope_scaling(args: argparse.Namespace, read: Mapping[str, Any]) -> dict[str, Any]:

@@ -242,9 +242,9 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed
 
 def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, enable_gqa: bool,
           **kwargs: object) -> torch.Tensor:
-    """torch's fused attention of [b, heads, s, dim] queries over [b, groups, s, dim] keys and values: given the
-    groups where the platform's kernels take them (`enable_gqa`), else with each group's K/V repeated for its
-    heads."""
+    """torch's fused attention of [b, heads, s, dim] queries over [b, groups, s, dim] keys and [b, groups, s, value
+    dim] values: given the groups where the platform's kernels take them (`enable_gqa`), else with each group's K/V
+    repeated for its heads."""
     width = value.shape[-1]
     if query.device.type == "cpu" and width < query.shape[-1]:
         # multi-latent attention's narrower values: torch's CPU flash kernel takes one head size, and without it

