@@ -136,6 +136,9 @@ def test_deepseek_style_mistakes_are_one_sentence(bad, message):
     (dict(multi_latent_attention=False), r"q_lora_rank sizes multi-latent attention, which is off"),
     (dict(spec=["mindspeed_llm.tasks.models.spec.deepseek_spec", "layer_spec"], multi_latent_attention=False),
      r"spec mindspeed_llm.tasks.models.spec.deepseek_spec.layer_spec is the layer with multi_latent_attention"),
+    (dict(spec=["mindspeed_llm.tasks.models.spec.minicpm_spec", "layer_spec"]),
+     r"spec mindspeed_llm.tasks.models.spec.minicpm_spec.layer_spec names a MindSpeed-LLM layer that mindrl does not "
+     r"build yet"),
 ])
 def test_multi_latent_attention_mistakes_are_one_sentence(bad, message):
     values = {k: v for k, v in load_model_arch("tiny_deepseek_v3").__dict__.items() if k != "name"}
