@@ -196,12 +196,9 @@ def _layer_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
 
 
 def _mla_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
-    h, heads, latent, q_rank = arch.hidden_size, arch.num_attention_heads, arch.kv_lora_rank, arch.q_lora_rank
-    return {"self_attn.q_proj.weight": (heads * arch.head_dim, h), "self_attn.q_a_proj.weight": (q_rank, h),
-            "self_attn.q_a_layernorm.weight": (q_rank,), "self_attn.q_b_proj.weight": (heads * arch.head_dim, q_rank),
-            "self_attn.kv_a_proj_with_mqa.weight": (latent + arch.qk_pos_emb_head_dim, h),
-            "self_attn.kv_a_layernorm.weight": (latent,),
-            "self_attn.kv_b_proj.weight": (heads * (arch.qk_head_dim + arch.v_head_dim), latent)}
+    """Multi-latent attention's tensors under HF's names: Megatron's (sharding), renamed one to one."""
+    megatron = sharding.mla_param_shapes(arch)
+    return {hf: megatron[mg] for hf, mg in _MLA_RENAMES.items() if mg in megatron}
 
 
 def vision_names(arch: ModelArch) -> list[tuple[str, str]]:

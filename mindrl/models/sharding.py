@@ -51,7 +51,7 @@ def layer_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     bias = not arch.disable_bias_linear
     shapes: dict[str, tuple[int, ...]] = {"input_layernorm.weight": (h,)}
     if arch.multi_latent_attention:
-        shapes.update(_mla_param_shapes(arch))
+        shapes.update(mla_param_shapes(arch))
     else:
         shapes["self_attention.linear_qkv.weight"] = (qkv_rows, h)
         if arch.add_qkv_bias or bias:
@@ -78,7 +78,7 @@ def layer_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _mla_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+def mla_param_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     """Multi-latent attention's projections and latent norms (models/mla.py), output projection aside."""
     h, heads, latent = arch.hidden_size, arch.num_attention_heads, arch.kv_lora_rank
     query = heads * arch.head_dim
