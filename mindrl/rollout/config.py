@@ -243,7 +243,7 @@ class GenerateConfig:
                               f"rope_scaling_factor), where vLLM's rotary table ends; lower it.")
         if arch.multi_latent_attention and not platform.vllm_runs_mla:
             raise ConfigError(f"vLLM's multi-latent attention on {platform.name} scores other log-probs than model "
-                              f"{arch.name} (up to 1.1 apart from HF's DeepseekV3 in fp32), so its rollouts cannot "
+                              f"{arch.name} (up to 1.3 apart from HF's DeepseekV3 in fp32), so its rollouts cannot "
                               f"train it; set generate_config.backend: megatron there.")
         if not platform.vllm_chunks_seeded_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(f"on {platform.name} vLLM cannot split a seeded prompt's prefill over steps, so "

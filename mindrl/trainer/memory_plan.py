@@ -125,10 +125,11 @@ class GroupPlan:
 def layer_params(arch: ModelArch, tp: int, ep: int) -> tuple[float, float]:
     """(dense, expert) parameters of one transformer layer on one rank."""
     h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.query_groups * arch.head_dim
-    attention = (h * (q + 2 * kv) + (q + 2 * kv) * arch.add_qkv_bias + q * h) / tp + 2 * h
-    attention += 2 * arch.head_dim * arch.qk_layernorm
     if arch.multi_latent_attention:  # the latents' norms are replicated
         attention = latent_attention_weights(arch) / tp + 2 * h + (arch.q_lora_rank or 0) + arch.kv_lora_rank
+    else:
+        attention = (h * (q + 2 * kv) + (q + 2 * kv) * arch.add_qkv_bias + q * h) / tp + 2 * h
+        attention += 2 * arch.head_dim * arch.qk_layernorm
     if not arch.is_moe:
         return attention + (3 if arch.swiglu else 2) * h * arch.ffn_hidden_size / tp, 0.0
     shared = 3 * h * (arch.moe_shared_expert_intermediate_size or 0) / tp + h * arch.moe_shared_expert_gate

@@ -60,7 +60,8 @@ def shrink(data: Mapping[str, Any], tokenizer: str, data_path: str, save: str, v
     described = [_model_values(out), *sections]
     moe = any(values.get("num_experts") for values in described)
     grouped = any(values.get("num_query_groups") or values.get("group_query_attention") for values in described)
-    out["model"] = {name: _tiny_model(values, vocab_size, moe, grouped)
+    mla = any(values.get("multi_latent_attention") for values in described)
+    out["model"] = {name: _tiny_model(values, vocab_size, moe, grouped, mla)
                     for name, values in (out.get("model") or {}).items()}
     rl = out.get("rl_config") if isinstance(out.get("rl_config"), dict) else {}
     ranks = _ranks_a_role(rl)
@@ -89,7 +90,6 @@ def shrink(data: Mapping[str, Any], tokenizer: str, data_path: str, save: str, v
     if rl:
         out["rl_config"] = _tiny_rl(rl, batch, save, ranks)
     if isinstance(out.get("generate_config"), dict):
-        mla = any(values.get("multi_latent_attention") for values in described)
         out["generate_config"] = _tiny_engine(out["generate_config"], rl, mla)
     return out
 
@@ -99,12 +99,12 @@ def _model_values(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return next(iter(models.values()), {}) if isinstance(models, Mapping) else {}
 
 
-def _tiny_model(values: Mapping[str, Any], vocab_size: int, moe: bool, grouped: bool) -> dict[str, Any]:
+def _tiny_model(values: Mapping[str, Any], vocab_size: int, moe: bool, grouped: bool, mla: bool) -> dict[str, Any]:
     tiny = {key: value for key, value in values.items() if key not in _SIZE_KEYS}
     tiny.update(TINY_MODEL, padded_vocab_size=vocab_size)
     if grouped:  # query groups, as the recipe's model has them; without, every head its own keys and values
         tiny["num_query_groups"] = TINY_QUERY_GROUPS
-    if values.get("multi_latent_attention"):  # its head widths are the MLA sizes; a query latent where it has one
+    if mla:  # its head widths are the MLA sizes; a query latent where it has one
         del tiny["kv_channels"]
         tiny.update(TINY_MLA, **({"q_lora_rank": TINY_QUERY_LATENT} if values.get("q_lora_rank") else {}))
     if moe:
